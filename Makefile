@@ -1,0 +1,38 @@
+# One command each for a fresh machine: `make demo` and `make test` do all their own set-up.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: demo test lint unit integration bench docs clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	rm -rf .gridbot/demo results/pi
+	$(VENV)/bin/gridbot run examples/pi/sweep.toml --db sqlite:///.gridbot/demo/gridbot.db --results results/pi
+	$(PY) examples/pi/combine.py results/pi
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench examples
+	$(VENV)/bin/mypy
+
+test: $(STAMP) lint
+	scripts/slurm.sh install
+	. scripts/ensure-postgres.sh && $(PY) -m pytest -q -p no:cacheprovider tests
+
+unit: $(STAMP)
+	$(PY) -m pytest -q tests/unit
+
+docs: $(STAMP)
+	$(PY) -c 'from gridbot.policy.reference import markdown; print(markdown(), end="")' > docs/policies.md
+
+bench: $(STAMP)
+	$(PY) bench/throughput.py
+
+clean:
+	rm -rf $(VENV) .gridbot results

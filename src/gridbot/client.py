@@ -1,0 +1,293 @@
+"""`gridbot.Client`: the Python API of a gridbot server, for scripts and workflow tools.
+
+    client = gridbot.Client("http://127.0.0.1:8470")
+    bag = client.submit_file("sweep.toml")
+    client.wait(bag.name)
+    client.download_results(bag.name, "results/")
+
+Every call is one HTTP request (results are paged); errors the server reports arrive as ApiError
+with the server's message, and an unreachable server as ServerUnavailable.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+
+from gridbot.errors import GridbotError, ServerUnavailable
+from gridbot.model.spec import (
+    DEFAULT_MAX_JOBS,
+    BagSpec,
+    Problem,
+    SpecError,
+    each_line_spec,
+    key_lines,
+    parse_lines,
+    parse_spec,
+)
+from gridbot.policy.policies import PolicyError, compile_policies
+from gridbot.protocol import (
+    DEFAULT_PORT,
+    MSGPACK,
+    BagInfo,
+    HostInfoRow,
+    InstanceInfo,
+    JobInfo,
+    PolicyChange,
+    PoolInfo,
+    ResultInfo,
+    SubmitRequest,
+)
+
+T = TypeVar("T")
+TERMINAL_BAG_STATES = ("completed", "failed", "cancelled")
+DEFAULT_SERVER = f"http://127.0.0.1:{DEFAULT_PORT}"
+
+
+class ApiError(GridbotError):
+    """The server refused a request; `status` is the HTTP status and the message is the server's."""
+
+    def __init__(self, status: int, message: str, kind: str = "error") -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+
+
+def load_spec_file(path: str | Path, name: str | None = None,
+                   max_jobs: int = DEFAULT_MAX_JOBS) -> tuple[BagSpec, dict[str, bytes]]:
+    """Read and validate a spec file and its input files (relative to the spec's folder)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise GridbotError(f"cannot read spec {path}: {e}") from e
+    spec = parse_spec(text, str(path), path.stem, max_jobs)
+    if name:
+        spec = msgspec.structs.replace(spec, name=name)
+    try:
+        compile_policies(spec.policy, spec.instance_deadline)
+    except PolicyError as e:
+        lines = key_lines(text)
+        line = lines.get(("policy", e.policy)) or lines.get(("policy",))
+        raise SpecError(str(path), [Problem(f"policy {e.policy} = {e.text!r}: {e.problem}", line, e.hint)]) from None
+    inputs = {}
+    for p in spec.inputs:
+        f = path.parent / p
+        try:
+            inputs[p.rstrip("/").rsplit("/", 1)[-1]] = f.read_bytes()
+        except OSError as e:
+            raise GridbotError(f"{path}: input file '{p}' cannot be read ({e.strerror}): "
+                               f"inputs are relative to the spec's folder, {path.parent}") from e
+    return spec, inputs
+
+
+def with_policies(spec: BagSpec, assignments: Sequence[str]) -> BagSpec:
+    """The spec with `NAME=EXPRESSION` policies from the command line added (they win over the spec's)."""
+    written = dict(spec.policy)
+    for item in assignments:
+        name, sep, text = item.partition("=")
+        if not sep or not name.strip():
+            raise GridbotError(f"--policy {item!r} is not NAME=EXPRESSION; e.g. --policy 'Rank=Host.NumCpus'")
+        written[name.strip()] = text.strip()
+    try:
+        compile_policies(written, spec.instance_deadline)
+    except PolicyError as e:
+        raise GridbotError(f"--policy: {e}") from None
+    return msgspec.structs.replace(spec, policy=written)
+
+
+def load_lines_file(path: str | Path, name: str | None = None,
+                    max_jobs: int = DEFAULT_MAX_JOBS) -> tuple[BagSpec, list[str]]:
+    """Read a file of one shell command per line into an each-line bag."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise GridbotError(f"cannot read {path}: {e}") from e
+    lines = parse_lines(text, str(path), max_jobs)
+    return each_line_spec(name or path.stem), lines
+
+
+class Client:
+    """A connection to one gridbot server."""
+
+    def __init__(self, url: str = DEFAULT_SERVER, timeout: float = 60.0) -> None:
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise GridbotError(f"server URL {url!r} is not http://host:port")
+        self.url = url.rstrip("/")
+        self._host, self._port = parsed.hostname, parsed.port or (443 if parsed.scheme == "https" else 80)
+        self._https = parsed.scheme == "https"
+        self._timeout = timeout
+        self._conn: http.client.HTTPConnection | None = None
+
+    def _connection(self) -> http.client.HTTPConnection:
+        if self._conn is None:
+            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+            self._conn = cls(self._host, self._port, timeout=self._timeout)
+        return self._conn
+
+    def _request(self, method: str, path: str, body: bytes | None = None, type_: type[T] | Any = None,
+                 content_type: str = MSGPACK) -> Any:
+        headers = {"Accept": MSGPACK}
+        if body is not None:
+            headers["Content-Type"] = content_type
+        for attempt in (1, 2):
+            conn = self._connection()
+            try:
+                conn.request(method, path, body=body, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                break
+            except (OSError, http.client.HTTPException) as e:
+                self.close()
+                if attempt == 2 or (method != "GET" and not isinstance(e, http.client.RemoteDisconnected)):
+                    raise ServerUnavailable(f"cannot reach the gridbot server at {self.url}: {e}; "
+                                            "is `gridbot server` running there?") from e
+        if resp.status >= 400:
+            try:
+                err = msgspec.msgpack.decode(data) if resp.getheader("Content-Type") == MSGPACK else json.loads(data)
+                message, kind = err.get("error", str(err)), err.get("kind", "error")
+            except Exception:
+                message, kind = data[:300].decode(errors="replace"), "error"
+            if resp.status >= 500:
+                raise ServerUnavailable(f"server error (HTTP {resp.status}): {message}")
+            raise ApiError(resp.status, message, kind)
+        if type_ is None:
+            return data
+        return msgspec.msgpack.decode(data, type=type_)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- submitting -----------------------------------------------------------------------------------
+
+    def submit(self, spec: BagSpec, lines: Sequence[str] | None = None,
+               inputs: dict[str, bytes] | None = None) -> BagInfo:
+        """Submit a validated spec (with its commands, for each-line bags, and its input files)."""
+        body = msgspec.msgpack.encode(SubmitRequest(spec, list(lines) if lines is not None else None, inputs or {}))
+        return self._request("POST", "/v1/bags", body, BagInfo)  # type: ignore[no-any-return]
+
+    def submit_file(self, path: str | Path, name: str | None = None, max_jobs: int = DEFAULT_MAX_JOBS) -> BagInfo:
+        """Validate and submit a TOML spec; SpecError names the file, line and fix of every problem."""
+        spec, inputs = load_spec_file(path, name, max_jobs)
+        return self.submit(spec, None, inputs)
+
+    def submit_lines(self, path: str | Path, name: str | None = None, max_jobs: int = DEFAULT_MAX_JOBS) -> BagInfo:
+        """Submit one job per line of a file, each line a shell command."""
+        spec, lines = load_lines_file(path, name, max_jobs)
+        return self.submit(spec, lines)
+
+    # -- watching -------------------------------------------------------------------------------------
+
+    def bags(self) -> list[BagInfo]:
+        return self._request("GET", "/v1/bags", None, list[BagInfo])  # type: ignore[no-any-return]
+
+    def bag(self, ref: str | int) -> BagInfo:
+        return self._request("GET", f"/v1/bags/{_q(ref)}", None, BagInfo)  # type: ignore[no-any-return]
+
+    def jobs(self, ref: str | int, state: str | None = None, limit: int = 1000, after: int = 0) -> list[JobInfo]:
+        query = urllib.parse.urlencode({k: v for k, v in (("state", state), ("limit", limit), ("after", after))
+                                        if v is not None})
+        return self._request("GET", f"/v1/bags/{_q(ref)}/jobs?{query}", None,  # type: ignore[no-any-return]
+                             list[JobInfo])
+
+    def instances(self, job_id: int) -> list[InstanceInfo]:
+        return self._request("GET", f"/v1/jobs/{job_id}/instances", None,  # type: ignore[no-any-return]
+                             list[InstanceInfo])
+
+    def pools(self) -> list[PoolInfo]:
+        """Each pool of the server's pools file with its pilots, hosts and throughput."""
+        return self._request("GET", "/v1/pools", None, list[PoolInfo])  # type: ignore[no-any-return]
+
+    def hosts(self) -> list[HostInfoRow]:
+        return self._request("GET", "/v1/hosts", None, list[HostInfoRow])  # type: ignore[no-any-return]
+
+    def policy(self, ref: str | int) -> dict[str, str]:
+        """The bag's policies as they apply (what was written, and the defaults)."""
+        return self._request("GET", f"/v1/bags/{_q(ref)}/policy", None, dict[str, str])  # type: ignore[no-any-return]
+
+    def set_policy(self, ref: str | int, name: str, text: str) -> BagInfo:
+        """Change one policy of a bag while it runs; the next decision uses it."""
+        body = msgspec.json.encode(PolicyChange(name, text))
+        return self._request("POST", f"/v1/bags/{_q(ref)}/policy", body, BagInfo,  # type: ignore[no-any-return]
+                             "application/json")
+
+    def cancel(self, ref: str | int) -> BagInfo:
+        return self._request("POST", f"/v1/bags/{_q(ref)}/cancel", b"", BagInfo)  # type: ignore[no-any-return]
+
+    def wait(self, ref: str | int, poll: float = 1.0, timeout: float | None = None,
+             on_update: Callable[[BagInfo], None] | None = None) -> BagInfo:
+        """Poll until the bag has ended; return its final state."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            info = self.bag(ref)
+            if on_update is not None:
+                on_update(info)
+            if info.state in TERMINAL_BAG_STATES:
+                return info
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"bag {ref} still {info.state} after {timeout} s")
+            time.sleep(poll)
+
+    # -- results --------------------------------------------------------------------------------------
+
+    def results(self, ref: str | int, page: int = 200) -> Iterator[ResultInfo]:
+        """Every ended job of the bag with its kept result and outputs, by job id."""
+        after = 0
+        while True:
+            rows: list[ResultInfo] = self._request(
+                "GET", f"/v1/bags/{_q(ref)}/results?after={after}&limit={page}", None, list[ResultInfo])
+            yield from rows
+            if len(rows) < page:
+                return
+            after = rows[-1].job.job_id
+
+    def download_results(self, ref: str | int, directory: str | Path) -> int:
+        """Write each ended job's stdout, stderr and outputs under `directory/<index>/`, and `jobs.jsonl`.
+
+        Returns the number of jobs written. Output names that would escape the directory are refused.
+        """
+        root = Path(directory).resolve()
+        root.mkdir(parents=True, exist_ok=True)
+        info = self.bag(ref)
+        width = len(str(max(0, info.total - 1)))
+        n = 0
+        with (root / "jobs.jsonl").open("w") as index:
+            for r in self.results(ref):
+                jobdir = root / str(r.job.index).zfill(width)
+                files = {"stdout": r.stdout_tail.encode(), "stderr": r.stderr_tail.encode(), **r.outputs}
+                for name, data in files.items():
+                    if not data and name in ("stdout", "stderr"):
+                        continue
+                    target = (jobdir / name).resolve()
+                    if not target.is_relative_to(jobdir.resolve()):
+                        raise GridbotError(f"output name {name!r} of job {r.job.index} escapes the results folder")
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(data)
+                index.write(json.dumps({
+                    "index": r.job.index, "state": r.job.state, "command": r.job.command, "params": r.params,
+                    "exit_code": r.exit_code, "wall_s": r.wall_s, "cpu_s": r.cpu_s, "host": r.host_id,
+                    "attempts": r.job.attempts, "reason": r.job.reason if r.job.state != "done" else None,
+                    "outputs": sorted(r.outputs)}) + "\n")
+                n += 1
+        return n
+
+
+def _q(ref: str | int) -> str:
+    return urllib.parse.quote(str(ref), safe="")

@@ -1,0 +1,169 @@
+"""Decisions of the dispatcher, as typed records that a store applies in one transaction.
+
+The dispatcher never writes anything itself: each event returns a `Changes`, and the server makes it
+durable before answering the host that caused it. Every instance change carries its cause, so the
+question "why did job 42 run three times?" has an answer in the store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgspec
+
+from gridbot.core.hosts import HostStats
+from gridbot.model.records import HostInfo, InstanceReport
+from gridbot.model.spec import BagSpec
+from gridbot.model.states import BagState, InstanceState, JobState
+
+
+class NewInstance(msgspec.Struct, frozen=True):
+    """An instance created and sent to a host."""
+
+    instance_id: int
+    job_id: int
+    bag_id: int
+    host_id: str
+    sent_at: float
+    instance_deadline: float
+
+
+class InstanceUpdate(msgspec.Struct, frozen=True):
+    """An instance moved to `state` at time `at`, because of `reason`; `report` is what its host said."""
+
+    instance_id: int
+    state: InstanceState
+    at: float
+    reason: str = ""
+    report: InstanceReport | None = None
+
+
+class JobUpdate(msgspec.Struct, frozen=True):
+    """A job's new state and counters; `result_instance` is set once the job is done."""
+
+    job_id: int
+    state: JobState
+    failures: int
+    attempts: int
+    reason: str = ""
+    result_instance: int | None = None
+
+
+class BagCounts(msgspec.Struct):
+    """Per-bag counters kept by the dispatcher and mirrored into the store."""
+
+    queued: int = 0
+    running: int = 0
+    done: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    instances: int = 0
+    wasted: int = 0
+    overdue: int = 0
+    reruns: int = 0
+    """Jobs sent out more than once (after a failure, a lost host or replication)."""
+    replicas: int = 0
+    """Instances created by speculative replication (GridBot Algorithm 2)."""
+
+    @property
+    def total(self) -> int:
+        return self.queued + self.running + self.done + self.failed + self.cancelled
+
+
+class BagUpdate(msgspec.Struct, frozen=True):
+    """A bag's state and counters after a batch of events."""
+
+    bag_id: int
+    state: BagState
+    counts: BagCounts
+    finished_at: float | None = None
+
+
+class HostUpdate(msgspec.Struct, frozen=True):
+    """What the server knows about a host, written on every contact."""
+
+    info: HostInfo
+    first_seen: float
+    last_seen: float
+    stats: HostStats
+
+
+@dataclass
+class Changes:
+    """Everything one event changed, in the order a store must apply it."""
+
+    new_instances: list[NewInstance] = field(default_factory=list)
+    instances: list[InstanceUpdate] = field(default_factory=list)
+    jobs: dict[int, JobUpdate] = field(default_factory=dict)
+    bags: dict[int, BagUpdate] = field(default_factory=dict)
+    hosts: dict[str, HostUpdate] = field(default_factory=dict)
+    cancelled_bags: list[int] = field(default_factory=list)
+    """Bags cancelled by their owner: the store cancels their queued jobs that the dispatcher never saw."""
+
+    def merge(self, other: Changes) -> Changes:
+        """Append `other` to this batch (later updates of the same job or bag win)."""
+        self.new_instances.extend(other.new_instances)
+        self.instances.extend(other.instances)
+        self.jobs.update(other.jobs)
+        self.bags.update(other.bags)
+        self.hosts.update(other.hosts)
+        self.cancelled_bags.extend(other.cancelled_bags)
+        return self
+
+    def __bool__(self) -> bool:
+        return bool(self.new_instances or self.instances or self.jobs or self.bags or self.hosts
+                    or self.cancelled_bags)
+
+
+class QueuedJob(msgspec.Struct, frozen=True):
+    """A queued job as the feeder reads it from the store."""
+
+    job_id: int
+    index: int
+    line: str | None = None
+    failures: int = 0
+    attempts: int = 0
+
+
+class LiveInstance(msgspec.Struct, frozen=True):
+    """A running or overdue instance of an active bag, as the store holds it across a restart."""
+
+    instance_id: int
+    job_id: int
+    bag_id: int
+    host_id: str
+    state: InstanceState
+    sent_at: float
+    instance_deadline: float
+    job_index: int
+    job_line: str | None
+    job_state: JobState
+    job_failures: int
+    job_attempts: int
+
+
+class BagSnapshot(msgspec.Struct, frozen=True):
+    """An active bag as the store holds it."""
+
+    bag_id: int
+    spec: BagSpec
+    counts: BagCounts
+    created_at: float
+
+
+class HostSnapshot(msgspec.Struct, frozen=True):
+    """A known host with its statistics."""
+
+    info: HostInfo
+    first_seen: float
+    last_seen: float
+    stats: HostStats
+
+
+class Snapshot(msgspec.Struct, frozen=True):
+    """What the dispatcher needs to resume after a restart."""
+
+    bags: list[BagSnapshot]
+    instances: list[LiveInstance]
+    hosts: list[HostSnapshot]
+    next_instance_id: int

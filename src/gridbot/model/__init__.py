@@ -1,0 +1,1 @@
+"""Plain typed records and their state machines: bags, jobs, instances, hosts."""

@@ -1,0 +1,1 @@
+"""ClassAd policies of a bag (issue 3)."""

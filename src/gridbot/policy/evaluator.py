@@ -1,0 +1,158 @@
+"""Evaluating a bag's policies against the composite ad of one host, the bag, the queue and a job.
+
+One long-lived context ad per bag holds the bag's attributes (also at the top level, so `Tail` and
+`JobsLeft` work bare, as in the paper's Figure 3) and the policies themselves (so `Deadline =
+Concurrency * 2000` works). Each decision copies the host's ad in and evaluates pre-parsed trees:
+about a microsecond per policy. UNDEFINED or ERROR never raises: it counts as no match (or as the
+policy's default), and the bag keeps a diagnostic its owner can read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+
+from gridbot.policy.classad import ClassAd, ClassAdException, Value
+from gridbot.policy.policies import PolicySet
+
+HostAd: TypeAlias = ClassAd
+EMPTY_JOB: dict[str, Any] = {"Name": "", "Index": -1, "NumberOfReplicas": 0, "Failures": 0}
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a bag's policies say about one host (for jobs with no replica out)."""
+
+    matches: bool
+    rank: float
+    concurrency: int
+    deadline: float
+
+
+@dataclass
+class Diagnostic:
+    """A policy that evaluated to UNDEFINED or ERROR: how often, and the last time on which host."""
+
+    count: int = 0
+    value: str = ""
+    host: str = ""
+
+
+@dataclass
+class BagPolicies:
+    """A bag's compiled policies with its evaluation context."""
+
+    policies: PolicySet
+    default_deadline: float
+    ctx: ClassAd = field(default_factory=ClassAd)
+    diagnostics: dict[str, Diagnostic] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.uses_time = any("elapsedtime" in t.lower() for t in self.policies.texts.values())
+        rank = self.policies.texts["Rank"].lower()
+        self.rank_static = not any(word in rank for word in ("host", "job", "replica", "target"))
+        """Rank sees only the bag and the queue: one value serves every host until the bag changes."""
+        for name, expr in self.policies.exprs.items():
+            self.ctx[name] = expr
+        self.ctx["Job"] = EMPTY_JOB
+        self.ctx["NumberOfReplicas"] = 0
+
+    def set_bag(self, attrs: Mapping[str, Any], queue: Mapping[str, Any]) -> None:
+        """Refresh the bag's and the queue's attributes (call when they changed)."""
+        self.ctx["Bag"] = dict(attrs)
+        self.ctx["BOT"] = dict(attrs)
+        self.ctx["Queue"] = dict(queue)
+        for k, v in attrs.items():
+            self.ctx[k] = v
+
+    def decide(self, host: HostAd) -> Decision:
+        """Algorithm 1's evaluation for a job with no replica out, on this host."""
+        if not self.matches(host):
+            return Decision(False, 0.0, 0, 0.0)
+        concurrency, deadline = self.bundle(host)
+        return Decision(True, self.rank(host), concurrency, deadline)
+
+    def matches(self, host: HostAd) -> bool:
+        """JobRequirements on this host (UNDEFINED or ERROR: no)."""
+        self.ctx["Host"] = host
+        return self._eval("JobRequirements", host) is True
+
+    def rank(self, host: HostAd | None) -> float:
+        """Rank on this host (None: a static Rank, which does not look at the host)."""
+        if host is not None:
+            self.ctx["Host"] = host
+        return self._number("Rank", host, 0.0)
+
+    def bundle(self, host: HostAd) -> tuple[int, float]:
+        """Concurrency and Deadline on this host, for the host set by the last `matches`."""
+        return int(self._number("Concurrency", host, 1.0)), self._number("Deadline", host, self.default_deadline)
+
+    def job_matches(self, host: HostAd, job: Mapping[str, Any]) -> tuple[bool, Decision]:
+        """The same decision for one job with replicas out (its ad differs from the bag's generic one)."""
+        self.ctx["Job"] = dict(job)
+        self.ctx["NumberOfReplicas"] = job["NumberOfReplicas"]
+        try:
+            d = self.decide(host)
+        finally:
+            self.ctx["Job"] = EMPTY_JOB
+            self.ctx["NumberOfReplicas"] = 0
+        return d.matches, d
+
+    def should_replicate(self, job: Mapping[str, Any], host_of_first: HostAd | None) -> bool:
+        """ReplicationRequirements for one running job (Algorithm 2)."""
+        self.ctx["Job"] = dict(job)
+        self.ctx["NumberOfReplicas"] = job["NumberOfReplicas"]
+        if host_of_first is not None:
+            self.ctx["Host"] = host_of_first
+        try:
+            return self._eval("ReplicationRequirements", host_of_first) is True
+        finally:
+            self.ctx["Job"] = EMPTY_JOB
+            self.ctx["NumberOfReplicas"] = 0
+
+    def accepts_pool(self, pool: Mapping[str, Any]) -> bool:
+        """GridPolicy against one pool's ad (seen as `Pool`): may pilots for this bag go there?"""
+        self.ctx["Pool"] = dict(pool)
+        value = self._eval("GridPolicy", None)
+        if value is Value.Undefined or value is Value.Error:
+            self.diagnostics["GridPolicy"].host = f"pool {pool.get('Name', '?')}"
+        return value is True
+
+    def _eval(self, name: str, host: HostAd | None) -> Any:
+        try:
+            value = self.policies.exprs[name].eval(self.ctx)
+        except ClassAdException:
+            value = Value.Error
+        if value is Value.Undefined or value is Value.Error:
+            self._note(name, "UNDEFINED" if value is Value.Undefined else "ERROR", host)
+        return value
+
+    def _number(self, name: str, host: HostAd | None, default: float) -> float:
+        value = self._eval(name, host)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            if not isinstance(value, Value):
+                self._note(name, f"not a number: {value!r}", host)
+            return default
+        return float(value)
+
+    def _note(self, name: str, value: str, host: HostAd | None) -> None:
+        d = self.diagnostics.setdefault(name, Diagnostic())
+        d.count += 1
+        d.value = value
+        if host is not None:
+            try:
+                d.host = str(host["Name"])
+            except KeyError:
+                d.host = ""
+
+    def messages(self) -> list[str]:
+        """Diagnostics as sentences for the bag's owner."""
+        return [f"{name} evaluated to {d.value} {d.count} time(s) (last on host {d.host or '?'}); it counts as no "
+                f"match: policy {name} = {self.policies.texts[name]!r}" for name, d in self.diagnostics.items()]
+
+
+def host_ad(attrs: Mapping[str, Any]) -> HostAd:
+    """A host's ad from its attributes (see policies.HOST_ATTRS)."""
+    ad: HostAd = ClassAd(dict(attrs))
+    return ad

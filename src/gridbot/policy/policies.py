@@ -1,0 +1,278 @@
+"""A bag's policies: ClassAd expressions that steer matching, priority, bundling, deadlines and replication.
+
+Each policy has a documented default that behaves sensibly with nothing written. A policy is parsed
+strictly (trailing input, a second assignment or a `//` comment swallowing the rest are refused), its
+attribute references are checked against the attributes the composite ad really has (an unknown one
+is almost always a typo, and the error says which and what was probably meant), and it is
+evaluated once against a representative ad, so a policy that errors or runs away is refused at
+submit time rather than found at run time.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import secrets
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from gridbot.policy.classad import ClassAd, ClassAdException, ExprTree, ParserType, Value, parseAds
+
+MAX_POLICY_CHARS = 4096
+TRIAL_BUDGET_S = 0.002
+"""A policy whose trial evaluation takes longer than this is refused (typical ones take 1-2 µs)."""
+
+
+@dataclass(frozen=True)
+class PolicyDef:
+    name: str
+    default: str
+    kind: type
+    doc: str
+
+
+POLICIES: dict[str, PolicyDef] = {p.name: p for p in (
+    PolicyDef("JobRequirements", "!Host.BlackHole", bool,
+              "May this host run a job of the bag? Default: any host that is not a black hole."),
+    PolicyDef("Rank", "0", float,
+              "Priority of the bag on this host; the highest-ranked matching bag is served first. Default 0 "
+              "(equal ranks: oldest bag first)."),
+    PolicyDef("Concurrency", "2 * Host.Slots", int,
+              "Most instances a host may hold at once (running and prefetched); the value of the "
+              "highest-ranked matching bag bounds every bag served in that request. Default: two per slot."),
+    PolicyDef("Deadline", "", float,
+              "Seconds an instance may take before it is counted as lost and its job re-queued. Default: the "
+              "bag's instance_deadline."),
+    PolicyDef("ReplicationRequirements", "Tail && NumberOfReplicas < 2", bool,
+              "Evaluated for each running job when few of the bag's jobs are queued: true adds one more "
+              "replica. Default: in the tail phase, one extra replica per job."),
+    PolicyDef("GridPolicy", "true", bool,
+              "Evaluated against each pool's ad by the overlay constructor: may pilots for this bag go there? "
+              "Default: every pool."),
+)}
+
+HOST_ATTRS: dict[str, str] = {
+    "Name": "host name as the worker reports it (machine/slot)",
+    "HostId": "stable id of the host",
+    "Pool": "pool the worker belongs to",
+    "Platform": "operating system and machine, e.g. Linux-x86_64",
+    "NumCpus": "CPU cores of the machine",
+    "Slots": "instances the worker runs at once",
+    "Memory": "memory of the machine in MB",
+    "RunningJobs": "instances of any bag the host holds now",
+    "JobsDone": "instances the host completed well, ever",
+    "JobsFailed": "instances that failed or were lost on the host, ever",
+    "ErrorRate": "JobsFailed / (JobsDone + JobsFailed); 0 for a new host",
+    "JobsToday": "instances completed well since the start of the current UTC day",
+    "RecentGoodCpuTime": "CPU seconds of good results, decayed with a half-life of one day",
+    "AvgTurnaround": "mean seconds from sending an instance to its good result (0 until one exists)",
+    "BlackHole": "true when the host keeps failing jobs right after starting them",
+    "Reliable": "the host's pool is marked reliable (server option --reliable-pool): the fail-over pool",
+}
+BAG_ATTRS: dict[str, str] = {
+    "Name": "the bag's name",
+    "Tail": "true in the tail phase: few of the bag's jobs are queued (see the server's --tail-threshold)",
+    "JobsTotal": "jobs in the bag",
+    "JobsLeft": "jobs without a result that have not failed for good",
+    "JobsDone": "jobs with a result",
+    "JobsFailed": "jobs failed for good",
+    "JobsRunning": "jobs with an instance out",
+    "JobsQueued": "jobs waiting for an instance",
+    "Replicas": "instances created by replication so far",
+    "ElapsedTime": "seconds since the bag was submitted",
+}
+QUEUE_ATTRS: dict[str, str] = {
+    "BagsInQueue": "active bags on the server",
+    "BOTsInQueue": "the same, under the paper's name",
+}
+JOB_ATTRS: dict[str, str] = {
+    "Name": "bag name and job index, e.g. sweep.42",
+    "Index": "the job's position in the bag",
+    "NumberOfReplicas": "instances of the job out now",
+    "Failures": "instances of the job that failed so far",
+    "Replica1, Replica2, ...": "one ad per instance out now: Name, SentTime, RunTime, Host (that host's ad)",
+}
+REPLICA_ATTRS = {"Name", "SentTime", "RunTime", "Host"}
+POOL_ATTRS: dict[str, str] = {
+    "Name": "the pool's name in the pools file",
+    "Kind": "local, slurm, pbs, lsf, cobalt, flux, ec2 or static",
+    "Reliability": "unreliable, reliable or volunteer",
+    "Level": "the pool's level in the grid execution hierarchy",
+    "Cpus": "slots of each pilot",
+    "Memory": "memory of each pilot in MB (0: unspecified)",
+    "Walltime": "seconds a pilot may live",
+    "PricePerCpuHour": "price of a CPU-hour",
+    "MaxRunning": "most pilots running at once",
+    "(any other)": "the pool's own attributes from its [pools.NAME.attributes] table",
+}
+"""The pool ad GridPolicy sees as `Pool` (the overlay constructor evaluates it for each pool)."""
+TOP_ATTRS = {"Host", "Bag", "BOT", "Queue", "Job", "Pool", "NumberOfReplicas", *BAG_ATTRS, *POLICIES}
+KEYWORDS = {"true", "false", "undefined", "error", "is", "isnt", "my", "target", "parent"}
+
+
+class PolicyError(ValueError):
+    """A policy that cannot be accepted, with its name, its text and what to do."""
+
+    def __init__(self, name: str, text: str, problem: str, hint: str = "") -> None:
+        self.policy, self.text, self.problem, self.hint = name, text, problem, hint
+        super().__init__(f"policy {name} = {text!r}: {problem}" + (f"; {hint}" if hint else ""))
+
+
+def parse(name: str, text: str) -> ExprTree:
+    """Parse one policy strictly into an ExprTree, or raise PolicyError."""
+    if name not in POLICIES:
+        hint = difflib.get_close_matches(name, list(POLICIES), n=1)
+        raise PolicyError(name, text, "is not a policy", f"did you mean {hint[0]}?" if hint else
+                          f"the policies are {', '.join(POLICIES)}")
+    if not text.strip():
+        raise PolicyError(name, text, "is empty", "write an expression, or leave the policy out for its default")
+    if len(text) > MAX_POLICY_CHARS:
+        raise PolicyError(name, text[:60] + "...", f"is longer than {MAX_POLICY_CHARS} characters")
+    key = "e" + secrets.token_hex(8)
+    try:
+        ads = list(parseAds(f"[{key} = ({text}\n)]", ParserType.New))
+    except (ClassAdException, ValueError):
+        ads = []
+    if len(ads) != 1 or list(ads[0].keys()) != [key]:
+        raise PolicyError(name, text, "is not a valid ClassAd expression",
+                          "check parentheses and quotes; strings use double quotes, and && || ! ?: are the operators")
+    expr: ExprTree = ads[0].lookup(key)
+    return expr
+
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_LOCAL = re.compile(r"[\[;]\s*([A-Za-z_]\w*)\s*=(?!=)")
+_REF = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\s*\.\s*[A-Za-z_]\w*)*)(\s*\()?")
+
+
+def check_references(name: str, text: str) -> None:
+    """Refuse references to attributes that exist on no ad, naming the closest real one.
+
+    Names defined inside a nested ad literal of the expression (`[x = 1; y = x + 1].y`) are its own.
+    """
+    bare = _STRING.sub('""', text)
+    local = {m.group(1).lower() for m in _LOCAL.finditer(bare)}
+    for m in _REF.finditer(bare):
+        if m.group(2):  # a function call
+            continue
+        parts = [p.strip() for p in m.group(1).split(".")]
+        if parts[0].lower() in local:
+            continue
+        problem = _unknown(parts)
+        if problem is not None:
+            bad, known, prefix = problem
+            guess = difflib.get_close_matches(bad.lower(), [k.lower() for k in known], n=1)
+            real = next((k for k in known if k.lower() == guess[0]), "") if guess else ""
+            ref = ".".join(parts)
+            hint = (f"did you mean {prefix}{real}?" if real else
+                    "docs/policies.md lists every attribute")
+            raise PolicyError(name, text, f"{ref} is not an attribute of any ad", hint)
+
+
+def _unknown(parts: list[str]) -> tuple[str, set[str], str] | None:
+    """The first unknown component of a reference, the names it could have been, and its prefix."""
+    head = parts[0].lower()
+    if head in KEYWORDS and len(parts) == 1:
+        return None
+    tops = {t.lower(): t for t in TOP_ATTRS}
+    if head not in tops:
+        return parts[0], TOP_ATTRS, ""
+    top = tops[head]
+    rest = parts[1:]
+    if not rest:
+        return None
+    if top == "Host":
+        return _in(rest, HOST_ATTRS, "Host.")
+    if top in ("Bag", "BOT"):
+        return _in(rest, set(BAG_ATTRS) | set(POLICIES), f"{top}.")
+    if top == "Queue":
+        return _in(rest, QUEUE_ATTRS, "Queue.")
+    if top == "Pool":
+        return None  # a pool's own attributes are free: any name may exist
+    if top == "Job":
+        if re.fullmatch(r"(?i)replica\d+", rest[0]):
+            if len(rest) == 1:
+                return None
+            if rest[1].lower() == "host":
+                return _in(rest[2:], HOST_ATTRS, f"Job.{rest[0]}.Host.") if len(rest) > 2 else None
+            return _in(rest[1:], REPLICA_ATTRS, f"Job.{rest[0]}.")
+        return _in(rest, {k for k in JOB_ATTRS if "," not in k} | {"Replica1"}, "Job.")
+    return rest[0], set(), f"{top}."
+
+
+def _in(rest: list[str], known: Mapping[str, str] | set[str], prefix: str) -> tuple[str, set[str], str] | None:
+    if rest and rest[0].lower() not in {k.lower() for k in known}:
+        return rest[0], set(known), prefix
+    return None
+
+
+def representative_context() -> ClassAd:
+    """A composite ad with typical values of every attribute, for trial evaluations."""
+    host = {"Name": "node01.example/worker", "HostId": "0123456789abcdef0123", "Pool": "local",
+            "Platform": "Linux-x86_64", "NumCpus": 8, "Slots": 8, "Memory": 16384, "RunningJobs": 4,
+            "JobsDone": 120, "JobsFailed": 3, "ErrorRate": 0.025, "JobsToday": 40, "RecentGoodCpuTime": 3600.0,
+            "AvgTurnaround": 300.0, "BlackHole": False, "Reliable": False}
+    bag = {"Name": "sweep", "Tail": False, "JobsTotal": 1000, "JobsLeft": 600, "JobsDone": 400, "JobsFailed": 0,
+           "JobsRunning": 100, "JobsQueued": 500, "Replicas": 0, "ElapsedTime": 3600.0}
+    replica = {"Name": "sweep.42.1", "SentTime": 0.0, "RunTime": 120.0, "Host": host}
+    job = {"Name": "sweep.42", "Index": 42, "NumberOfReplicas": 1, "Failures": 0, "Replica1": replica}
+    pool = {"Name": "cluster", "Kind": "slurm", "Reliability": "reliable", "Level": 1, "Cpus": 4, "Memory": 8192,
+            "Walltime": 14400.0, "PricePerCpuHour": 0.0, "MaxRunning": 20}
+    ctx = ClassAd({"Host": host, "Bag": bag, "BOT": bag, "Queue": {"BagsInQueue": 3, "BOTsInQueue": 3},
+                   "Job": job, "Pool": pool, "NumberOfReplicas": 1, **bag})
+    return ctx
+
+
+@dataclass(frozen=True)
+class PolicySet:
+    """A bag's compiled policies (`texts` are what the owner wrote or the defaults)."""
+
+    texts: dict[str, str]
+    exprs: dict[str, ExprTree]
+
+
+def compile_policies(written: Mapping[str, str], default_deadline: float,
+                     timer: Callable[[], float] | None = None) -> PolicySet:
+    """Validate and compile a bag's policies, filling in defaults; raise PolicyError on the first bad one.
+
+    `timer` (seconds, monotonic) bounds each trial evaluation; the caller owns the clock.
+    """
+    texts = {}
+    for name, p in POLICIES.items():
+        texts[name] = written.get(name, p.default or f"{default_deadline:g}")
+    for name in written:
+        if name not in POLICIES:
+            parse(name, written[name])
+    exprs = {}
+    ctx = representative_context()
+    for name, text in texts.items():
+        expr = parse(name, text)
+        check_references(name, text)
+        exprs[name] = expr
+        ctx[name] = expr
+    for name, expr in exprs.items():
+        trial(name, texts[name], expr, ctx, timer)
+    return PolicySet(texts, exprs)
+
+
+def trial(name: str, text: str, expr: ExprTree, ctx: ClassAd, timer: Callable[[], float] | None) -> None:
+    """Evaluate once against a representative ad: it must finish quickly and give the right type."""
+    start = timer() if timer else 0.0
+    try:
+        value = expr.eval(ctx)
+    except ClassAdException:
+        raise PolicyError(name, text, "exceeds the evaluation limits (too deep or too many steps)",
+                          "simplify the expression") from None
+    if timer is not None and timer() - start > TRIAL_BUDGET_S:
+        raise PolicyError(name, text, f"took over {TRIAL_BUDGET_S * 1e3:g} ms to evaluate once",
+                          "simplify the expression; a policy is evaluated on every work request")
+    kind = POLICIES[name].kind
+    if value is Value.Error:
+        raise PolicyError(name, text, "evaluates to ERROR on a typical host",
+                          "check the types: strings need quotes and arithmetic needs numbers")
+    if value is Value.Undefined:
+        return
+    if kind is bool and not isinstance(value, bool):
+        raise PolicyError(name, text, f"must be true or false, but gives {value!r}")
+    if kind in (int, float) and (isinstance(value, bool) or not isinstance(value, int | float)):
+        raise PolicyError(name, text, f"must be a number, but gives {value!r}")

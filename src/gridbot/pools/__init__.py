@@ -1,0 +1,1 @@
+"""Pool adapters: submit, status and cancel pilots (execution clients) in each pool."""

@@ -1,0 +1,261 @@
+"""Pool adapters: local processes, batch systems through psij-python, EC2 through boto3, static hosts."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, ClassVar
+
+from gridbot.model.pools import BATCH_KINDS, PoolSpec
+from gridbot.model.states import PilotState
+from gridbot.pools.base import PilotRequest, PoolAdapter, PoolError
+
+
+class LocalAdapter(PoolAdapter):
+    """Pilots as worker processes on this machine; ids are `local-<pid>`."""
+
+    poll_interval = 1.0
+
+    def __init__(self, spec: PoolSpec, workdir: Path, extra_args: Sequence[str] = ()) -> None:
+        super().__init__(spec)
+        self.workdir = workdir
+        self.extra_args = list(extra_args)
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def submit(self, n: int, pilot: PilotRequest) -> list[str]:
+        logs = self.workdir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        ids = []
+        for _ in range(n):
+            with open(logs / f"{self.spec.name}-{len(self.procs)}.log", "ab") as log:
+                proc = subprocess.Popen([pilot.python, *pilot.worker_args(self.spec), "--workdir",
+                                         str(self.workdir / "work"), "--name", f"{self.spec.name}-pilot",
+                                         *self.extra_args],
+                                        stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+            self.procs[f"local-{proc.pid}"] = proc
+            ids.append(f"local-{proc.pid}")
+        return ids
+
+    def status(self, ids: Sequence[str]) -> dict[str, PilotState]:
+        out = {}
+        for pilot in ids:
+            proc = self.procs.get(pilot)
+            code = proc.poll() if proc is not None else 0
+            out[pilot] = (PilotState.RUNNING if code is None else
+                          PilotState.COMPLETED if code in (0, -signal.SIGTERM) else PilotState.FAILED)
+        return out
+
+    def cancel(self, ids: Sequence[str]) -> None:
+        for pilot in ids:
+            proc = self.procs.get(pilot)
+            if proc is not None and proc.poll() is None:
+                os.kill(proc.pid, signal.SIGTERM)
+
+    def alive(self) -> int:
+        """How many of the workers still run."""
+        return sum(1 for proc in self.procs.values() if proc.poll() is None)
+
+    def close(self, timeout: float = 20.0) -> None:
+        """Stop every worker, waiting up to `timeout` for clean exits (they give their work back)."""
+        self.cancel(list(self.procs))
+        deadline = time.monotonic() + timeout
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+class StaticAdapter(PoolAdapter):
+    """Hosts that come on their own (volunteers, hand-started workers): nothing to submit or cancel."""
+
+    def submit(self, n: int, pilot: PilotRequest) -> list[str]:
+        return []
+
+    def status(self, ids: Sequence[str]) -> dict[str, PilotState]:
+        return dict.fromkeys(ids, PilotState.COMPLETED)
+
+    def cancel(self, ids: Sequence[str]) -> None:
+        """Nothing to cancel: static hosts leave when they want."""
+
+
+class BatchAdapter(PoolAdapter):
+    """Pilots as batch jobs through psij-python: Slurm, PBS, LSF, Cobalt or Flux, one partition per pool.
+
+    psij's defaults are changed as shared/reference/slurm-on-one-host.md says: it polls the queue every
+    30 s by default, and after 2 failed polls marks every job FAILED for good (a 45 s controller outage
+    did that while the jobs ran fine), so the threshold is set out of reach and polling made brisk.
+    """
+
+    poll_interval = 2.0
+
+    def __init__(self, spec: PoolSpec, workdir: Path) -> None:
+        super().__init__(spec)
+        try:
+            import psij
+        except ImportError as e:
+            raise PoolError(f"pool '{spec.name}' (kind {spec.kind}) needs psij-python: pip install 'gridbot[batch]'") \
+                from e
+
+        self.psij = psij
+        self.workdir = Path(str(spec.options.get("work_dir") or workdir)) / spec.name
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        config = psij.JobExecutorConfig(launcher_log_file=None)
+        try:
+            executor_config = self._config(spec.kind)
+            self.executor = psij.JobExecutor.get_instance(spec.kind, config=executor_config or config)
+        except (ValueError, psij.SubmitException) as e:
+            raise PoolError(f"pool '{spec.name}': psij has no usable '{spec.kind}' executor here: {e}") from e
+        self.jobs: dict[str, Any] = {}
+
+    def _config(self, kind: str) -> Any:
+        from psij.executors.batch.batch_scheduler_executor import BatchSchedulerExecutorConfig
+
+        return BatchSchedulerExecutorConfig(work_directory=self.workdir, queue_polling_interval=2,
+                                            initial_queue_polling_delay=1, queue_polling_error_threshold=10**9)
+
+    def submit(self, n: int, pilot: PilotRequest) -> list[str]:
+        psij = self.psij
+        ids = []
+        for _ in range(n):
+            attrs = psij.JobAttributes(queue_name=str(self.spec.options["partition"]),
+                                       duration=timedelta(seconds=self.spec.walltime))
+            if "account" in self.spec.options:
+                attrs.account = str(self.spec.options["account"])
+            args = [*pilot.worker_args(self.spec), "--workdir", str(self.workdir / "work"), "--name",
+                    f"{self.spec.name}-pilot"]
+            spec = psij.JobSpec(executable=pilot.python, arguments=args, directory=self.workdir, attributes=attrs,
+                resources=psij.ResourceSpecV1(process_count=1, cpu_cores_per_process=self.spec.cpus),
+                stdout_path=self.workdir / "pilot.out", stderr_path=self.workdir / "pilot.err",
+                inherit_environment=True)
+            job = psij.Job(spec)
+            try:
+                self.executor.submit(job)
+            except psij.SubmitException as e:
+                raise PoolError(f"pool '{self.spec.name}': the batch system refused the pilot: {e}") from e
+            except OSError as e:
+                raise PoolError(f"pool '{self.spec.name}': the {self.spec.kind} commands are not usable on this "
+                                f"machine ({e}); is the batch system's client installed and on PATH?") from e
+            self.jobs[job.native_id] = job
+            ids.append(str(job.native_id))
+        return ids
+
+    def status(self, ids: Sequence[str]) -> dict[str, PilotState]:
+        return {pilot: self._state(self.jobs.get(pilot)) for pilot in ids}
+
+    def _state(self, job: Any) -> PilotState:
+        if job is None:
+            return PilotState.COMPLETED
+        s = self.psij.JobState
+        state = job.status.state
+        if state in (s.NEW, s.QUEUED):
+            return PilotState.QUEUED
+        if state is s.ACTIVE:
+            return PilotState.RUNNING
+        if state is s.CANCELED:
+            return PilotState.CANCELLED
+        if state is s.FAILED:
+            message = str(job.status.message or "")
+            return PilotState.COMPLETED if "TimeLimit" in message or "TIMEOUT" in message else PilotState.FAILED
+        return PilotState.COMPLETED
+
+    def cancel(self, ids: Sequence[str]) -> None:
+        for pilot in ids:
+            job = self.jobs.get(pilot)
+            if job is not None and not job.status.final:
+                with contextlib.suppress(Exception):
+                    self.executor.cancel(job)
+
+
+class EC2Adapter(PoolAdapter):
+    """Pilots as EC2 instances (on-demand or spot) whose user data starts a worker pointed at the server."""
+
+    poll_interval = 10.0
+    _STATES: ClassVar[dict[str, PilotState]] = {
+        "pending": PilotState.QUEUED, "running": PilotState.RUNNING, "shutting-down": PilotState.COMPLETED,
+        "terminated": PilotState.COMPLETED, "stopping": PilotState.COMPLETED, "stopped": PilotState.COMPLETED}
+    """EC2 instance states (EC2 API reference, InstanceState): an instance that ends is a pilot that ended."""
+
+    def __init__(self, spec: PoolSpec, client: Any = None) -> None:
+        super().__init__(spec)
+        if client is None:
+            try:
+                import boto3
+            except ImportError as e:
+                raise PoolError(f"pool '{spec.name}' (kind ec2) needs boto3: pip install 'gridbot[ec2]'") from e
+
+            kwargs = {"region_name": str(spec.options["region"])}
+            if "endpoint_url" in spec.options:
+                kwargs["endpoint_url"] = str(spec.options["endpoint_url"])
+            client = boto3.client("ec2", **kwargs)
+        self.ec2 = client
+
+    def user_data(self, pilot: PilotRequest) -> str:
+        """The boot script: install gridbot and run one worker; the instance powers off when it exits."""
+        worker = PilotRequest(pilot.server, "python3").command(self.spec)
+        return "\n".join([
+            "#!/bin/sh", "set -e",
+            "python3 -m pip install --quiet gridbot || pip3 install --quiet gridbot",
+            f"{worker} --workdir /var/tmp/gridbot --name {self.spec.name}-pilot || true",
+            "shutdown -h now", ""])
+
+    def submit(self, n: int, pilot: PilotRequest) -> list[str]:
+        opts = self.spec.options
+        request: dict[str, Any] = {
+            "ImageId": str(opts["image"]), "InstanceType": str(opts["instance_type"]), "MinCount": n, "MaxCount": n,
+            "UserData": self.user_data(pilot), "InstanceInitiatedShutdownBehavior": "terminate",
+            "TagSpecifications": [{"ResourceType": "instance",
+                                   "Tags": [{"Key": "gridbot-pool", "Value": self.spec.name}]}]}
+        if opts.get("spot"):
+            request["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
+                "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
+        for key, field in (("subnet", "SubnetId"), ("key_name", "KeyName")):
+            if key in opts:
+                request[field] = str(opts[key])
+        if "security_group" in opts:
+            request["SecurityGroupIds"] = [str(opts["security_group"])]
+        try:
+            answer = self.ec2.run_instances(**request)
+        except Exception as e:
+            raise PoolError(f"pool '{self.spec.name}': EC2 refused to start {n} instances: {e}") from e
+        return [i["InstanceId"] for i in answer["Instances"]]
+
+    def status(self, ids: Sequence[str]) -> dict[str, PilotState]:
+        if not ids:
+            return {}
+        out = dict.fromkeys(ids, PilotState.COMPLETED)
+        try:
+            pages = self.ec2.describe_instances(InstanceIds=list(ids))
+        except Exception as e:
+            raise PoolError(f"pool '{self.spec.name}': cannot list instances: {e}", ) from e
+        for reservation in pages["Reservations"]:
+            for inst in reservation["Instances"]:
+                out[inst["InstanceId"]] = self._STATES.get(inst["State"]["Name"], PilotState.FAILED)
+        return out
+
+    def cancel(self, ids: Sequence[str]) -> None:
+        if ids:
+            try:
+                self.ec2.terminate_instances(InstanceIds=list(ids))
+            except Exception as e:
+                raise PoolError(f"pool '{self.spec.name}': cannot terminate instances: {e}") from e
+
+
+def make_adapter(spec: PoolSpec, workdir: Path) -> PoolAdapter:
+    """The adapter for a pool's kind."""
+    if spec.kind == "local":
+        return LocalAdapter(spec, workdir)
+    if spec.kind == "static":
+        return StaticAdapter(spec)
+    if spec.kind == "ec2":
+        return EC2Adapter(spec)
+    if spec.kind in BATCH_KINDS:
+        return BatchAdapter(spec, workdir)
+    raise PoolError(f"pool '{spec.name}' has unknown kind '{spec.kind}'")

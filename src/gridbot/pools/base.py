@@ -1,0 +1,69 @@
+"""What every pool adapter does: three batched verbs over pilots, and the worker command a pilot runs.
+
+Adapters follow Parsl's ExecutionProvider and PSI/J: `submit(n, pilot) -> ids`, `status(ids)`,
+`cancel(ids)`, plus a polling interval. A pilot is one `gridbot worker` in the pool, pointed at the
+server, which exits on its own when it gets no work (`idle_timeout`) or nears its walltime.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gridbot.errors import GridbotError
+from gridbot.model.pools import PoolSpec
+from gridbot.model.states import PilotState
+
+LIFETIME_MARGIN = 0.9
+"""A pilot's worker stops taking work at this fraction of its walltime, and exits before it is killed."""
+
+
+class PoolError(GridbotError):
+    """A pool refused or could not do what was asked; `retryable` when trying later may help."""
+
+
+@dataclass(frozen=True)
+class PilotRequest:
+    """What a pilot needs to know: where the server is and how long it may live."""
+
+    server: str
+    python: str = sys.executable
+
+    def worker_args(self, pool: PoolSpec) -> list[str]:
+        """The worker command line a pilot of `pool` runs (walltime 0: no lifetime)."""
+        args = ["-m", "gridbot", "worker", "--server", self.server, "--slots", str(pool.cpus), "--pool", pool.name,
+                "--idle-timeout", f"{pool.idle_timeout:g}", "--give-up-after", "600",
+                "--min-cpu", f"{pool.min_cpu:g}", "--cpu-window", f"{pool.cpu_window:g}"]
+        if pool.walltime:
+            args += ["--lifetime", f"{pool.walltime * LIFETIME_MARGIN:g}"]
+        return args
+
+    def command(self, pool: PoolSpec) -> str:
+        return shlex.join([self.python, *self.worker_args(pool)])
+
+
+class PoolAdapter(ABC):
+    """One pool's pilots."""
+
+    poll_interval: float = 5.0
+
+    def __init__(self, spec: PoolSpec) -> None:
+        self.spec = spec
+
+    @abstractmethod
+    def submit(self, n: int, pilot: PilotRequest) -> list[str]:
+        """Submit `n` pilots; return their ids (raise PoolError if the pool refuses)."""
+
+    @abstractmethod
+    def status(self, ids: Sequence[str]) -> dict[str, PilotState]:
+        """The state of each pilot (unknown ids: COMPLETED, they left the pool's view)."""
+
+    @abstractmethod
+    def cancel(self, ids: Sequence[str]) -> None:
+        """Cancel pilots, queued or running."""
+
+    def close(self) -> None:  # noqa: B027 - optional
+        """Release what the adapter holds (threads, connections)."""

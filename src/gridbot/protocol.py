@@ -1,0 +1,149 @@
+"""Messages between workers, submitters and the server, as typed msgspec Structs.
+
+Workers talk msgpack (results carry binary outputs); the submitter API answers JSON to anyone and
+msgpack to clients that ask for it. Version 1 of the protocol lives under `/v1/`.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from gridbot.core.changes import BagCounts
+from gridbot.model.records import Assignment, HostInfo, InstanceReport
+from gridbot.model.spec import BagSpec
+
+MSGPACK = "application/msgpack"
+DEFAULT_PORT = 8470
+
+
+class ExchangeRequest(msgspec.Struct, frozen=True):
+    """A worker's single round trip: reports, the instances it still holds, and how many more it wants."""
+
+    host: HostInfo
+    want: int
+    running: list[int]
+    reports: list[InstanceReport] = msgspec.field(default_factory=list)
+
+
+class ExchangeResponse(msgspec.Struct, frozen=True):
+    """Instances to run, instances to kill, when to ask again, and the limits the worker must respect."""
+
+    assignments: list[Assignment]
+    cancel: list[int]
+    backoff: float
+    heartbeat: float
+    max_result_bytes: int
+
+
+class SubmitRequest(msgspec.Struct, frozen=True):
+    """A bag to store: its spec, its commands (each-line bags only) and its input files."""
+
+    spec: BagSpec
+    lines: list[str] | None = None
+    inputs: dict[str, bytes] = msgspec.field(default_factory=dict)
+
+
+class BagInfo(msgspec.Struct, frozen=True):
+    """A bag as the submitter API shows it."""
+
+    bag_id: int
+    name: str
+    state: str
+    total: int
+    counts: BagCounts
+    created_at: float
+    finished_at: float | None
+    spec_hash: str
+    description: str = ""
+    diagnostics: list[str] = msgspec.field(default_factory=list)
+    """Policies that evaluated to UNDEFINED or ERROR (they count as no match)."""
+
+
+class JobInfo(msgspec.Struct, frozen=True):
+    """A job as listings show it: what it runs and how it went."""
+
+    job_id: int
+    index: int
+    state: str
+    command: str
+    failures: int
+    attempts: int
+    reason: str | None
+
+
+class InstanceInfo(msgspec.Struct, frozen=True):
+    """One instance of a job, for a job's story."""
+
+    instance_id: int
+    host_id: str
+    state: str
+    sent_at: float
+    ended_at: float | None
+    reason: str | None
+    exit_code: int | None
+    wall_s: float | None
+    cpu_s: float | None
+
+
+class ResultInfo(msgspec.Struct, frozen=True):
+    """An ended job's kept result, with its output files."""
+
+    job: JobInfo
+    params: dict[str, str]
+    exit_code: int | None
+    wall_s: float | None
+    cpu_s: float | None
+    host_id: str | None
+    stdout_tail: str
+    stderr_tail: str
+    outputs: dict[str, bytes]
+
+
+class HostInfoRow(msgspec.Struct, frozen=True):
+    """A host with the server's statistics about it."""
+
+    host_id: str
+    name: str
+    pool: str
+    ncpus: int
+    first_seen: float
+    last_seen: float
+    done: int
+    failed: int
+    error_rate: float = 0.0
+    black_hole: bool = False
+    """The host keeps failing jobs right after starting them: the default policy gives it no work."""
+
+
+class PoolInfo(msgspec.Struct, frozen=True):
+    """A pool as `gridbot pools` shows it."""
+
+    name: str
+    kind: str
+    pilots_queued: int
+    pilots_running: int
+    pilots_ended: int
+    pilots_failed: int
+    """Pilots that ended abnormally (refused by the pool, or their worker crashed)."""
+    pilots_submitted: int
+    hosts: int
+    jobs_done: int
+    throughput: float
+    """Jobs per second done by the pool's hosts, over the last few minutes."""
+    error: str
+    max_running: int
+    max_queued: int
+
+
+class PolicyChange(msgspec.Struct, frozen=True):
+    """Set one policy of a bag."""
+
+    name: str
+    text: str
+
+
+class ErrorBody(msgspec.Struct, frozen=True):
+    """What the server answers with any 4xx or 5xx: a message a person can act on."""
+
+    error: str
+    kind: str = "error"

@@ -1,0 +1,1 @@
+"""Strategies that steer the core: replication, economy, hierarchy, expert, selection."""

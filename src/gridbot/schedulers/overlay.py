@@ -1,0 +1,135 @@
+"""How many pilots each pool gets: GridBot's allocation of bags to pools, as a maximum flow.
+
+The paper (section 5) calls it a variation of bipartite maximum matching: bags with a demand (slots
+wanted) on one side, pools with a capacity (slots they may still add) on the other, an edge where the
+bag's GridPolicy accepts the pool. Demand first goes onto capacity that already exists (pilots
+running with free slots, queued, or submitted but not yet visible: the stateful selection of the
+RENCI report), and only what is left asks for new pilots, so a burst of demand does not send
+everything to the pool that looked empty a moment ago. New capacity is filled in the order of
+preference (free before paid, lower level first): pools are added one at a time and the flow
+augmented, and an augmenting path never lowers the flow already through an earlier pool, so the
+result is a maximum flow that prefers the cheapest pools.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BagDemand:
+    """A bag's wish for slots and the pools its GridPolicy accepts."""
+
+    bag_id: int
+    slots: int
+    pools: frozenset[str]
+
+
+@dataclass(frozen=True)
+class PoolCapacity:
+    """A pool's slots: what exists and is not busy, what it may still add, and how pilots are sized."""
+
+    name: str
+    spare_slots: int
+    """Free slots of running pilots, plus all slots of queued or just-submitted pilots."""
+    queued_pilots: int
+    """Pilots waiting in the pool's queue (or submitted and not yet visible): may be cancelled."""
+    new_pilots: int
+    """Pilots the pool's limits still allow (max_running and max_queued)."""
+    pilot_slots: int
+    preference: tuple[float, int, str] = (0.0, 0, "")
+    """Lower is preferred: (price per CPU-hour, level, name)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Pilots to submit and queued pilots to cancel, per pool; unmet demand per bag."""
+
+    submit: dict[str, int]
+    cancel: dict[str, int]
+    unmet: dict[int, int]
+
+
+class _Flow:
+    """Edmonds-Karp on a small graph (node 0: source, 1: sink)."""
+
+    def __init__(self) -> None:
+        self.cap: dict[int, dict[int, int]] = {0: {}, 1: {}}
+
+    def edge(self, a: int, b: int, c: int) -> None:
+        self.cap.setdefault(a, {})[b] = self.cap.get(a, {}).get(b, 0) + c
+        self.cap.setdefault(b, {}).setdefault(a, 0)
+
+    def augment(self) -> int:
+        """Push flow along shortest augmenting paths until none is left; return what was added."""
+        total = 0
+        while True:
+            parent = {0: 0}
+            q = deque([0])
+            while q and 1 not in parent:
+                u = q.popleft()
+                for v, c in self.cap[u].items():
+                    if c > 0 and v not in parent:
+                        parent[v] = u
+                        q.append(v)
+            if 1 not in parent:
+                return total
+            v, push = 1, None
+            while v != 0:
+                u = parent[v]
+                push = self.cap[u][v] if push is None else min(push, self.cap[u][v])
+                v = u
+            assert push is not None
+            v = 1
+            while v != 0:
+                u = parent[v]
+                self.cap[u][v] -= push
+                self.cap[v][u] += push
+                v = u
+            total += push
+
+    def used(self, a: int, b: int, original: int) -> int:
+        return original - self.cap[a][b]
+
+
+def max_flow(demands: Sequence[BagDemand], capacity: Mapping[str, int],
+             order: Sequence[str] | None = None) -> tuple[dict[str, int], dict[int, int]]:
+    """Route bag demand to pool capacity; return the slots each pool takes and the demand left per bag.
+
+    Pools are added in `order` (default: as given) and the flow augmented after each.
+    """
+    g = _Flow()
+    bag_node = {d.bag_id: 2 + i for i, d in enumerate(demands)}
+    names = list(order) if order is not None else list(capacity)
+    pool_node = {p: 2 + len(demands) + i for i, p in enumerate(names)}
+    for d in demands:
+        g.edge(0, bag_node[d.bag_id], d.slots)
+    for p in names:
+        for d in demands:
+            if p in d.pools:
+                g.edge(bag_node[d.bag_id], pool_node[p], d.slots)
+        g.edge(pool_node[p], 1, capacity[p])
+        g.augment()
+    taken = {p: g.used(pool_node[p], 1, capacity[p]) for p in names}
+    left = {d.bag_id: g.cap[0][bag_node[d.bag_id]] for d in demands}
+    return taken, left
+
+
+def plan(demands: Sequence[BagDemand], pools: Sequence[PoolCapacity]) -> Plan:
+    """Pilots to submit to each pool and queued pilots to cancel, for the current demand."""
+    demands = [d for d in demands if d.slots > 0]
+    existing, rest = max_flow(demands, {p.name: max(0, p.spare_slots) for p in pools})
+    residual = [BagDemand(d.bag_id, rest[d.bag_id], d.pools) for d in demands]
+    order = [p.name for p in sorted(pools, key=lambda p: p.preference)]
+    added, unmet = max_flow(residual, {p.name: max(0, p.new_pilots) * p.pilot_slots for p in pools}, order)
+    submit, cancel = {}, {}
+    for p in pools:
+        n = -(-added[p.name] // p.pilot_slots)
+        if n:
+            submit[p.name] = min(n, p.new_pilots)
+        idle_queued = (max(0, p.spare_slots) - existing[p.name]) // p.pilot_slots
+        if idle_queued and p.queued_pilots:
+            cancel[p.name] = min(idle_queued, p.queued_pilots)
+    return Plan(submit, cancel, {b: n for b, n in unmet.items() if n})

@@ -1,0 +1,207 @@
+"""The overlay constructor: pilots submitted to each pool in response to demand, within its limits.
+
+Every `interval` seconds: poll the state of our pilots, compute each active bag's demand (queued jobs,
+in slots) and the pools its GridPolicy accepts, plan with the max-flow allocation (existing and
+just-submitted pilots absorb demand first: stateful selection), then submit and cancel. Pool calls
+(sbatch, squeue, EC2) run on a worker thread so dispatching never waits for them. A pool whose calls
+fail is backed off exponentially and its last error shown in `gridbot pools`; the others go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gridbot.model.pools import PoolSpec
+from gridbot.model.states import PILOT_TERMINAL, PilotState
+from gridbot.pools.adapters import make_adapter
+from gridbot.pools.base import PilotRequest, PoolAdapter, PoolError
+from gridbot.protocol import PoolInfo
+from gridbot.schedulers.overlay import BagDemand, PoolCapacity, plan
+from gridbot.server.service import Service
+
+log = logging.getLogger("gridbot.overlay")
+BACKOFF_BASE, BACKOFF_CAP = 15.0, 900.0
+
+
+@dataclass
+class _Pool:
+    spec: PoolSpec
+    adapter: PoolAdapter | None
+    error: str = ""
+    pilots: dict[str, PilotState] = field(default_factory=dict)
+    ended: int = 0
+    submitted: int = 0
+    failures: int = 0
+    backoff_until: float = 0.0
+    done_samples: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=120))
+
+
+class Overlay:
+    """Keeps the pools' pilots matched to the bags' demand."""
+
+    def __init__(self, service: Service, pools: Sequence[PoolSpec], server_url: str, workdir: Path,
+                 interval: float = 3.0) -> None:
+        self.service = service
+        self.request = PilotRequest(server_url)
+        self.interval = interval
+        self.pools: dict[str, _Pool] = {}
+        service.dispatcher.pool_ads = {spec.name: spec.ad() for spec in pools}
+        for spec in pools:
+            try:
+                adapter: PoolAdapter | None = make_adapter(spec, workdir)
+                error = ""
+            except PoolError as e:
+                adapter, error = None, str(e)
+                log.error("%s; the other pools go on", e)
+            self.pools[spec.name] = _Pool(spec, adapter, error)
+
+    async def run(self) -> None:
+        """The loop, until cancelled; a failing step is logged and tried again next time."""
+        while True:
+            try:
+                await self.step(time.time())
+            except Exception:
+                log.exception("overlay step failed; will try again")
+            await asyncio.sleep(self.interval)
+
+    async def step(self, now: float) -> None:
+        loop = asyncio.get_running_loop()
+        live = {name: [i for i, s in p.pilots.items() if s not in PILOT_TERMINAL] for name, p in self.pools.items()}
+        states = await loop.run_in_executor(None, self._poll, live, now)
+        for name, result in states.items():
+            self._observe(self.pools[name], result)
+        decision = plan(self._demand(), self._capacity(now))
+        await loop.run_in_executor(None, self._act, decision.submit, decision.cancel, now)
+        done = self._pool_hosts()
+        for name, p in self.pools.items():
+            p.done_samples.append((now, done.get(name, (0, 0))[1]))
+
+    def _poll(self, live: dict[str, list[str]], now: float) -> dict[str, dict[str, PilotState] | PoolError]:
+        out: dict[str, dict[str, PilotState] | PoolError] = {}
+        for name, ids in live.items():
+            pool = self.pools[name]
+            if pool.adapter is None or not ids:
+                continue
+            try:
+                out[name] = pool.adapter.status(ids)
+            except Exception as e:  # one pool's trouble is never the others'
+                out[name] = e if isinstance(e, PoolError) else PoolError(f"pool '{name}': status failed: {e!r}")
+        return out
+
+    def _observe(self, pool: _Pool, result: dict[str, PilotState] | PoolError) -> None:
+        if isinstance(result, PoolError):
+            pool.error = str(result)
+            return
+        for pilot, state in result.items():
+            if state in PILOT_TERMINAL and pool.pilots.get(pilot) not in PILOT_TERMINAL:
+                pool.ended += 1
+            pool.pilots[pilot] = state
+
+    def _demand(self) -> list[BagDemand]:
+        """Queued jobs of each active bag, in slots, and the pools its GridPolicy accepts."""
+        out = []
+        for bag in self.service.dispatcher.bags.values():
+            queued = bag.counts.queued + len(bag.replicas)
+            if queued <= 0:
+                continue
+            accepted = frozenset(name for name, p in self.pools.items()
+                                 if p.adapter is not None and self.service.dispatcher.accepts_pool(bag.bag_id, name))
+            out.append(BagDemand(bag.bag_id, queued, accepted))
+        return out
+
+    def _capacity(self, now: float) -> list[PoolCapacity]:
+        """Each pool's spare slots (queued and just-submitted pilots count in full), and what it may add."""
+        busy: dict[str, int] = {}
+        idle: dict[str, int] = {}
+        horizon = now - self.service.config.dispatch.host_timeout
+        for host in self.service.dispatcher.hosts.values():
+            if host.last_seen >= horizon:
+                busy[host.info.pool] = busy.get(host.info.pool, 0) + 1
+                idle[host.info.pool] = idle.get(host.info.pool, 0) + max(0, host.info.slots - len(host.running))
+        out = []
+        for name, p in self.pools.items():
+            s = p.spec
+            queued = sum(1 for st in p.pilots.values() if st is PilotState.QUEUED)
+            running = sum(1 for st in p.pilots.values() if st is PilotState.RUNNING)
+            # a running pilot whose worker has not called in yet is spare capacity too
+            starting = max(0, running - busy.get(name, 0))
+            spare = idle.get(name, 0) + (queued + starting) * s.cpus
+            can_add = s.max_running - running - queued
+            if s.kind != "local":  # a local pilot runs at once: there is no queue to limit
+                can_add = min(can_add, s.max_queued - queued)
+            can_add = max(0, can_add)
+            if p.adapter is None or now < p.backoff_until or s.kind == "static":
+                can_add = 0
+            out.append(PoolCapacity(name, spare, queued, can_add, s.cpus, (s.price_per_cpu_hour, s.level, name)))
+        return out
+
+    def _act(self, submit: dict[str, int], cancel: dict[str, int], now: float) -> None:
+        for name, n in submit.items():
+            pool = self.pools[name]
+            assert pool.adapter is not None
+            try:
+                ids = pool.adapter.submit(n, self.request)
+            except Exception as e:  # one pool's trouble is never the others'
+                if not isinstance(e, PoolError):
+                    log.exception("pool %s: unexpected error while submitting", name)
+                pool.failures += 1
+                delay = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (pool.failures - 1))
+                pool.backoff_until = now + delay
+                pool.error = f"{e} (next try in {delay:.0f} s)"
+                log.error("pool %s: %s", name, pool.error)
+                continue
+            pool.failures, pool.error = 0, ""
+            pool.submitted += len(ids)
+            for i in ids:
+                pool.pilots[i] = PilotState.QUEUED
+            log.info("pool %s: submitted %d pilots", name, len(ids))
+        for name, n in cancel.items():
+            pool = self.pools[name]
+            queued = [i for i, st in pool.pilots.items() if st is PilotState.QUEUED][-n:]
+            if pool.adapter is not None and queued:
+                try:
+                    pool.adapter.cancel(queued)
+                    log.info("pool %s: cancelled %d queued pilots (demand dropped)", name, len(queued))
+                except Exception as e:  # one pool's trouble is never the others'
+                    pool.error = f"cancel failed: {e}"
+
+    def _pool_hosts(self) -> dict[str, tuple[int, int]]:
+        """Hosts and jobs done, per pool."""
+        hosts: dict[str, tuple[int, int]] = {}
+        for h in self.service.dispatcher.hosts.values():
+            n, done = hosts.get(h.info.pool, (0, 0))
+            hosts[h.info.pool] = (n + 1, done + h.stats.done)
+        return hosts
+
+    def info(self, now: float) -> list[PoolInfo]:
+        """What `gridbot pools` shows; throughput is over the loop's last samples (about six minutes)."""
+        hosts = self._pool_hosts()
+        out = []
+        for name, p in self.pools.items():
+            n, done = hosts.get(name, (0, 0))
+            t0, d0 = p.done_samples[0] if p.done_samples else (now, done)
+            rate = (done - d0) / (now - t0) if now > t0 else 0.0
+            states = list(p.pilots.values())
+            out.append(PoolInfo(name, p.spec.kind, sum(s is PilotState.QUEUED for s in states),
+                                sum(s is PilotState.RUNNING for s in states), p.ended,
+                                sum(s is PilotState.FAILED for s in states), p.submitted, n, done, rate,
+                                p.error, p.spec.max_running, p.spec.max_queued))
+        return out
+
+    def close(self) -> None:
+        """Cancel every pilot still queued or running (the server is stopping)."""
+        for p in self.pools.values():
+            live = [i for i, s in p.pilots.items() if s not in PILOT_TERMINAL]
+            if p.adapter is not None:
+                try:
+                    if live:
+                        p.adapter.cancel(live)
+                    p.adapter.close()
+                except PoolError as e:
+                    log.error("pool %s: %s", p.spec.name, e)

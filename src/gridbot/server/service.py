@@ -1,0 +1,214 @@
+"""The service: one dispatcher, one store, and the rule that a decision is durable before it is answered.
+
+Everything here is synchronous and runs on the server's event loop thread, so the dispatcher sees one
+event at a time. If the store fails to apply a batch, the dispatcher is rebuilt from the store (which
+holds the last durable state) and the caller gets ServiceUnavailable: the host retries later.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import msgspec
+
+from gridbot.core.changes import BagSnapshot, Changes
+from gridbot.core.dispatcher import DispatchConfig, Dispatcher
+from gridbot.errors import GridbotError, ServerUnavailable
+from gridbot.model.spec import BagSpec
+from gridbot.model.states import BagState, JobState
+from gridbot.policy.policies import PolicyError, PolicySet, compile_policies
+from gridbot.protocol import BagInfo, ExchangeRequest, ExchangeResponse, HostInfoRow, JobInfo, ResultInfo
+from gridbot.store.base import BagRow, JobRow, Store
+
+log = logging.getLogger("gridbot.server")
+
+
+class NotFound(GridbotError):
+    """No bag, job or file by that name."""
+
+
+class BadRequest(GridbotError):
+    """The request cannot be served as sent."""
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """Server settings beyond the dispatcher's."""
+
+    dispatch: DispatchConfig = field(default_factory=DispatchConfig)
+    max_jobs: int = 10_000_000
+    max_input_bytes: int = 256 * 1024 * 1024
+    heartbeat: float = 15.0
+    """Seconds between a busy worker's contacts: how soon it hears that an instance was cancelled."""
+
+
+class Service:
+    """Owns the dispatcher and the store; every public method is one event."""
+
+    def __init__(self, store: Store, config: ServiceConfig | None = None) -> None:
+        self.store = store
+        self.config = config or ServiceConfig()
+        if self.config.heartbeat * 2 > self.config.dispatch.host_timeout:
+            raise GridbotError(f"the heartbeat ({self.config.heartbeat:g} s) must be at most half the host timeout "
+                               f"({self.config.dispatch.host_timeout:g} s), or busy hosts would be taken for lost")
+        store.claim()
+        self.dispatcher = Dispatcher(self.config.dispatch)
+        self._load()
+
+    def _load(self) -> None:
+        pool_ads = self.dispatcher.pool_ads  # the pools file survives a reload from the store
+        self.dispatcher = Dispatcher(self.config.dispatch)
+        self.dispatcher.pool_ads = pool_ads
+        self.dispatcher.restore(self.store.snapshot())
+        self.feed()
+
+    def _commit(self, changes: Changes) -> None:
+        try:
+            self.store.apply(changes)
+        except Exception as e:
+            log.exception("store failed to apply a batch; reloading the dispatcher from the store")
+            self._load()
+            raise ServerUnavailable(f"the store failed: {e}; try again") from e
+        for b in changes.bags.values():
+            if b.state is not BagState.ACTIVE:
+                log.info("bag %d %s: %d done, %d failed, %d instances, %d wasted", b.bag_id, b.state.value,
+                         b.counts.done, b.counts.failed, b.counts.instances, b.counts.wasted)
+
+    def feed(self) -> None:
+        """Refill the dispatcher's windows from the store (the paper's feeder)."""
+        for req in self.dispatcher.needs_feed():
+            self.dispatcher.feed(req.bag_id, self.store.queued_jobs(req.bag_id, req.after, req.limit), req.limit)
+
+    # -- workers --------------------------------------------------------------------------------------
+
+    def exchange(self, req: ExchangeRequest, now: float) -> ExchangeResponse:
+        """A worker's round trip; its reports and new assignments are durable when this returns."""
+        self.feed()
+        answer, changes = self.dispatcher.request_work(req.host, max(0, req.want), req.running, now, req.reports)
+        self._commit(changes)
+        cfg = self.config.dispatch
+        return ExchangeResponse(answer.assignments, answer.cancel, answer.backoff,
+                                heartbeat=self.config.heartbeat,
+                                max_result_bytes=cfg.max_result_bytes)
+
+    def tick(self, now: float) -> None:
+        """Deadline expiry and silent hosts, then a feeder pass."""
+        self._commit(self.dispatcher.tick(now))
+        self.feed()
+
+    def input_file(self, bag_ref: str, name: str) -> bytes:
+        data = self.store.input_file(self.bag(bag_ref).bag_id, name)
+        if data is None:
+            raise NotFound(f"bag {bag_ref} has no input file '{name}'")
+        return data
+
+    # -- submitters -----------------------------------------------------------------------------------
+
+    def submit(self, spec: BagSpec, lines: Sequence[str] | None, inputs: dict[str, bytes], now: float) -> BagInfo:
+        """Store a bag and start dispatching it; nothing is stored if it is refused."""
+        total = len(lines) if lines is not None else spec.sweep_size
+        if spec.each_line != (lines is not None):
+            raise BadRequest("an each-line bag needs its lines, and only an each-line bag has lines")
+        if total > self.config.max_jobs:
+            raise BadRequest(f"the bag has {total:,} jobs, over this server's limit of {self.config.max_jobs:,}; "
+                             "split it, or start the server with a larger --max-jobs")
+        if total < 1:
+            raise BadRequest("the bag has no jobs")
+        self.compile(spec.policy, spec)
+        missing = sorted({p.rstrip("/").rsplit("/", 1)[-1] for p in spec.inputs} - set(inputs))
+        if missing:
+            raise BadRequest(f"input files {missing} are named in the spec but were not sent")
+        size = sum(len(v) for v in inputs.values())
+        if size > self.config.max_input_bytes:
+            raise BadRequest(f"input files total {size:,} bytes, over the limit of {self.config.max_input_bytes:,}")
+        row = self.store.create_bag(spec, lines, inputs, now)
+        self.dispatcher.add_bag(BagSnapshot(row.bag_id, row.spec, row.counts, row.created_at))
+        self.feed()
+        log.info("bag %d '%s' submitted: %d jobs", row.bag_id, row.name, row.total)
+        return bag_info(row)
+
+    def compile(self, written: dict[str, str], spec: BagSpec) -> PolicySet:
+        """Validate policies with a trial evaluation bounded in time; BadRequest names the bad one."""
+        try:
+            return compile_policies(written, spec.instance_deadline, time.perf_counter)
+        except PolicyError as e:
+            raise BadRequest(str(e)) from None
+
+    def policies(self, ref: str) -> dict[str, str]:
+        """A bag's policies as they apply: what its owner wrote, and the defaults for the rest."""
+        row = self.bag(ref)
+        return self.compile(row.spec.policy, row.spec).texts
+
+    def set_policy(self, ref: str, name: str, text: str) -> BagInfo:
+        """Change one policy of a bag; the next decision uses it. Nothing changes if it is refused."""
+        row = self.bag(ref)
+        written = {**row.spec.policy, name: text}
+        self.compile(written, row.spec)
+        spec = msgspec.structs.replace(row.spec, policy=written)
+        self.store.set_spec(row.bag_id, spec)
+        if row.bag_id in self.dispatcher.bags:
+            self.dispatcher.set_policy(row.bag_id, spec)
+        log.info("bag %d policy %s = %r", row.bag_id, name, text)
+        return self.info(self.bag(ref))
+
+    def info(self, row: BagRow) -> BagInfo:
+        return msgspec.structs.replace(bag_info(row), diagnostics=self.dispatcher.diagnostics(row.bag_id))
+
+    def hosts(self, now: float) -> list[HostInfoRow]:
+        """Known hosts with the statistics the dispatcher holds (the store's for hosts it never saw)."""
+        rows = []
+        for h in self.store.hosts():
+            live = self.dispatcher.hosts.get(h.info.host_id)
+            stats = live.stats if live is not None else h.stats
+            black = bool(live is not None and self.dispatcher.host_attrs(live, now)["BlackHole"])
+            rows.append(HostInfoRow(h.info.host_id, h.info.name, h.info.pool, h.info.ncpus, h.first_seen,
+                                    h.last_seen, stats.done, stats.failed, stats.error_rate, black))
+        return rows
+
+    def bag(self, ref: str) -> BagRow:
+        row = self.store.bag(ref)
+        if row is None:
+            raise NotFound(f"no bag '{ref}'; `gridbot status` lists the bags")
+        return row
+
+    def bags(self) -> list[BagInfo]:
+        return [self.info(b) for b in self.store.bags()]
+
+    def cancel(self, ref: str, now: float) -> BagInfo:
+        row = self.bag(ref)
+        self._commit(self.dispatcher.cancel_bag(row.bag_id, now))
+        return bag_info(self.bag(ref))
+
+    def jobs(self, ref: str, state: str | None, limit: int, after: int) -> list[JobInfo]:
+        try:
+            st = JobState(state) if state else None
+        except ValueError:
+            raise BadRequest(f"unknown job state '{state}'; use one of "
+                             f"{', '.join(s.value for s in JobState)}") from None
+        row = self.bag(ref)
+        return [job_info(row.spec, j) for j in self.store.jobs(row.bag_id, st, limit, after)]
+
+    def results(self, ref: str, after: int, limit: int) -> list[ResultInfo]:
+        row = self.bag(ref)
+        out = []
+        for r in self.store.results(row.bag_id, after, limit):
+            inst = r.instance
+            out.append(ResultInfo(
+                job_info(row.spec, r.job), {} if row.spec.each_line else row.spec.params(r.job.index),
+                inst.exit_code if inst else None, inst.wall_s if inst else None, inst.cpu_s if inst else None,
+                inst.host_id if inst else None, (inst.stdout_tail or "") if inst else "",
+                (inst.stderr_tail or "") if inst else "", r.outputs))
+        return out
+
+
+def bag_info(row: BagRow) -> BagInfo:
+    return BagInfo(row.bag_id, row.name, row.state.value, row.total, row.counts, row.created_at, row.finished_at,
+                   row.spec_hash, row.spec.description)
+
+
+def job_info(spec: BagSpec, job: JobRow) -> JobInfo:
+    command = spec.render(job.index, job.line)[0]
+    return JobInfo(job.job_id, job.index, job.state.value, command, job.failures, job.attempts, job.reason)

@@ -1,0 +1,1 @@
+"""Discrete-event simulator that drives the real core (issue 5)."""

@@ -1,0 +1,180 @@
+"""A store in memory: for unit tests and the simulator; same contract as the SQL stores, no durability."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import msgspec
+
+from gridbot.core.changes import (
+    BagCounts,
+    BagSnapshot,
+    Changes,
+    HostSnapshot,
+    LiveInstance,
+    QueuedJob,
+    Snapshot,
+)
+from gridbot.model.spec import BagSpec
+from gridbot.model.states import BagState, InstanceState, JobState
+from gridbot.store.base import BagExists, BagRow, InstanceRow, JobRow, ResultRow, Store, spec_hash
+
+
+@dataclass
+class _Inst:
+    row: InstanceRow
+    bag_id: int
+    instance_deadline: float
+
+
+@dataclass
+class _Data:
+    bags: dict[int, BagRow] = field(default_factory=dict)
+    inputs: dict[tuple[int, str], bytes] = field(default_factory=dict)
+    jobs: dict[int, JobRow] = field(default_factory=dict)
+    job_ids: dict[int, list[int]] = field(default_factory=dict)
+    instances: dict[int, _Inst] = field(default_factory=dict)
+    by_job: dict[int, list[int]] = field(default_factory=dict)
+    outputs: dict[int, dict[str, bytes]] = field(default_factory=dict)
+    hosts: dict[str, HostSnapshot] = field(default_factory=dict)
+
+
+class MemoryStore(Store):
+    """Everything in dictionaries; `apply` is atomic because it cannot fail half-way on valid changes."""
+
+    def __init__(self) -> None:
+        self.d = _Data()
+
+    def migrate(self) -> None:
+        """Nothing to migrate in memory."""
+
+    def create_bag(self, spec: BagSpec, lines: Sequence[str] | None, inputs: dict[str, bytes], now: float) -> BagRow:
+        if any(b.name == spec.name for b in self.d.bags.values()):
+            raise BagExists(f"a bag named '{spec.name}' exists already")
+        bag_id = max(self.d.bags, default=0) + 1
+        total = len(lines) if lines is not None else spec.sweep_size
+        row = BagRow(bag_id, spec.name, spec, spec_hash(spec, lines, inputs), BagState.ACTIVE,
+                     BagCounts(queued=total), total, now, None)
+        self.d.bags[bag_id] = row
+        first = max(self.d.jobs, default=0) + 1
+        ids = list(range(first, first + total))
+        self.d.job_ids[bag_id] = ids
+        for i, job_id in enumerate(ids):
+            self.d.jobs[job_id] = JobRow(job_id, bag_id, i, lines[i] if lines is not None else None,
+                                         JobState.QUEUED, 0, 0, None, None)
+        for name, data in inputs.items():
+            self.d.inputs[(bag_id, name)] = data
+        return row
+
+    def set_spec(self, bag_id: int, spec: BagSpec) -> None:
+        self.d.bags[bag_id] = msgspec.structs.replace(self.d.bags[bag_id], spec=spec)
+
+    def bag(self, ref: str | int) -> BagRow | None:
+        if isinstance(ref, int) or ref.isdigit():
+            return self.d.bags.get(int(ref))
+        return next((b for b in self.d.bags.values() if b.name == ref), None)
+
+    def bags(self) -> list[BagRow]:
+        return sorted(self.d.bags.values(), key=lambda b: b.bag_id)
+
+    def snapshot(self) -> Snapshot:
+        active = {b.bag_id for b in self.d.bags.values() if b.state is BagState.ACTIVE}
+        live = []
+        for iid in sorted(self.d.instances):
+            inst = self.d.instances[iid]
+            if inst.bag_id in active and inst.row.state in (InstanceState.RUNNING, InstanceState.OVERDUE):
+                job = self.d.jobs[inst.row.job_id]
+                live.append(LiveInstance(iid, job.job_id, inst.bag_id, inst.row.host_id, inst.row.state,
+                                         inst.row.sent_at, inst.instance_deadline, job.index, job.line, job.state,
+                                         job.failures, job.attempts))
+        bags = [BagSnapshot(b.bag_id, b.spec, b.counts, b.created_at) for b in self.bags() if b.bag_id in active]
+        return Snapshot(bags, live, list(self.d.hosts.values()), max(self.d.instances, default=0) + 1)
+
+    def queued_jobs(self, bag_id: int, after: int, limit: int) -> list[QueuedJob]:
+        ids = self.d.job_ids.get(bag_id, [])
+        out = []
+        for job_id in ids[bisect.bisect_right(ids, after):]:
+            job = self.d.jobs[job_id]
+            if job.state is JobState.QUEUED:
+                out.append(QueuedJob(job.job_id, job.index, job.line, job.failures, job.attempts))
+                if len(out) >= limit:
+                    break
+        return out
+
+    def apply(self, changes: Changes) -> None:
+        d = self.d
+        for n in changes.new_instances:
+            d.instances[n.instance_id] = _Inst(
+                InstanceRow(n.instance_id, n.job_id, n.host_id, InstanceState.RUNNING, n.sent_at, None, None, None,
+                            None, None, None, None), n.bag_id, n.instance_deadline)
+            d.by_job.setdefault(n.job_id, []).append(n.instance_id)
+        for u in changes.instances:
+            inst = d.instances[u.instance_id]
+            r = u.report
+            old = inst.row
+            inst.row = InstanceRow(
+                old.instance_id, old.job_id, old.host_id, u.state, old.sent_at, u.at, u.reason,
+                r.exit_code if r else old.exit_code, r.wall_s if r else old.wall_s, r.cpu_s if r else old.cpu_s,
+                r.stdout_tail if r else old.stdout_tail, r.stderr_tail if r else old.stderr_tail)
+            if u.state is InstanceState.DONE and r is not None and r.outputs:
+                d.outputs[u.instance_id] = dict(r.outputs)
+        for bag_id in changes.cancelled_bags:
+            for job_id in d.job_ids.get(bag_id, []):
+                job = d.jobs[job_id]
+                if job.state is JobState.QUEUED:
+                    d.jobs[job_id] = _replace_job(job, state=JobState.CANCELLED)
+        for j in changes.jobs.values():
+            old_job = d.jobs[j.job_id]
+            d.jobs[j.job_id] = JobRow(old_job.job_id, old_job.bag_id, old_job.index, old_job.line, j.state,
+                                      j.failures, j.attempts, j.reason or old_job.reason,
+                                      j.result_instance if j.result_instance is not None else old_job.result_instance)
+        for b in changes.bags.values():
+            old_bag = d.bags[b.bag_id]
+            d.bags[b.bag_id] = BagRow(old_bag.bag_id, old_bag.name, old_bag.spec, old_bag.spec_hash, b.state,
+                                      b.counts, old_bag.total, old_bag.created_at,
+                                      b.finished_at if b.finished_at is not None else old_bag.finished_at)
+        for h in changes.hosts.values():
+            prior = d.hosts.get(h.info.host_id)
+            d.hosts[h.info.host_id] = HostSnapshot(h.info, prior.first_seen if prior else h.first_seen, h.last_seen,
+                                                   msgspec.structs.replace(h.stats))
+
+    def jobs(self, bag_id: int, state: JobState | None = None, limit: int = 1000, after: int = 0) -> list[JobRow]:
+        ids = self.d.job_ids.get(bag_id, [])
+        out = []
+        for job_id in ids[bisect.bisect_right(ids, after):]:
+            job = self.d.jobs[job_id]
+            if state is None or job.state is state:
+                out.append(job)
+                if len(out) >= limit:
+                    break
+        return out
+
+    def instances_of(self, job_id: int) -> list[InstanceRow]:
+        return [self.d.instances[i].row for i in self.d.by_job.get(job_id, [])]
+
+    def results(self, bag_id: int, after: int = 0, limit: int = 500) -> list[ResultRow]:
+        out = []
+        for job in self.jobs(bag_id, None, limit=len(self.d.job_ids.get(bag_id, [])), after=after):
+            if job.state not in (JobState.DONE, JobState.FAILED):
+                continue
+            iid = job.result_instance
+            if iid is None and (mine := self.d.by_job.get(job.job_id)):
+                iid = mine[-1]
+            inst = self.d.instances[iid].row if iid is not None else None
+            out.append(ResultRow(job, inst, dict(self.d.outputs.get(iid, {})) if iid is not None else {}))
+            if len(out) >= limit:
+                break
+        return out
+
+    def input_file(self, bag_id: int, name: str) -> bytes | None:
+        return self.d.inputs.get((bag_id, name))
+
+    def hosts(self) -> list[HostSnapshot]:
+        return list(self.d.hosts.values())
+
+
+def _replace_job(job: JobRow, state: JobState) -> JobRow:
+    return JobRow(job.job_id, job.bag_id, job.index, job.line, state, job.failures, job.attempts, job.reason,
+                  job.result_instance)

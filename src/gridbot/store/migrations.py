@@ -1,0 +1,98 @@
+"""Versioned schema migrations, written once for both SQL dialects.
+
+`{id}` is an auto-assigned 64-bit primary key, `{blob}` binary data and `{real}` a double. Append new
+versions at the end; never edit one that has shipped.
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: list[tuple[int, str]] = [
+    (
+        1,
+        """
+CREATE TABLE bags (
+    id {id},
+    name TEXT NOT NULL UNIQUE,
+    spec {blob} NOT NULL,
+    spec_hash TEXT NOT NULL,
+    state TEXT NOT NULL,
+    total BIGINT NOT NULL,
+    queued BIGINT NOT NULL DEFAULT 0,
+    running BIGINT NOT NULL DEFAULT 0,
+    done BIGINT NOT NULL DEFAULT 0,
+    failed BIGINT NOT NULL DEFAULT 0,
+    cancelled BIGINT NOT NULL DEFAULT 0,
+    instances BIGINT NOT NULL DEFAULT 0,
+    wasted BIGINT NOT NULL DEFAULT 0,
+    overdue BIGINT NOT NULL DEFAULT 0,
+    reruns BIGINT NOT NULL DEFAULT 0,
+    created_at {real} NOT NULL,
+    finished_at {real}
+);
+CREATE TABLE bag_inputs (
+    bag_id BIGINT NOT NULL REFERENCES bags(id),
+    name TEXT NOT NULL,
+    data {blob} NOT NULL,
+    PRIMARY KEY (bag_id, name)
+);
+CREATE TABLE jobs (
+    id {id},
+    bag_id BIGINT NOT NULL REFERENCES bags(id),
+    idx BIGINT NOT NULL,
+    line TEXT,
+    state TEXT NOT NULL DEFAULT 'queued',
+    failures INTEGER NOT NULL DEFAULT 0,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    reason TEXT,
+    result_instance BIGINT
+);
+CREATE INDEX jobs_by_bag_state ON jobs (bag_id, state, id);
+CREATE TABLE instances (
+    id BIGINT PRIMARY KEY,
+    job_id BIGINT NOT NULL REFERENCES jobs(id),
+    bag_id BIGINT NOT NULL REFERENCES bags(id),
+    host_id TEXT NOT NULL,
+    state TEXT NOT NULL,
+    sent_at {real} NOT NULL,
+    instance_deadline {real} NOT NULL,
+    ended_at {real},
+    reason TEXT,
+    exit_code INTEGER,
+    wall_s {real},
+    cpu_s {real},
+    stdout_tail TEXT,
+    stderr_tail TEXT
+);
+CREATE INDEX instances_by_job ON instances (job_id);
+CREATE INDEX instances_live ON instances (bag_id) WHERE state IN ('running', 'overdue');
+CREATE TABLE outputs (
+    instance_id BIGINT NOT NULL REFERENCES instances(id),
+    name TEXT NOT NULL,
+    data {blob} NOT NULL,
+    PRIMARY KEY (instance_id, name)
+);
+CREATE TABLE hosts (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    platform TEXT NOT NULL,
+    ncpus INTEGER NOT NULL,
+    memory_mb BIGINT NOT NULL,
+    slots INTEGER NOT NULL,
+    pool TEXT NOT NULL,
+    first_seen {real} NOT NULL,
+    last_seen {real} NOT NULL,
+    done BIGINT NOT NULL DEFAULT 0,
+    failed BIGINT NOT NULL DEFAULT 0
+);
+""",
+    ),
+    (
+        2,
+        """
+ALTER TABLE hosts ADD COLUMN stats {blob};
+ALTER TABLE bags ADD COLUMN replicas BIGINT NOT NULL DEFAULT 0;
+""",
+    ),
+]
+
+LATEST = MIGRATIONS[-1][0]

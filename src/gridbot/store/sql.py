@@ -1,0 +1,438 @@
+"""SQL stores: SQLite (the embedded default, WAL) and PostgreSQL (psycopg 3), sharing every statement.
+
+Statements are written once with `?` placeholders in `SQL` and translated for PostgreSQL. Each
+`Changes` batch is one transaction; on SQLite with `synchronous=FULL` (the default) a committed batch
+survives a power loss, with `synchronous=NORMAL` it survives a crash of the process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import sqlite3
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import msgspec
+
+from gridbot.core.changes import (
+    BagCounts,
+    BagSnapshot,
+    Changes,
+    HostSnapshot,
+    LiveInstance,
+    QueuedJob,
+    Snapshot,
+)
+from gridbot.core.hosts import HostStats
+from gridbot.model.records import HostInfo
+from gridbot.model.spec import BagSpec
+from gridbot.model.states import BagState, InstanceState, JobState
+from gridbot.store.base import BagExists, BagRow, InstanceRow, JobRow, ResultRow, Store, StoreError, spec_hash
+from gridbot.store.migrations import LATEST, MIGRATIONS
+
+_BAG_COLS = ("id, name, spec, spec_hash, state, queued, running, done, failed, cancelled, instances, wasted, overdue, "
+             "reruns, replicas, total, created_at, finished_at")
+_JOB_COLS = "id, bag_id, idx, line, state, failures, attempts, reason, result_instance"
+_INST_COLS = ("id, job_id, host_id, state, sent_at, ended_at, reason, exit_code, wall_s, cpu_s, stdout_tail, "
+              "stderr_tail")
+
+SQL = {
+    "bag_by_id": f"SELECT {_BAG_COLS} FROM bags WHERE id = ?",
+    "bag_by_name": f"SELECT {_BAG_COLS} FROM bags WHERE name = ?",
+    "bags": f"SELECT {_BAG_COLS} FROM bags ORDER BY id",
+    "insert_bag": "INSERT INTO bags (name, spec, spec_hash, state, total, queued, created_at) "
+                  "VALUES (?, ?, ?, 'active', ?, ?, ?) RETURNING id",
+    "set_spec": "UPDATE bags SET spec = ? WHERE id = ?",
+    "insert_job": "INSERT INTO jobs (bag_id, idx, line) VALUES (?, ?, ?)",
+    "insert_input": "INSERT INTO bag_inputs (bag_id, name, data) VALUES (?, ?, ?)",
+    "live_instances": "SELECT i.id, i.job_id, i.bag_id, i.host_id, i.state, i.sent_at, i.instance_deadline, "
+                      "j.idx, j.line, j.state, j.failures, j.attempts FROM instances i "
+                      "JOIN jobs j ON j.id = i.job_id JOIN bags b ON b.id = i.bag_id "
+                      "WHERE i.state IN ('running', 'overdue') AND b.state = 'active' ORDER BY i.id",
+    "max_instance": "SELECT COALESCE(MAX(id), 0) FROM instances",
+    "hosts": "SELECT id, name, platform, ncpus, memory_mb, slots, pool, first_seen, last_seen, stats "
+             "FROM hosts ORDER BY first_seen, id",
+    "queued_jobs": "SELECT id, idx, line, failures, attempts FROM jobs "
+                   "WHERE bag_id = ? AND state = 'queued' AND id > ? ORDER BY id LIMIT ?",
+    "new_instance": "INSERT INTO instances (id, job_id, bag_id, host_id, state, sent_at, instance_deadline) "
+                    "VALUES (?, ?, ?, ?, 'running', ?, ?)",
+    "end_instance": "UPDATE instances SET state = ?, ended_at = ?, reason = ?, exit_code = ?, wall_s = ?, "
+                    "cpu_s = ?, stdout_tail = ?, stderr_tail = ? WHERE id = ?",
+    "mark_instance": "UPDATE instances SET state = ?, ended_at = ?, reason = ? WHERE id = ?",
+    "insert_output": "INSERT INTO outputs (instance_id, name, data) VALUES (?, ?, ?)",
+    "cancel_queued": "UPDATE jobs SET state = 'cancelled' WHERE bag_id = ? AND state = 'queued'",
+    "update_job": "UPDATE jobs SET state = ?, failures = ?, attempts = ?, reason = COALESCE(?, reason), "
+                  "result_instance = COALESCE(?, result_instance) WHERE id = ?",
+    "update_bag": "UPDATE bags SET state = ?, queued = ?, running = ?, done = ?, failed = ?, cancelled = ?, "
+                  "instances = ?, wasted = ?, overdue = ?, reruns = ?, replicas = ?, "
+                  "finished_at = COALESCE(?, finished_at) WHERE id = ?",
+    "upsert_host": "INSERT INTO hosts (id, name, platform, ncpus, memory_mb, slots, pool, first_seen, last_seen, "
+                   "done, failed, stats) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+                   "name = excluded.name, platform = excluded.platform, ncpus = excluded.ncpus, "
+                   "memory_mb = excluded.memory_mb, slots = excluded.slots, pool = excluded.pool, "
+                   "last_seen = excluded.last_seen, done = excluded.done, failed = excluded.failed, "
+                   "stats = excluded.stats",
+    "jobs": f"SELECT {_JOB_COLS} FROM jobs WHERE bag_id = ? AND id > ? ORDER BY id LIMIT ?",
+    "jobs_in_state": f"SELECT {_JOB_COLS} FROM jobs WHERE bag_id = ? AND state = ? AND id > ? ORDER BY id LIMIT ?",
+    "instances_of": f"SELECT {_INST_COLS} FROM instances WHERE job_id = ? ORDER BY id",
+    "results": f"SELECT {', '.join('j.' + c.strip() for c in _JOB_COLS.split(','))}, "
+               f"{', '.join('i.' + c.strip() for c in _INST_COLS.split(','))} FROM jobs j "
+               "LEFT JOIN instances i ON i.id = COALESCE(j.result_instance, "
+               "(SELECT MAX(id) FROM instances WHERE job_id = j.id)) "
+               "WHERE j.bag_id = ? AND j.id > ? AND j.state IN ('done', 'failed') ORDER BY j.id LIMIT ?",
+    "outputs_of": "SELECT instance_id, name, data FROM outputs WHERE instance_id = ?",
+    "input_file": "SELECT data FROM bag_inputs WHERE bag_id = ? AND name = ?",
+    "schema_version": "SELECT MAX(version) FROM gridbot_schema",
+    "set_version": "INSERT INTO gridbot_schema (version) VALUES (?)",
+}
+
+
+class SqlStore(Store):
+    """A store over a DB-API connection; subclasses set the dialect and the transaction boundaries."""
+
+    placeholder = "?"
+    types: ClassVar[dict[str, str]] = {}
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    # -- dialect hooks --------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _tx(self, write: bool = True) -> Iterator[Any]:
+        """A transaction; `write=False` for reads, which need no write lock."""
+        raise NotImplementedError
+
+    def _sql(self, name: str) -> str:
+        return SQL[name] if self.placeholder == "?" else SQL[name].replace("?", self.placeholder)
+
+    def _insert_jobs(self, cur: Any, bag_id: int, total: int, lines: Sequence[str] | None) -> None:
+        cur.executemany(self._sql("insert_job"),
+                        ((bag_id, i, lines[i] if lines is not None else None) for i in range(total)))
+
+    def _execute_script(self, cur: Any, script: str) -> None:
+        for statement in script.split(";"):
+            if statement.strip():
+                cur.execute(statement)
+
+    # -- schema ---------------------------------------------------------------------------------------
+
+    def migrate(self) -> None:
+        with self._tx() as cur:
+            cur.execute("CREATE TABLE IF NOT EXISTS gridbot_schema (version INTEGER NOT NULL)")
+            self._lock_schema(cur)
+            cur.execute(self._sql("schema_version"))
+            current = cur.fetchone()[0] or 0
+            if current > LATEST:
+                raise StoreError(f"the database has schema version {current}, newer than this gridbot knows "
+                                 f"({LATEST}): upgrade gridbot, or point --db at another database")
+            for version, script in MIGRATIONS:
+                if version > current:
+                    self._execute_script(cur, script.format(**self.types))
+                    cur.execute(self._sql("set_version"), (version,))
+
+    def _lock_schema(self, cur: Any) -> None:
+        """Keep two processes from migrating at once (SQLite's BEGIN IMMEDIATE already does)."""
+
+    # -- bags -----------------------------------------------------------------------------------------
+
+    def create_bag(self, spec: BagSpec, lines: Sequence[str] | None, inputs: dict[str, bytes], now: float) -> BagRow:
+        total = len(lines) if lines is not None else spec.sweep_size
+        digest = spec_hash(spec, lines, inputs)
+        with self._tx() as cur:
+            cur.execute(self._sql("bag_by_name"), (spec.name,))
+            if cur.fetchone() is not None:
+                raise BagExists(f"a bag named '{spec.name}' exists already")
+            cur.execute(self._sql("insert_bag"), (spec.name, msgspec.json.encode(spec), digest, total, total, now))
+            bag_id = cur.fetchone()[0]
+            self._insert_jobs(cur, bag_id, total, lines)
+            if inputs:
+                cur.executemany(self._sql("insert_input"), [(bag_id, k, v) for k, v in inputs.items()])
+        row = self.bag(bag_id)
+        assert row is not None
+        return row
+
+    def set_spec(self, bag_id: int, spec: BagSpec) -> None:
+        with self._tx() as cur:
+            cur.execute(self._sql("set_spec"), (msgspec.json.encode(spec), bag_id))
+
+    def bag(self, ref: str | int) -> BagRow | None:
+        with self._tx(write=False) as cur:
+            if isinstance(ref, int) or ref.isdigit():
+                cur.execute(self._sql("bag_by_id"), (int(ref),))
+            else:
+                cur.execute(self._sql("bag_by_name"), (ref,))
+            row = cur.fetchone()
+        return _bag(row) if row else None
+
+    def bags(self) -> list[BagRow]:
+        with self._tx(write=False) as cur:
+            cur.execute(self._sql("bags"))
+            return [_bag(r) for r in cur.fetchall()]
+
+    # -- the dispatcher's view ------------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        with self._tx(write=False) as cur:
+            cur.execute(self._sql("bags"))
+            bags = [_bag(r) for r in cur.fetchall()]
+            cur.execute(self._sql("live_instances"))
+            live = [LiveInstance(r[0], r[1], r[2], r[3], InstanceState(r[4]), r[5], r[6], r[7], r[8], JobState(r[9]),
+                                 r[10], r[11]) for r in cur.fetchall()]
+            cur.execute(self._sql("max_instance"))
+            next_id = cur.fetchone()[0] + 1
+            hosts = self._hosts(cur)
+        active = [BagSnapshot(b.bag_id, b.spec, b.counts, b.created_at) for b in bags if b.state is BagState.ACTIVE]
+        return Snapshot(active, live, hosts, next_id)
+
+    def queued_jobs(self, bag_id: int, after: int, limit: int) -> list[QueuedJob]:
+        with self._tx(write=False) as cur:
+            cur.execute(self._sql("queued_jobs"), (bag_id, after, limit))
+            return [QueuedJob(r[0], r[1], r[2], r[3], r[4]) for r in cur.fetchall()]
+
+    def apply(self, changes: Changes) -> None:
+        if not changes:
+            return
+        with self._tx() as cur:
+            if changes.new_instances:
+                cur.executemany(self._sql("new_instance"), [
+                    (n.instance_id, n.job_id, n.bag_id, n.host_id, n.sent_at, n.instance_deadline)
+                    for n in changes.new_instances])
+            ended: list[tuple[Any, ...]] = []
+            marked: list[tuple[Any, ...]] = []
+            outputs: list[tuple[Any, ...]] = []
+            for u in changes.instances:
+                r = u.report
+                if r is None:
+                    marked.append((u.state.value, u.at, u.reason or None, u.instance_id))
+                    continue
+                ended.append((u.state.value, u.at, u.reason or None, r.exit_code, r.wall_s, r.cpu_s,
+                              r.stdout_tail, r.stderr_tail, u.instance_id))
+                if u.state is InstanceState.DONE:
+                    outputs.extend((u.instance_id, k, v) for k, v in r.outputs.items())
+            if ended:
+                cur.executemany(self._sql("end_instance"), ended)
+            if marked:
+                cur.executemany(self._sql("mark_instance"), marked)
+            if outputs:
+                cur.executemany(self._sql("insert_output"), outputs)
+            for bag_id in changes.cancelled_bags:
+                cur.execute(self._sql("cancel_queued"), (bag_id,))
+            if changes.jobs:
+                cur.executemany(self._sql("update_job"), [
+                    (j.state.value, j.failures, j.attempts, j.reason or None, j.result_instance, j.job_id)
+                    for j in changes.jobs.values()])
+            if changes.bags:
+                cur.executemany(self._sql("update_bag"), [
+                    (b.state.value, b.counts.queued, b.counts.running, b.counts.done, b.counts.failed,
+                     b.counts.cancelled, b.counts.instances, b.counts.wasted, b.counts.overdue, b.counts.reruns,
+                     b.counts.replicas, b.finished_at,
+                     b.bag_id) for b in changes.bags.values()])
+            if changes.hosts:
+                cur.executemany(self._sql("upsert_host"), [
+                    (h.info.host_id, h.info.name, h.info.platform, h.info.ncpus, h.info.memory_mb, h.info.slots,
+                     h.info.pool, h.first_seen, h.last_seen, h.stats.done, h.stats.failed, _stats_enc.encode(h.stats))
+                    for h in changes.hosts.values()])
+
+    # -- listings -------------------------------------------------------------------------------------
+
+    def jobs(self, bag_id: int, state: JobState | None = None, limit: int = 1000, after: int = 0) -> list[JobRow]:
+        with self._tx(write=False) as cur:
+            if state is None:
+                cur.execute(self._sql("jobs"), (bag_id, after, limit))
+            else:
+                cur.execute(self._sql("jobs_in_state"), (bag_id, state.value, after, limit))
+            return [_job(r) for r in cur.fetchall()]
+
+    def instances_of(self, job_id: int) -> list[InstanceRow]:
+        with self._tx(write=False) as cur:
+            cur.execute(self._sql("instances_of"), (job_id,))
+            return [_instance(r) for r in cur.fetchall()]
+
+    def results(self, bag_id: int, after: int = 0, limit: int = 500) -> list[ResultRow]:
+        out = []
+        with self._tx(write=False) as cur:
+            cur.execute(self._sql("results"), (bag_id, after, limit))
+            rows = cur.fetchall()
+            for r in rows:
+                job = _job(r[:9])
+                inst = _instance(r[9:]) if r[9] is not None else None
+                files: dict[str, bytes] = {}
+                if inst is not None and job.state is JobState.DONE:
+                    cur.execute(self._sql("outputs_of"), (inst.instance_id,))
+                    files = {name: bytes(data) for _, name, data in cur.fetchall()}
+                out.append(ResultRow(job, inst, files))
+        return out
+
+    def input_file(self, bag_id: int, name: str) -> bytes | None:
+        with self._tx(write=False) as cur:
+            cur.execute(self._sql("input_file"), (bag_id, name))
+            row = cur.fetchone()
+        return bytes(row[0]) if row else None
+
+    def hosts(self) -> list[HostSnapshot]:
+        with self._tx(write=False) as cur:
+            return self._hosts(cur)
+
+    def _hosts(self, cur: Any) -> list[HostSnapshot]:
+        cur.execute(self._sql("hosts"))
+        return [HostSnapshot(HostInfo(r[0], r[1], r[2], r[3], r[4], r[5], r[6]), r[7], r[8],
+                             _stats_dec.decode(bytes(r[9])) if r[9] is not None else HostStats())
+                for r in cur.fetchall()]
+
+
+_stats_enc = msgspec.json.Encoder()
+_stats_dec = msgspec.json.Decoder(HostStats)
+
+
+def _bag(r: Sequence[Any]) -> BagRow:
+    counts = BagCounts(r[5], r[6], r[7], r[8], r[9], r[10], r[11], r[12], r[13], r[14])
+    return BagRow(r[0], r[1], msgspec.json.decode(bytes(r[2]), type=BagSpec), r[3], BagState(r[4]), counts, r[15],
+                  r[16], r[17])
+
+
+def _job(r: Sequence[Any]) -> JobRow:
+    return JobRow(r[0], r[1], r[2], r[3], JobState(r[4]), r[5], r[6], r[7], r[8])
+
+
+def _instance(r: Sequence[Any]) -> InstanceRow:
+    return InstanceRow(r[0], r[1], r[2], InstanceState(r[3]), r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11])
+
+
+class SQLiteStore(SqlStore):
+    """The embedded default: one file, WAL journal, one writer (the server)."""
+
+    types: ClassVar[dict[str, str]] = {"id": "INTEGER PRIMARY KEY", "blob": "BLOB", "real": "REAL"}
+
+    def __init__(self, path: str | Path, synchronous: str = "FULL") -> None:
+        if synchronous.upper() not in ("FULL", "NORMAL", "EXTRA", "OFF"):
+            raise StoreError(f"synchronous={synchronous!r} is not a SQLite mode; use FULL, NORMAL, EXTRA or OFF")
+        path = Path(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+            conn.execute("PRAGMA journal_mode=WAL")
+        except (OSError, sqlite3.Error) as e:
+            raise StoreError(f"cannot open the SQLite database {path}: {e}; check the path and its permissions") from e
+        conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
+        conn.execute("PRAGMA foreign_keys=ON")
+        super().__init__(conn)
+        self.path = path
+        self._depth = 0
+        self._lock: Any = None
+
+    def claim(self) -> None:
+        lock = open(f"{self.path}.lock", "w")  # noqa: SIM115 - held open as the claim
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            raise StoreError(f"another gridbot server (or `gridbot run`) is using {self.path}; stop it, or point "
+                             "--db at another database") from None
+        self._lock = lock
+
+    @contextlib.contextmanager
+    def _tx(self, write: bool = True) -> Iterator[Any]:
+        if self._depth:
+            yield self.conn.cursor()
+            return
+        cur = self.conn.cursor()
+        cur.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+        self._depth += 1
+        try:
+            yield cur
+        except BaseException:
+            self.conn.rollback()
+            raise
+        else:
+            self.conn.commit()
+        finally:
+            self._depth -= 1
+
+    def close(self) -> None:
+        self.conn.close()
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+
+class PostgresStore(SqlStore):
+    """Shared deployments: PostgreSQL through psycopg 3, jobs loaded with COPY."""
+
+    placeholder = "%s"
+    types: ClassVar[dict[str, str]] = {"id": "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY", "blob": "BYTEA",
+             "real": "DOUBLE PRECISION"}
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+
+        try:
+            conn = psycopg.connect(url, autocommit=True, connect_timeout=10)
+        except psycopg.Error as e:
+            raise StoreError(f"cannot connect to PostgreSQL at {_redact(url)}: {str(e).strip()}; "
+                             "check that the server runs and the URL names an existing database") from e
+        super().__init__(conn)
+
+    @contextlib.contextmanager
+    def _tx(self, write: bool = True) -> Iterator[Any]:
+        with self.conn.transaction(), self.conn.cursor() as cur:
+            yield cur
+
+    def _lock_schema(self, cur: Any) -> None:
+        cur.execute("SELECT pg_advisory_xact_lock(7715370)")
+
+    def claim(self) -> None:
+        with self.conn.cursor() as cur:
+            cur.execute("SELECT pg_try_advisory_lock(7715371)")
+            if not cur.fetchone()[0]:
+                raise StoreError("another gridbot server is using this PostgreSQL database; stop it, or point --db "
+                                 "at another database")
+
+    def _execute_script(self, cur: Any, script: str) -> None:
+        cur.execute(script)
+
+    def _insert_jobs(self, cur: Any, bag_id: int, total: int, lines: Sequence[str] | None) -> None:
+        with cur.copy("COPY jobs (bag_id, idx, line) FROM STDIN") as copy:
+            for i in range(total):
+                copy.write_row((bag_id, i, lines[i] if lines is not None else None))
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _redact(url: str) -> str:
+    if "@" in url and ":" in url.split("@", 1)[0].split("//", 1)[-1]:
+        scheme, rest = url.split("//", 1)
+        user = rest.split(":", 1)[0]
+        return f"{scheme}//{user}:***@{rest.split('@', 1)[1]}"
+    return url
+
+
+def open_store(url: str) -> Store:
+    """The store a URL names: `memory://`, `sqlite:///relative.db`, `sqlite:////abs.db` (`?synchronous=NORMAL`),
+    `postgresql://user@host/db`, or a plain path to a SQLite file."""
+    from gridbot.store.memory import MemoryStore
+
+    store: Store
+    if url == "memory://":
+        store = MemoryStore()
+    elif url.startswith(("postgresql://", "postgres://")):
+        store = PostgresStore(url)
+    elif url.startswith("sqlite://"):
+        rest = url.removeprefix("sqlite://")
+        path, _, query = rest.partition("?")
+        if not path.startswith("/") or path == "/":
+            raise StoreError(f"bad SQLite URL {url!r}: write sqlite:///relative/path.db or sqlite:////absolute.db")
+        options = dict(kv.partition("=")[::2] for kv in query.split("&") if kv)
+        unknown = set(options) - {"synchronous"}
+        if unknown:
+            raise StoreError(f"unknown SQLite URL option {sorted(unknown)[0]!r}; the only one is synchronous")
+        store = SQLiteStore(path[1:], options.get("synchronous", "FULL"))
+    elif "://" not in url:
+        store = SQLiteStore(url)
+    else:
+        raise StoreError(f"unknown database URL {url!r}: use sqlite:///path.db, postgresql://... or memory://")
+    store.migrate()
+    return store

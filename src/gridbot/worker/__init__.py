@@ -1,0 +1,1 @@
+"""The execution client: pulls instances from the server, runs them, reports."""

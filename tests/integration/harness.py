@@ -1,0 +1,121 @@
+"""Real processes for integration tests: a `gridbot server` and `gridbot worker`s on free local ports."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gridbot.client import Client
+
+GRIDBOT = [sys.executable, "-m", "gridbot"]
+
+
+def free_port() -> int:
+    with contextlib.closing(socket.socket()) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gridbot(*args: str, cwd: Path | None = None, timeout: float = 120, env: dict | None = None,
+            check: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run the gridbot command as a user would and capture what it prints."""
+    proc = subprocess.run([*GRIDBOT, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"gridbot {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def gridbot_json(*args: str, **kw) -> object:
+    return json.loads(gridbot(*args, "--json", check=True, **kw).stdout)
+
+
+class Proc:
+    """A background gridbot process with its log in a file."""
+
+    def __init__(self, args: list[str], log: Path, cwd: Path) -> None:
+        self.args, self.log_path, self.cwd = args, log, cwd
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Proc:
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen([*GRIDBOT, *self.args], cwd=self.cwd, stdout=log, stderr=log,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        return self
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.proc.pid, sig)
+
+    def wait(self, timeout: float = 30) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+class Cluster:
+    """One server and any number of workers, all stopped at the end of the test."""
+
+    def __init__(self, tmp: Path, db: str | None = None, server_args: tuple[str, ...] = ()) -> None:
+        self.tmp = tmp
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.db = db or f"sqlite:///{tmp}/server.db"
+        self.server_args = server_args
+        self.server: Proc | None = None
+        self.workers: list[Proc] = []
+
+    def start_server(self) -> Proc:
+        self.server = Proc(["--log-level", "info", "server", "--db", self.db, "--port", str(self.port),
+                            *self.server_args], self.tmp / "server.log", self.tmp).start()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return self.server
+            except OSError:
+                if self.server.proc and self.server.proc.poll() is not None:
+                    raise AssertionError(f"server exited:\n{self.server.log}") from None
+                time.sleep(0.1)
+        raise AssertionError(f"server did not listen:\n{self.server.log}")
+
+    def start_worker(self, *args: str, name: str | None = None) -> Proc:
+        n = len(self.workers)
+        w = Proc(["--log-level", "debug", "worker", "--server", self.url, "--workdir", str(self.tmp / f"w{n}"),
+                  "--name", name or f"w{n}", *args], self.tmp / f"worker-{n}.log", self.tmp).start()
+        self.workers.append(w)
+        return w
+
+    def client(self) -> Client:
+        return Client(self.url)
+
+    def wait_bag(self, bag: str, timeout: float = 120) -> object:
+        with self.client() as c:
+            return c.wait(bag, poll=0.2, timeout=timeout)
+
+    def stop(self) -> None:
+        for w in self.workers:
+            w.stop()
+        if self.server is not None:
+            self.server.stop()

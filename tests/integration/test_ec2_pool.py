@@ -1,0 +1,64 @@
+"""The EC2 adapter against moto's mock of EC2.
+
+A mock, because no real cloud can run here: this is the one part of gridbot tested against one.
+"""
+
+import base64
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from gridbot.model.pools import parse_pools
+from gridbot.model.states import PilotState
+from gridbot.pools.adapters import EC2Adapter
+from gridbot.pools.base import PilotRequest, PoolError
+
+POOLS = """\
+[pools.cloud]
+kind = "ec2"
+region = "us-east-1"
+instance_type = "c5.large"
+image = "{image}"
+spot = {spot}
+cpus = 2
+walltime = "2h"
+"""
+
+
+@pytest.fixture
+def ec2():
+    with mock_aws():
+        client = boto3.client("ec2", region_name="us-east-1")
+        yield client
+
+
+def image_id(client):
+    return client.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+
+
+@pytest.mark.parametrize("spot", ["false", "true"])
+def test_start_list_and_terminate_pilots(ec2, spot):
+    [spec] = parse_pools(POOLS.format(image=image_id(ec2), spot=spot), "pools.toml")
+    pool = EC2Adapter(spec, ec2)
+    ids = pool.submit(3, PilotRequest("http://gridbot.example:8470"))
+    assert len(ids) == 3
+    assert set(pool.status(ids).values()) <= {PilotState.QUEUED, PilotState.RUNNING}
+    described = ec2.describe_instances(InstanceIds=ids)["Reservations"][0]["Instances"][0]
+    assert described["InstanceType"] == "c5.large"
+    assert {"Key": "gridbot-pool", "Value": "cloud"} in described["Tags"]
+    data = ec2.describe_instance_attribute(InstanceId=ids[0], Attribute="userData")["UserData"]["Value"]
+    script = base64.b64decode(data).decode()
+    assert "gridbot worker --server http://gridbot.example:8470 --slots 2 --pool cloud" in script
+    assert "--lifetime 6480" in script and "shutdown -h now" in script
+    pool.cancel(ids[:2])
+    states = pool.status(ids)
+    assert [states[i] for i in ids] == [PilotState.COMPLETED, PilotState.COMPLETED, PilotState.RUNNING]
+
+
+def test_a_refused_request_is_a_clear_pool_error(ec2):
+    text = POOLS.format(image=image_id(ec2), spot="false") + 'subnet = "subnet-nope"\n'
+    [spec] = parse_pools(text, "pools.toml")
+    pool = EC2Adapter(spec, ec2)
+    with pytest.raises(PoolError, match=r"pool 'cloud': EC2 refused to start 1 instances: .*InvalidSubnetID"):
+        pool.submit(1, PilotRequest("http://x:1"))

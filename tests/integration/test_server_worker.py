@@ -1,0 +1,264 @@
+"""The parts apart: `gridbot server`, `gridbot worker`s and the submitter commands, as separate processes."""
+
+import json
+import signal
+import time
+
+import pytest
+
+from gridbot.client import ApiError, Client
+from gridbot.errors import ServerUnavailable
+from tests.integration.harness import Cluster, gridbot, gridbot_json
+
+
+def write(tmp_path, name, text):
+    (tmp_path / name).write_text(text)
+    return str(tmp_path / name)
+
+
+def test_submit_status_jobs_results_and_cancel(tmp_path):
+    cluster = Cluster(tmp_path, server_args=("--heartbeat", "1"))
+    try:
+        _submit_status_jobs_results_and_cancel(cluster, tmp_path)
+    finally:
+        cluster.stop()
+
+
+def _submit_status_jobs_results_and_cancel(cluster, tmp_path):
+    cluster.start_server()
+    url = ["--server", cluster.url]
+    spec = write(tmp_path, "s.toml", 'name = "sq"\ncommand = "echo $(({n} * {n})) > sq.txt"\noutputs = ["sq.txt"]\n'
+                                     '[parameters]\nn = { from = 1, to = 30 }\n')
+    info = gridbot_json("submit", spec, *url)
+    assert (info["name"], info["total"], info["state"]) == ("sq", 30, "active")
+    assert gridbot("submit", spec, *url).returncode == 2  # the name is taken
+    status = gridbot_json("status", *url)
+    assert [(b["name"], b["counts"]["queued"]) for b in status] == [("sq", 30)]
+    cluster.start_worker("--slots", "2")
+    final = cluster.wait_bag("sq")
+    assert final.state == "completed" and final.counts.done == 30
+    table = gridbot("status", *url).stdout
+    assert "sq" in table and "completed" in table
+    jobs = gridbot_json("jobs", "sq", "--state", "done", "--limit", "5", *url)
+    assert [j["command"] for j in jobs][:2] == ["echo $((1 * 1)) > sq.txt", "echo $((2 * 2)) > sq.txt"]
+    out = tmp_path / "out"
+    assert "wrote results of 30 jobs" in gridbot("results", "sq", str(out), *url).stdout
+    assert (out / "29" / "sq.txt").read_text() == "900\n"
+    hosts = gridbot_json("hosts", *url)
+    assert hosts[0]["done"] == 30 and hosts[0]["name"].endswith("/w0")
+
+    slow = write(tmp_path, "slow.toml", 'name = "slow"\ncommand = "sleep 30"\n[parameters]\ni = [1, 2, 3, 4]\n')
+    gridbot_json("submit", slow, *url)
+    with cluster.client() as c:
+        deadline = time.monotonic() + 30
+        while c.bag("slow").counts.running < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert gridbot_json("cancel", "slow", *url)["state"] == "cancelled"
+        assert {j.state for j in c.jobs("slow")} == {"cancelled"}
+        deadline = time.monotonic() + 20
+        while "sleep 30" in _worker_children(cluster) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    assert "sleep 30" not in _worker_children(cluster), "the worker killed the cancelled jobs"
+
+
+def _worker_children(cluster):
+    import subprocess
+
+    return subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+
+
+def test_unknown_bag_and_bad_state_are_clear_errors(cluster):
+    cluster.start_server()
+    url = ["--server", cluster.url]
+    proc = gridbot("jobs", "nope", *url)
+    assert proc.returncode == 2 and "no bag 'nope'" in proc.stderr
+    with Client(cluster.url) as c, pytest.raises(ApiError, match="unknown job state 'weird'"):
+        c.jobs(1, "weird")
+    down = gridbot("status", "--server", "http://127.0.0.1:9")
+    assert down.returncode == 1 and "cannot reach the gridbot server" in down.stderr
+
+
+def test_python_api(cluster, tmp_path):
+    cluster.start_server()
+    cluster.start_worker("--slots", "2")
+    (tmp_path / "lines.txt").write_text("".join(f"echo line {i}\n" for i in range(12)))
+    with Client(cluster.url) as client:
+        bag = client.submit_lines(tmp_path / "lines.txt", name="api")
+        seen = []
+        final = client.wait(bag.name, poll=0.1, timeout=60, on_update=seen.append)
+        assert final.state == "completed" and seen[-1] == final
+        results = list(client.results("api", page=5))
+        assert [r.stdout_tail for r in results] == [f"line {i}\n" for i in range(12)]
+        story = client.instances(results[0].job.job_id)
+        assert [i.state for i in story] == ["done"]
+    info = gridbot_json("submit", "--each-line", str(tmp_path / "lines.txt"), "--name", "cli-lines",
+                        "--server", cluster.url)
+    assert (info["name"], info["total"]) == ("cli-lines", 12)
+    assert cluster.wait_bag("cli-lines").counts.done == 12
+
+
+def test_worker_keeps_its_host_id_across_restarts_and_exits_when_idle(cluster):
+    cluster.start_server()
+    w = cluster.start_worker("--idle-timeout", "1")
+    assert w.wait(30) == 0 and "no work for 1 s; exiting" in w.log
+    w2 = cluster.start_worker("--idle-timeout", "1", name="w0")
+    assert w2.wait(30) == 0
+    with cluster.client() as c:
+        hosts = c.hosts()
+    assert len(hosts) == 1 and hosts[0].name.endswith("/w0")
+
+
+def test_two_workers_with_one_name_get_distinct_ids(cluster, tmp_path):
+    cluster.start_server()
+    spec = write(tmp_path, "s.toml", 'command = "sleep 0.3"\n[parameters]\ni = { from = 1, to = 8 }\n')
+    gridbot_json("submit", spec, "--server", cluster.url)
+    cluster.start_worker("--slots", "1", name="same")
+    cluster.start_worker("--slots", "1", name="same")
+    cluster.wait_bag("s")
+    with cluster.client() as c:
+        names = sorted(h.name.split("/")[1] for h in c.hosts())
+    assert names == ["same", "same-1"]
+
+
+def test_worker_survives_a_server_restart_with_backoff(tmp_path):
+    cluster = Cluster(tmp_path)
+    try:
+        cluster.start_server()
+        w = cluster.start_worker("--slots", "2")
+        time.sleep(1)
+        cluster.server.stop()
+        deadline = time.monotonic() + 40
+        while "server unreachable" not in w.log and time.monotonic() < deadline:
+            time.sleep(0.2)
+        first = w.log.count("server unreachable")
+        time.sleep(6)
+        retries = w.log.count("server unreachable") - first
+        assert first >= 1 and w.proc.poll() is None
+        assert 1 <= retries <= 8, f"{retries} retries in 6 s: backoff, not a tight loop"
+        cluster.start_server()
+        spec = write(tmp_path, "s.toml", 'command = "true"\n[parameters]\ni = { from = 1, to = 20 }\n')
+        gridbot_json("submit", spec, "--server", cluster.url)
+        assert cluster.wait_bag("s", timeout=90).counts.done == 20
+    finally:
+        cluster.stop()
+
+
+def test_stopping_a_worker_gives_its_jobs_back(cluster, tmp_path):
+    cluster.start_server()
+    spec = write(tmp_path, "s.toml", 'command = "sleep 60"\nmax_failures = 1\n[parameters]\ni = [1, 2]\n')
+    gridbot_json("submit", spec, "--server", cluster.url)
+    w = cluster.start_worker("--slots", "2")
+    with cluster.client() as c:
+        deadline = time.monotonic() + 30
+        while c.bag("s").counts.running < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        w.signal(signal.SIGTERM)
+        assert w.wait(30) == 0
+        info = c.bag("s")
+        assert (info.counts.queued, info.counts.running, info.counts.failed) == (2, 0, 0)
+        assert [i.state for i in c.instances(c.jobs("s")[0].job_id)] == ["interrupted"]
+
+
+def test_upload_over_the_limit_is_refused_with_a_clear_error(tmp_path):
+    cluster = Cluster(tmp_path, server_args=("--max-result-size", "2K"))
+    try:
+        cluster.start_server()
+        spec = write(tmp_path, "s.toml", 'command = "head -c 3000 /dev/zero > o"\noutputs = ["o"]\nmax_failures = 1\n')
+        gridbot_json("submit", spec, "--server", cluster.url)
+        cluster.start_worker("--slots", "1")
+        info = cluster.wait_bag("s")
+        assert info.state == "failed"
+        job = gridbot_json("jobs", "s", "--server", cluster.url)[0]
+        assert "over the server's limit of 2,048 bytes" in job["reason"]
+    finally:
+        cluster.stop()
+
+
+def test_server_refuses_a_body_over_its_request_limit(cluster):
+    import urllib.request
+
+    cluster.start_server()
+    req = urllib.request.Request(f"{cluster.url}/v1/exchange", data=b"x" * (40 << 20), method="POST",
+                                 headers={"Content-Type": "application/msgpack"})
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=30)
+    assert err.value.code == 413 and "over the limit of 34,603,008 bytes" in json.loads(err.value.read())["error"]
+
+
+def test_garbage_requests_get_400_not_a_crash(cluster):
+    import urllib.request
+
+    cluster.start_server()
+    req = urllib.request.Request(f"{cluster.url}/v1/exchange", data=b"\x93garbage", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=10)
+    assert err.value.code == 400 and "bad request" in json.loads(err.value.read())["error"]
+    with Client(cluster.url) as c:
+        assert c.bags() == []
+
+
+def test_server_on_a_bad_database_url_says_so(tmp_path):
+    proc = gridbot("server", "--db", "mysql://x/y", "--port", "0")
+    assert proc.returncode == 2 and "unknown database URL" in proc.stderr
+    proc = gridbot("server", "--db", "postgresql://nobody@127.0.0.1:1/none", "--port", "0")
+    assert proc.returncode == 2 and "cannot connect to PostgreSQL" in proc.stderr
+
+
+def test_unreachable_server_for_submit(tmp_path):
+    spec = write(tmp_path, "s.toml", 'command = "true"\n')
+    with pytest.raises(ServerUnavailable):
+        Client("http://127.0.0.1:9").submit_file(spec)
+
+
+@pytest.mark.postgres
+def test_a_bag_on_postgresql(tmp_path, pg_url):
+    cluster = Cluster(tmp_path, db=pg_url)
+    try:
+        cluster.start_server()
+        cluster.start_worker("--slots", "2")
+        spec = write(tmp_path, "s.toml", 'command = "echo {i} > o"\noutputs = ["o"]\n'
+                                         '[parameters]\ni = { from = 1, to = 50 }\n')
+        gridbot_json("submit", spec, "--server", cluster.url)
+        info = cluster.wait_bag("s")
+        assert info.counts.done == 50
+        out = tmp_path / "out"
+        gridbot("results", "s", str(out), "--server", cluster.url, check=True)
+        assert (out / "49" / "o").read_text() == "50\n"
+    finally:
+        cluster.stop()
+
+
+def test_a_worker_whose_job_gets_no_cpu_leaves_and_the_job_counts_a_failure(tmp_path):
+    """GridBot's pilot suicide (section 5): a job that barely uses the CPU means this is no host for it."""
+    cluster = Cluster(tmp_path)
+    try:
+        cluster.start_server()
+        spec = write(tmp_path, "s.toml", 'name = "s"\ncommand = "sleep {t}"\nmax_failures = 1\n'
+                                         '[parameters]\nt = [30]\n')
+        gridbot_json("submit", spec, "--server", cluster.url)
+        w = cluster.start_worker("--slots", "1", "--min-cpu", "0.05", "--cpu-window", "2")
+        assert w.wait(30) == 0 and "of a CPU over" in w.log
+        job = gridbot_json("jobs", "s", "--server", cluster.url)[0]
+        assert job["state"] == "failed" and "below the pool's min_cpu of 5%" in job["reason"]
+        busy = write(tmp_path, "b.toml", 'name = "b"\ncommand = "timeout 4 sh -c \\"while :; do :; done\\" || true"\n')
+        gridbot_json("submit", busy, "--server", cluster.url)
+        w2 = cluster.start_worker("--slots", "1", "--min-cpu", "0.05", "--cpu-window", "2", "--idle-timeout", "2")
+        assert cluster.wait_bag("b", timeout=60).counts.done == 1, "a busy job is left alone"
+        assert w2.wait(30) == 0 and "of a CPU over" not in w2.log
+    finally:
+        cluster.stop()
+
+
+def test_group_cpu_seconds_counts_a_busy_process_group():
+    import os
+    import subprocess
+
+    from gridbot.worker.executor import group_cpu_seconds
+
+    proc = subprocess.Popen(["sh", "-c", "timeout 1 sh -c 'while :; do :; done'; sleep 5"], start_new_session=True)
+    try:
+        time.sleep(1.5)
+        assert group_cpu_seconds(proc.pid) > 0.5
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()

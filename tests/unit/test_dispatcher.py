@@ -1,0 +1,232 @@
+"""The dispatcher on a fake clock: assignment, results, deadlines, lost hosts, failures, cancel, restore.
+
+Each test drives the pure core with a memory store standing in for durability, exactly as the server
+does: every Changes batch is applied before the next event.
+"""
+
+from gridbot.core.dispatcher import DispatchConfig, Dispatcher
+from gridbot.model.records import HostInfo, InstanceReport, Outcome
+from gridbot.model.states import BagState, InstanceState, JobState
+from tests.unit.core_harness import CoreSim
+
+A, B = HostInfo("a", "host-a", slots=8), HostInfo("b", "host-b", slots=8)
+
+
+class Harness(CoreSim):
+    """One bag of `n` jobs; `ask` returns the whole answer (assignments, cancels, backoff)."""
+
+    def __init__(self, n=4, max_failures=3, deadline=100, buffer_size=1000, **cfg):
+        cfg.setdefault("retry_same_host_after", 0.0)
+        super().__init__(buffer_size=buffer_size, **cfg)
+        self.bag = self.submit("bag", n, max_failures, deadline)
+
+    def submit(self, name, n, max_failures=3, deadline=100):
+        return CoreSim.bag(self, name, n, None, deadline, max_failures)
+
+    def ask(self, host, want, now, reports=()):
+        return self.exchange(host, want, now, reports)
+
+    def counts(self, bag=None):
+        return self.store.bag(bag or self.bag).counts
+
+    def state(self, bag=None):
+        return self.store.bag(bag or self.bag).state
+
+
+def ok(iid, **kw):
+    return InstanceReport(iid, Outcome.SUCCESS, 0, **kw)
+
+
+def fail(iid, reason="exit code 1"):
+    return InstanceReport(iid, Outcome.FAILURE, 1, reason=reason)
+
+
+def test_jobs_run_once_and_the_bag_completes():
+    h = Harness(n=4)
+    got = h.ask(A, 3, 1).assignments
+    assert [a.command for a in got] == ["job 0", "job 1", "job 2"]
+    assert all(a.instance_deadline == 101 for a in got)
+    rest = h.ask(A, 3, 2, [ok(a.instance_id) for a in got]).assignments
+    assert [a.index for a in rest] == [3]
+    answer = h.ask(A, 3, 3, [ok(rest[0].instance_id)])
+    assert answer.assignments == [] and answer.backoff == h.d.config.backoff_empty
+    c = h.counts()
+    assert (c.done, c.instances, c.reruns, c.wasted) == (4, 4, 0, 0)
+    assert h.state() is BagState.COMPLETED
+
+
+def test_deadline_expiry_requeues_and_a_late_result_is_still_accepted():
+    h = Harness(n=1, deadline=100)
+    first = h.ask(A, 1, 0).assignments[0]
+    h.tick(50)
+    assert h.counts().running == 1
+    h.tick(101)
+    assert h.counts().queued == 1 and h.counts().overdue == 1
+    assert h.store.instances_of(first.job_id)[0].state is InstanceState.OVERDUE
+    h.ask(A, 0, 102, [ok(first.instance_id)])  # the late result arrives before anyone picked the job again
+    assert h.state() is BagState.COMPLETED
+    assert h.store.jobs(h.bag)[0].result_instance == first.instance_id
+
+
+def test_late_result_after_replacement_wins_and_the_replacement_is_cancelled():
+    h = Harness(n=1, deadline=100)
+    first = h.ask(A, 1, 0).assignments[0]
+    h.tick(101)
+    second = h.ask(B, 1, 102).assignments[0]
+    assert second.job_id == first.job_id and second.instance_id != first.instance_id
+    h.ask(A, 0, 103, [ok(first.instance_id)])
+    assert h.state() is BagState.COMPLETED
+    answer = h.ask(B, 1, 104)
+    assert answer.cancel == [second.instance_id]
+    states = [i.state for i in h.store.instances_of(first.job_id)]
+    assert states == [InstanceState.DONE, InstanceState.CANCELLED]
+
+
+def test_second_good_result_is_recorded_as_waste():
+    h = Harness(n=1, deadline=100)
+    h.ask(A, 1, 0)
+    h.tick(101)
+    second = h.ask(B, 1, 102).assignments[0]
+    h.ask(B, 0, 103, [ok(second.instance_id)])
+    h.submit("other", 1)  # keep the dispatcher busy so the first instance's bag is still known
+    assert h.state() is BagState.COMPLETED
+    c = h.counts()
+    assert (c.done, c.reruns, c.instances) == (1, 1, 2)
+
+
+def test_waste_while_the_bag_is_still_active():
+    h = Harness(n=2, deadline=100)
+    a0, _ = h.ask(A, 2, 0).assignments
+    h.tick(101)
+    b0, _ = h.ask(B, 2, 102).assignments
+    h.ask(B, 0, 103, [ok(b0.instance_id)])
+    h.ask(A, 0, 104, [ok(a0.instance_id)])  # a0 is overdue and its job already done: waste
+    assert h.counts().wasted == 1 and h.counts().done == 1
+    assert [i.state for i in h.store.instances_of(a0.job_id)] == [InstanceState.WASTED, InstanceState.DONE]
+
+
+def test_a_job_failing_k_times_fails_for_good_with_its_last_reason():
+    h = Harness(n=1, max_failures=3)
+    reason = ""
+    for t in range(3):
+        a = h.ask(A, 1, t).assignments[0]
+        reason = f"exit code {t + 1}: boom"
+        h.ask(A, 0, t + 0.5, [fail(a.instance_id, reason)])
+    job = h.store.jobs(h.bag)[0]
+    assert job.state is JobState.FAILED and job.failures == 3 and job.attempts == 3
+    assert job.reason == "failed 3 times; last: exit code 3: boom"
+    assert h.state() is BagState.FAILED
+
+
+def test_interruption_gives_the_job_back_without_counting_a_failure():
+    h = Harness(n=1, max_failures=1)
+    a = h.ask(A, 1, 0).assignments[0]
+    h.ask(A, 0, 1, [InstanceReport(a.instance_id, Outcome.INTERRUPTED, reason="the worker stopped")])
+    job = h.store.jobs(h.bag)[0]
+    assert job.state is JobState.QUEUED and job.failures == 0
+    b = h.ask(B, 1, 2).assignments[0]
+    assert b.job_id == a.job_id
+
+
+def test_instances_the_host_no_longer_has_are_lost():
+    h = Harness(n=2)
+    got = h.ask(A, 2, 0).assignments
+    h.held["a"] = set()  # the worker restarted: it runs nothing
+    answer = h.ask(A, 1, 1)
+    assert h.counts().reruns == 1 and h.counts().failed == 0
+    assert h.store.instances_of(got[0].job_id)[0].reason.startswith("lost by host host-a")
+    assert answer.assignments[0].job_id == got[0].job_id
+
+
+def test_silent_host_loses_its_instances():
+    h = Harness(n=1, host_timeout=60)
+    a = h.ask(A, 1, 0).assignments[0]
+    h.tick(30)
+    assert h.counts().running == 1
+    h.tick(61)
+    assert h.counts().queued == 1
+    assert "silent for 61 s" in h.store.instances_of(a.job_id)[0].reason
+
+
+def test_result_over_the_size_limit_fails_the_instance():
+    h = Harness(n=1, max_result_bytes=10)
+    a = h.ask(A, 1, 0).assignments[0]
+    h.ask(A, 0, 1, [ok(a.instance_id, outputs={"big": b"x" * 11})])
+    inst = h.store.instances_of(a.job_id)[0]
+    assert inst.state is InstanceState.FAILED and "over the server's limit of 10 bytes" in inst.reason
+
+
+def test_duplicate_and_foreign_reports_are_ignored():
+    h = Harness(n=2)
+    a0, _ = h.ask(A, 2, 0).assignments
+    h.ask(B, 0, 1, [ok(a0.instance_id)])  # B does not run a0
+    assert h.counts().done == 0
+    h.ask(A, 0, 2, [ok(a0.instance_id)])
+    h.ask(A, 0, 3, [ok(a0.instance_id)])  # retried after a lost answer
+    c = h.counts()
+    assert (c.done, c.wasted, c.running) == (1, 0, 1)
+
+
+def test_cancel_bag_cancels_queued_and_running_jobs():
+    h = Harness(n=5, buffer_size=2)
+    running = h.ask(A, 1, 0).assignments[0]
+    h.store.apply(h.d.cancel_bag(h.bag, 1))
+    c = h.counts()
+    assert h.state() is BagState.CANCELLED and (c.cancelled, c.queued, c.running) == (5, 0, 0)
+    assert {j.state for j in h.store.jobs(h.bag)} == {JobState.CANCELLED}
+    assert h.ask(A, 1, 2).cancel == [running.instance_id]
+
+
+def test_each_of_n_bags_gets_its_share_of_the_buffer():
+    h = Harness(n=1000, buffer_size=100)
+    other = h.submit("other", 1000)
+    h.feed()
+    assert {b: len(h.d.bags[b].buffer) for b in (h.bag, other)} == {h.bag: 50, other: 50}
+
+
+def test_the_window_refills_from_the_store_until_every_job_ran():
+    h = Harness(n=250, buffer_size=40)
+    seen = []
+    t = 0.0
+    pending = []
+    while h.state() is BagState.ACTIVE:
+        t += 1
+        got = h.ask(A, 7, t, [ok(i) for i in pending]).assignments
+        pending = [a.instance_id for a in got]
+        seen += [a.index for a in got]
+    assert sorted(seen) == list(range(250))
+
+
+def test_restore_resumes_where_the_store_left_off():
+    h = Harness(n=6, deadline=100)
+    got = h.ask(A, 3, 0).assignments
+    h.ask(A, 0, 1, [ok(got[0].instance_id)])
+    h.tick(101)  # the two others become overdue
+    d2 = Dispatcher(DispatchConfig(check_invariants=True))
+    d2.restore(h.store.snapshot())
+    h.d = d2
+    h.held["a"] = set()
+    new = h.ask(B, 10, 102).assignments
+    assert sorted(a.index for a in new) == [1, 2, 3, 4, 5]
+    assert min(a.instance_id for a in new) > max(a.instance_id for a in got)
+    h.ask(A, 0, 103, [ok(got[1].instance_id)])  # a late result of an overdue instance, after the restart
+    h.ask(B, 0, 104, [ok(a.instance_id) for a in new])
+    c = h.counts()
+    assert h.state() is BagState.COMPLETED and (c.done, c.wasted, c.reruns) == (6, 0, 2)
+    assert h.store.jobs(h.bag)[1].result_instance == got[1].instance_id  # the late result won
+
+
+def test_a_requeued_job_avoids_the_host_it_failed_on_for_a_while():
+    h = Harness(n=2, retry_same_host_after=60)
+    h.ask(B, 0, 0)
+    a = h.ask(A, 1, 0).assignments[0]
+    nxt = h.ask(A, 1, 1, [fail(a.instance_id)]).assignments
+    assert [x.index for x in nxt] == [1], "A gets the other job, not the one it just failed"
+    assert [x.job_id for x in h.ask(B, 1, 2).assignments] == [a.job_id], "B gets the failed one"
+    h2 = Harness(n=1, retry_same_host_after=60)
+    a = h2.ask(A, 1, 0).assignments[0]
+    h2.ask(B, 0, 0)  # B is alive and has not failed the job
+    assert h2.ask(A, 1, 1, [fail(a.instance_id)]).assignments == []
+    b = h2.ask(B, 1, 2).assignments[0]
+    again = h2.ask(B, 1, 3, [fail(b.instance_id)]).assignments
+    assert [x.job_id for x in again] == [a.job_id], "every live host has failed it: retried at once"

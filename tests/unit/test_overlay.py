@@ -1,0 +1,85 @@
+"""The overlay's allocation of bags to pools: a maximum flow that prefers existing and cheap capacity."""
+
+import itertools
+import random
+
+from gridbot.schedulers.overlay import BagDemand, PoolCapacity, max_flow, plan
+
+
+def min_cut(demands, capacity):
+    """Brute force: the cheapest cut separating bags' demand from pools' capacity (max-flow = min-cut)."""
+    best = None
+    bags = list(demands)
+    for mask in range(1 << len(bags)):
+        cut_bags = [d for i, d in enumerate(bags) if mask >> i & 1]  # bags on the sink side: pay their demand
+        kept = [d for i, d in enumerate(bags) if not mask >> i & 1]
+        reach = set().union(*(d.pools for d in kept)) if kept else set()
+        cost = sum(d.slots for d in cut_bags) + sum(capacity[p] for p in reach)
+        best = cost if best is None else min(best, cost)
+    return best
+
+
+def test_the_allocation_is_a_maximum_flow_on_random_instances():
+    rng = random.Random(4)
+    for _ in range(300):
+        pools = [f"p{i}" for i in range(rng.randint(1, 4))]
+        capacity = {p: rng.randint(0, 12) for p in pools}
+        demands = [BagDemand(b, rng.randint(0, 15),
+                             frozenset(p for p in pools if rng.random() < 0.6)) for b in range(rng.randint(1, 5))]
+        taken, left = max_flow(demands, capacity, sorted(pools, key=lambda _: rng.random()))
+        flow = sum(taken.values())
+        assert flow == min_cut(demands, capacity)
+        assert flow == sum(d.slots for d in demands) - sum(left.values())
+        assert all(0 <= taken[p] <= capacity[p] for p in pools)
+
+
+def test_preferred_pools_fill_first_whatever_the_order_bags_come_in():
+    demands = [BagDemand(1, 10, frozenset({"local", "cloud"})), BagDemand(2, 4, frozenset({"cloud"}))]
+    pools = [PoolCapacity("cloud", 0, 0, 10, 1, (0.10, 0, "cloud")),
+             PoolCapacity("local", 0, 0, 8, 1, (0.0, 0, "local"))]
+    p = plan(demands, pools)
+    assert p.submit == {"local": 8, "cloud": 6} and p.unmet == {}
+
+
+def test_maximum_even_when_greedy_by_bag_would_block():
+    """Bag 1 could go anywhere; a greedy that gives it the only pool bag 2 accepts would strand bag 2."""
+    demands = [BagDemand(1, 4, frozenset({"a", "b"})), BagDemand(2, 4, frozenset({"a"}))]
+    pools = [PoolCapacity("a", 0, 0, 4, 1, (0, 0, "a")), PoolCapacity("b", 0, 0, 4, 1, (1, 0, "b"))]
+    p = plan(demands, pools)
+    assert p.submit == {"a": 4, "b": 4} and p.unmet == {}
+
+
+def test_pilots_already_there_absorb_a_burst_before_new_ones_are_asked():
+    demands = [BagDemand(1, 6, frozenset({"a", "b"}))]
+    pools = [PoolCapacity("a", spare_slots=4, queued_pilots=2, new_pilots=10, pilot_slots=2, preference=(0, 0, "a")),
+             PoolCapacity("b", spare_slots=0, queued_pilots=0, new_pilots=10, pilot_slots=2, preference=(0, 1, "b"))]
+    p = plan(demands, pools)
+    assert p.submit == {"a": 1} and p.cancel == {}
+
+
+def test_queued_pilots_are_cancelled_when_demand_drops():
+    pools = [PoolCapacity("a", spare_slots=8, queued_pilots=4, new_pilots=0, pilot_slots=2)]
+    assert plan([BagDemand(1, 2, frozenset({"a"}))], pools).cancel == {"a": 3}
+    assert plan([], pools).cancel == {"a": 4}
+
+
+def test_a_pool_the_grid_policy_excludes_is_never_used():
+    demands = [BagDemand(1, 50, frozenset({"fast"}))]
+    pools = [PoolCapacity("fast", 0, 0, 3, 2), PoolCapacity("big", 0, 0, 10, 2)]
+    p = plan(demands, pools)
+    assert p.submit == {"fast": 3} and p.unmet == {1: 44}
+
+
+def test_limits_round_to_whole_pilots():
+    pools = [PoolCapacity("a", 0, 0, new_pilots=5, pilot_slots=4)]
+    assert plan([BagDemand(1, 9, frozenset({"a"}))], pools).submit == {"a": 3}
+    assert plan([BagDemand(1, 9, frozenset({"a"})), BagDemand(2, 30, frozenset({"a"}))], pools).submit == {"a": 5}
+
+
+def test_small_instances_exhaustively():
+    for caps in itertools.product(range(3), repeat=2):
+        for d1, d2 in itertools.product(range(3), repeat=2):
+            demands = [BagDemand(1, d1, frozenset({"x"})), BagDemand(2, d2, frozenset({"x", "y"}))]
+            capacity = dict(zip(("x", "y"), caps, strict=True))
+            taken, _ = max_flow(demands, capacity)
+            assert sum(taken.values()) == min_cut(demands, capacity)

@@ -1,0 +1,119 @@
+"""The policy layer: defaults, strict parsing, typo detection, trial evaluation, the composite ad."""
+
+import itertools
+
+import pytest
+
+from gridbot.policy.evaluator import BagPolicies, host_ad
+from gridbot.policy.policies import POLICIES, PolicyError, compile_policies, representative_context
+
+FIGURE_3 = {
+    "JobRequirements": '!Tail ? True : regexp("myhost", Host.Name) && Host.ErrorRate < 0.1',
+    "Rank": "!Tail ? 1 : Host.JobsToday",
+    "ReplicationRequirements": "NumberOfReplicas < 3 && Job.Replica1.Host.ErrorRate > 0.1",
+    "Concurrency": "2 * Host.NumCpus",
+    "Deadline": "Concurrency * 2000",
+}
+
+
+def host(**kw):
+    base = dict(representative_context()["Host"])
+    base.update(kw)
+    return host_ad(base)
+
+
+def bag(written, tail=False):
+    b = BagPolicies(compile_policies(written, 3600), 3600)
+    b.set_bag({"Name": "b", "Tail": tail, "JobsLeft": 10, "JobsDone": 5}, {"BagsInQueue": 1, "BOTsInQueue": 1})
+    return b
+
+
+def test_every_policy_has_a_documented_default_that_compiles():
+    ps = compile_policies({}, 600)
+    assert set(ps.texts) == set(POLICIES) and ps.texts["Deadline"] == "600"
+    d = bag({}).decide(host(Slots=3))
+    assert (d.matches, d.rank, d.concurrency, d.deadline) == (True, 0.0, 6, 3600.0)
+    assert bag({}).decide(host(BlackHole=True)).matches is False
+
+
+def test_figure_3_policies():
+    b = bag(FIGURE_3, tail=False)
+    d = b.decide(host(Name="is3.other", NumCpus=4, ErrorRate=0.5))
+    assert (d.matches, d.rank, d.concurrency, d.deadline) == (True, 1.0, 8, 16000.0)
+    tail = bag(FIGURE_3, tail=True)
+    assert tail.decide(host(Name="is3.other", ErrorRate=0.01)).matches is False
+    assert tail.decide(host(Name="is3.myhost", ErrorRate=0.2)).matches is False
+    d = tail.decide(host(Name="is3.myhost", ErrorRate=0.08, JobsToday=17))
+    assert d.matches and d.rank == 17.0
+    flaky = dict(representative_context()["Host"], ErrorRate=0.3)
+    job = {"Name": "b.1", "Index": 1, "NumberOfReplicas": 1, "Failures": 0,
+           "Replica1": {"Name": "b.1.1", "SentTime": 0.0, "RunTime": 10.0, "Host": flaky}}
+    assert tail.should_replicate(job, host_ad(flaky)) is True
+    assert tail.should_replicate(dict(job, NumberOfReplicas=3), host_ad(flaky)) is False
+
+
+@pytest.mark.parametrize(("name", "text", "needle"), [
+    ("JobRequirements", "Host.ErorRate < 0.1", "did you mean Host.ErrorRate?"),
+    ("Rank", "Job.Replica1.Host.JobsTodya", "did you mean Job.Replica1.Host.JobsToday?"),
+    ("Rank", "Bag.JobLeft", "did you mean Bag.JobsLeft?"),
+    ("JobRequirements", "Tial", "did you mean Tail?"),
+    ("Concurency", "1", "did you mean Concurrency?"),
+    ("JobRequirements", "1; Rank = 2", "is not a valid ClassAd expression"),
+    ("JobRequirements", "true) // comment", "is not a valid ClassAd expression"),
+    ("JobRequirements", "(true", "is not a valid ClassAd expression"),
+    ("Rank", '"fast"', "must be a number"),
+    ("JobRequirements", "Host.NumCpus", "must be true or false"),
+    ("Concurrency", '"a" + 1', "evaluates to ERROR"),
+    ("JobRequirements", "", "is empty"),
+])
+def test_bad_policies_are_refused_with_their_name_and_a_hint(name, text, needle):
+    with pytest.raises(PolicyError) as info:
+        compile_policies({name: text}, 60)
+    assert needle in str(info.value) and name in str(info.value)
+
+
+def test_a_runaway_policy_is_refused():
+    chain = "; ".join(f"x{i} = x{i - 1} + x{i - 1}" for i in range(1, 41))
+    with pytest.raises(PolicyError, match=r"evaluation limits|took over"):
+        import time
+
+        compile_policies({"Rank": f"[x0 = 1; {chain}].x40"}, 60, time.perf_counter)
+
+
+def test_string_literals_are_not_taken_for_attributes():
+    compile_policies({"JobRequirements": 'regexp("Host.NoSuchThing", Host.Name)'}, 60)
+
+
+def test_undefined_at_run_time_is_no_match_and_leaves_a_diagnostic():
+    b = bag({"JobRequirements": "Host.Memory > 1000"})
+    ad = host_ad({"Name": "bare"})  # a host ad with nothing in it
+    assert b.decide(ad).matches is False
+    [message] = b.messages()
+    assert "JobRequirements evaluated to UNDEFINED 1 time(s) (last on host bare)" in message
+
+
+def test_policies_may_name_each_other_and_bag_attributes_bare():
+    b = bag({"Concurrency": "JobsLeft > 5 ? 4 : 1", "Deadline": "Concurrency * 10"})
+    d = b.decide(host())
+    assert (d.concurrency, d.deadline) == (4, 40.0)
+
+
+def test_the_ad_reference_lists_every_attribute_the_ads_have():
+    ctx = representative_context()
+    from gridbot.policy.policies import BAG_ATTRS, HOST_ATTRS, QUEUE_ATTRS
+
+    assert set(ctx["Host"].keys()) == set(HOST_ATTRS)
+    assert set(ctx["Bag"].keys()) == set(BAG_ATTRS)
+    assert set(ctx["Queue"].keys()) == set(QUEUE_ATTRS)
+    for a, b in itertools.product(["Host", "Bag"], ["x"]):
+        with pytest.raises(PolicyError):
+            compile_policies({"Rank": f"{a}.{b}"}, 60)
+
+
+def test_the_reference_page_is_generated_from_the_code():
+    from pathlib import Path
+
+    from gridbot.policy.reference import markdown
+
+    page = Path(__file__).resolve().parents[2] / "docs" / "policies.md"
+    assert page.read_text() == markdown(), "docs/policies.md is stale: run `make docs`"

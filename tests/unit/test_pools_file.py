@@ -1,0 +1,61 @@
+"""The pools file: what a user writes and the errors they get."""
+
+import pytest
+
+from gridbot.model.pools import parse_pools
+from gridbot.model.spec import SpecError
+
+GOOD = """\
+[pools.here]
+kind = "local"
+max_running = 2
+max_queued = 0
+
+[pools.fast]
+kind = "slurm"
+partition = "fast"
+cpus = 2
+walltime = "1h"
+reliability = "reliable"
+level = 1
+[pools.fast.attributes]
+Site = "technion"
+
+[pools.cloud]
+kind = "ec2"
+region = "us-east-1"
+instance_type = "c5.large"
+image = "ami-12345678"
+spot = true
+price_per_cpu_hour = 0.05
+charging_period = "1h"
+"""
+
+
+def test_a_good_pools_file():
+    here, fast, cloud = parse_pools(GOOD, "pools.toml")
+    assert (here.kind, here.max_running, here.max_queued) == ("local", 2, 0)
+    assert fast.options == {"partition": "fast"} and fast.walltime == 3600 and fast.cpus == 2
+    assert fast.ad()["Site"] == "technion" and fast.ad()["Level"] == 1 and fast.ad()["Kind"] == "slurm"
+    assert cloud.options["spot"] is True and cloud.price_per_cpu_hour == 0.05
+    assert (here.min_cpu, here.cpu_window) == (0.05, 600.0), "pilots leave a host that starves their job"
+
+
+@pytest.mark.parametrize(("text", "line", "needle"), [
+    ('[pools.a]\nkind = "slurmm"\n', 2, "did you mean 'slurm'?"),
+    ('[pools.a]\nkind = "slurm"\n', 1, "has no partition"),
+    ('[pools.a]\nkind = "local"\nmax_runing = 2\n', 3, "did you mean 'max_running'?"),
+    ('[pools.a]\nkind = "local"\nmax_running = -1\n', 3, "at least 0"),
+    ('[pools.a]\nkind = "local"\nwalltime = "forever"\n', 3, "duration"),
+    ('[pools.a]\nkind = "local"\nreliability = "flaky"\n', 3, "use one of unreliable, reliable, volunteer"),
+    ('[pools.a]\nkind = "ec2"\nregion = "x"\n', 1, "has no instance_type"),
+    ('[pools.a]\nkind = "local"\npartition = "x"\n', 3, "unknown key 'partition'"),
+    ('[pools.a]\nkind = "local"\nmin_cpu = 5\n', 3, "fraction from 0 to 1"),
+    ("[pool.a]\n", 1, "unknown key 'pool'"),
+    ("", None, "no pools are defined"),
+])
+def test_bad_pools_files(text, line, needle):
+    with pytest.raises(SpecError) as info:
+        parse_pools(text, "pools.toml")
+    found = [(p.line, p.message + " " + p.hint) for p in info.value.problems]
+    assert any(needle in m and ln == line for ln, m in found), found

@@ -1,0 +1,106 @@
+"""Bag specs: what users write, what it expands to, and the errors they get for mistakes."""
+
+import pytest
+
+from gridbot.model.spec import SpecError, each_line_spec, parse_duration, parse_lines, parse_spec
+
+GOOD = """\
+name = "sweep"
+command = "sim --alpha {alpha} --seed {seed} --mode {mode}"
+outputs = ["out-{seed}.txt"]
+max_failures = 5
+instance_deadline = "2h"
+timeout = 90
+
+[env]
+MODE = "{mode}"
+
+[parameters]
+alpha = { from = 0.1, to = 0.5, step = 0.1 }
+seed = { from = 1, to = 3 }
+mode = ["fast", "exact"]
+"""
+
+
+def problems(text, **kw):
+    with pytest.raises(SpecError) as info:
+        parse_spec(text, "s.toml", "s", **kw)
+    return [(p.line, p.message, p.hint) for p in info.value.problems]
+
+
+def test_sweep_is_the_cartesian_product_first_parameter_slowest():
+    spec = parse_spec(GOOD, "s.toml", "s")
+    assert spec.sweep_size == 5 * 3 * 2
+    assert spec.params(0) == {"alpha": "0.1", "seed": "1", "mode": "fast"}
+    assert spec.params(1) == {"alpha": "0.1", "seed": "1", "mode": "exact"}
+    assert spec.params(2) == {"alpha": "0.1", "seed": "2", "mode": "fast"}
+    assert spec.params(29) == {"alpha": "0.5", "seed": "3", "mode": "exact"}
+    assert [spec.params(i)["alpha"] for i in range(0, 30, 6)] == ["0.1", "0.2", "0.3", "0.4", "0.5"]
+
+
+def test_render_fills_command_env_and_outputs():
+    spec = parse_spec(GOOD, "s.toml", "s")
+    command, env, outputs = spec.render(7)
+    assert command == "sim --alpha 0.2 --seed 1 --mode exact"
+    assert env["MODE"] == "exact" and env["GRIDBOT_PARAM_ALPHA"] == "0.2"
+    assert outputs == ["out-1.txt"]
+    assert spec.instance_deadline == 7200 and spec.timeout == 90 and spec.max_failures == 5
+
+
+def test_descending_and_integer_ranges_and_literal_braces():
+    spec = parse_spec('command = "echo {{x}} {n}"\n[parameters]\nn = { from = 10, to = 0, step = -5 }\n', "s", "s")
+    assert [spec.render(i)[0] for i in range(spec.sweep_size)] == ["echo {x} 10", "echo {x} 5", "echo {x} 0"]
+
+
+def test_no_parameters_is_one_job():
+    spec = parse_spec('command = "hostname"', "s.toml", "s")
+    assert spec.sweep_size == 1 and spec.render(0)[0] == "hostname" and spec.name == "s"
+
+
+def test_each_line():
+    assert parse_lines("echo a\n\n  echo b  \n", "f") == ["echo a", "echo b"]
+    assert each_line_spec("f").render(0, "echo a")[0] == "echo a"
+
+
+def test_every_problem_is_reported_with_its_line_and_a_hint():
+    found = problems('name = "x"\ncomand = "a"\ncommand = "run {alpah}"\n[parameters]\nalpha = [1]\n'
+                     'beta = { from = 5, to = 1 }\n')
+    assert (2, "unknown key 'comand'", "did you mean 'command'?") in found
+    assert (3, "placeholder {alpah} in 'command' names no parameter", "did you mean 'alpha'?") in found
+    assert any(line == 6 and "is empty" in msg for line, msg, _ in found)
+
+
+@pytest.mark.parametrize(("text", "line", "needle"), [
+    ('command = "x\n', 1, "TOML syntax error"),
+    ('command = "x"\n[parameters]\na = []\n', 3, "has no values"),
+    ('command = "x"\n[parameters]\na = { from = 1, to = 2, step = 0 }\n', 3, "step 0"),
+    ('command = "x"\n[parameters]\na = { form = 1, to = 2 }\n', 3, "unknown key 'form'"),
+    ('command = "x"\noutputs = ["../escape"]\n', 2, "relative path inside"),
+    ('command = "x"\ninstance_deadline = "soon"\n', 2, "duration"),
+    ('command = "x {a:03d}"\n[parameters]\na = [1]\n', 1, "is not a placeholder"),
+    ('name = "has space"\ncommand = "x"\n', 1, "not allowed"),
+    ('command = "x"\ninputs = ["a/data.txt", "b/data.txt"]\n', 2, "both be staged"),
+    ('name = "x"\n', None, "no 'command'"),
+])
+def test_bad_specs(text, line, needle):
+    found = problems(text)
+    assert any(needle in msg and ln == line for ln, msg, _ in found), found
+
+
+def test_sweep_over_the_limit_is_refused():
+    found = problems('command = "x {a}"\n[parameters]\na = { from = 1, to = 1000 }\n', max_jobs=999)
+    assert found == [(2, "the sweep has 1,000 jobs, over the limit of 999",
+                      "split it into several bags, or raise the limit with --max-jobs")]
+
+
+def test_error_text_names_file_and_line():
+    with pytest.raises(SpecError, match=r"^s.toml:2: unknown key 'comand'\n  hint: did you mean 'command'\?"):
+        parse_spec('command = "x"\ncomand = "y"\n', "s.toml", "s")
+
+
+def test_durations():
+    assert parse_duration("90s") == 90 and parse_duration("10m") == 600 and parse_duration(2.5) == 2.5
+    assert parse_duration("1d") == 86400
+    for bad in ("-1", "0", "1w", True, None):
+        with pytest.raises(ValueError):
+            parse_duration(bad)
