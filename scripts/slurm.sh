@@ -16,16 +16,33 @@ install() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm munge >/dev/null
 }
 
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
 conf() {
-  local host cpus mem
+  local host mem ctld_port slurmd_port
   host=$(hostname -s)
+  # Ports of our own, so that daemons left over from an earlier run (same machine, other state dir)
+  # cannot answer for this cluster or keep its slurmd from binding.
+  ctld_port=$(free_port)
+  slurmd_port=$(free_port)
   getent hosts "$host" >/dev/null || echo "127.0.1.1 $host" >> /etc/hosts
   mem=$(awk '/MemTotal/ {print int($2 / 1024 * 0.8)}' /proc/meminfo)
   mkdir -p "$state/ctld" "$state/slurmd" "$state/log"
   chown -R slurm:slurm "$state/ctld"
+  chmod 0755 "$state"
+  # slurmctld reads slurm.conf and its state as the slurm user: every directory above must let it through.
+  if ! setpriv --reuid=slurm --regid=slurm --clear-groups test -x "$state/ctld"; then
+    echo "slurm.sh: the slurm user cannot reach $state; use a state directory under a world-searchable one" \
+      "(such as a new directory in /tmp)" >&2
+    exit 1
+  fi
   cat > "$state/slurm.conf" <<CONF
 ClusterName=gridbot-test
 SlurmctldHost=$host
+SlurmctldPort=$ctld_port
+SlurmdPort=$slurmd_port
 SlurmUser=slurm
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
@@ -75,11 +92,14 @@ start() {
   setsid /usr/sbin/slurmd -D -f "$state/slurm.conf" </dev/null >>"$state/log/slurmd.out" 2>&1 &
   echo $! > "$state/slurmd.pid"
   export SLURM_CONF="$state/slurm.conf"
-  for _ in $(seq 1 60); do
-    if timeout 2 sinfo -h -o %t 2>/dev/null | grep -q idle; then return; fi
+  local deadline=$((SECONDS + 60)) states=""
+  while [ $SECONDS -lt $deadline ]; do
+    states=$(timeout 5 sinfo -h -o %t 2>&1) || true
+    if grep -q idle <<<"$states"; then return; fi
     sleep 0.3
   done
-  echo "slurm.sh: Slurm did not become idle; logs in $state/log" >&2
+  echo "slurm.sh: Slurm did not become idle within 60 s (sinfo said: $states); last log lines:" >&2
+  tail -n 15 "$state"/log/*.out "$state"/ctld/slurmctld.log "$state"/log/slurmd.log >&2 2>/dev/null || true
   exit 1
 }
 

@@ -86,16 +86,21 @@ def slurm(tmp_path_factory: pytest.TempPathFactory):
     """A real one-node Slurm with partitions `fast` and `big` (Debian's packages; `make test` installs them)."""
     import shutil
     import subprocess
+    import tempfile
 
     if shutil.which("slurmctld") is None:
         pytest.fail("Slurm is not installed: run the suite with `make test`, which installs it")
     script = Path(__file__).resolve().parents[1] / "scripts" / "slurm.sh"
-    state = tmp_path_factory.mktemp("slurm")
-    subprocess.run([str(script), "start", str(state)], check=True, timeout=120)
-    os.environ["SLURM_CONF"] = str(state / "slurm.conf")
-    yield SlurmCluster(script, state)
-    subprocess.run([str(script), "stop", str(state)], timeout=120)
-    os.environ.pop("SLURM_CONF", None)
+    # not under pytest's base directory: that one is private to root, and slurmctld reads as the slurm user
+    state = Path(tempfile.mkdtemp(prefix="gridbot-slurm-"))
+    try:
+        subprocess.run([str(script), "start", str(state)], check=True, timeout=120)
+        os.environ["SLURM_CONF"] = str(state / "slurm.conf")
+        yield SlurmCluster(script, state)
+    finally:
+        subprocess.run([str(script), "stop", str(state)], timeout=120)
+        os.environ.pop("SLURM_CONF", None)
+        shutil.rmtree(state, ignore_errors=True)
 
 
 class SlurmCluster:
