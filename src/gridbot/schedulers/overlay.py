@@ -14,8 +14,11 @@ result is a maximum flow that prefers the cheapest pools.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+
+from gridbot.core.dispatcher import Dispatcher
+from gridbot.model.pools import PoolSpec
 
 
 @dataclass(frozen=True)
@@ -133,3 +136,43 @@ def plan(demands: Sequence[BagDemand], pools: Sequence[PoolCapacity]) -> Plan:
         if idle_queued and p.queued_pilots:
             cancel[p.name] = min(idle_queued, p.queued_pilots)
     return Plan(submit, cancel, {b: n for b, n in unmet.items() if n})
+
+
+def bag_demands(dispatcher: Dispatcher, pools: Iterable[str]) -> list[BagDemand]:
+    """Each active bag's queued jobs (and replicas waiting for a host), in slots, and the pools among
+    `pools` that its GridPolicy accepts."""
+    names = list(pools)
+    out = []
+    for bag in dispatcher.bags.values():
+        queued = bag.counts.queued + len(bag.replicas)
+        if queued > 0:
+            out.append(BagDemand(bag.bag_id, queued,
+                                 frozenset(n for n in names if dispatcher.accepts_pool(bag.bag_id, n))))
+    return out
+
+
+def host_slots(dispatcher: Dispatcher, now: float) -> dict[str, tuple[int, int]]:
+    """Per pool: hosts heard from within the host timeout, and their free slots."""
+    horizon = now - dispatcher.config.host_timeout
+    out: dict[str, tuple[int, int]] = {}
+    for host in dispatcher.hosts.values():
+        if host.last_seen >= horizon:
+            live, idle = out.get(host.info.pool, (0, 0))
+            out[host.info.pool] = (live + 1, idle + max(0, host.info.slots - len(host.running)))
+    return out
+
+
+def pool_capacity(spec: PoolSpec, queued: int, running: int, hosts: tuple[int, int], can_submit: bool,
+                  max_running: int | None = None) -> PoolCapacity:
+    """A pool's capacity from its pilots (`queued` waiting, `running` started) and the hosts that called
+    in (`hosts` from `host_slots`): queued pilots and started ones whose worker has not called in yet
+    count in full as spare slots. `max_running` overrides the spec's limit (a pool whose size varies)."""
+    live, idle = hosts
+    starting = max(0, running - live)
+    spare = idle + (queued + starting) * spec.cpus
+    can_add = (spec.max_running if max_running is None else max_running) - running - queued
+    if spec.kind != "local":  # a local pilot runs at once: there is no queue to limit
+        can_add = min(can_add, spec.max_queued - queued)
+    can_add = max(0, can_add) if can_submit and spec.kind != "static" else 0
+    return PoolCapacity(spec.name, spare, queued, can_add, spec.cpus,
+                        (spec.price_per_cpu_hour, spec.level, spec.name))

@@ -22,7 +22,7 @@ from gridbot.model.states import PILOT_TERMINAL, PilotState
 from gridbot.pools.adapters import make_adapter
 from gridbot.pools.base import PilotRequest, PoolAdapter, PoolError
 from gridbot.protocol import PoolInfo
-from gridbot.schedulers.overlay import BagDemand, PoolCapacity, plan
+from gridbot.schedulers.overlay import BagDemand, PoolCapacity, bag_demands, host_slots, plan, pool_capacity
 from gridbot.server.service import Service
 
 log = logging.getLogger("gridbot.overlay")
@@ -104,41 +104,16 @@ class Overlay:
             pool.pilots[pilot] = state
 
     def _demand(self) -> list[BagDemand]:
-        """Queued jobs of each active bag, in slots, and the pools its GridPolicy accepts."""
-        out = []
-        for bag in self.service.dispatcher.bags.values():
-            queued = bag.counts.queued + len(bag.replicas)
-            if queued <= 0:
-                continue
-            accepted = frozenset(name for name, p in self.pools.items()
-                                 if p.adapter is not None and self.service.dispatcher.accepts_pool(bag.bag_id, name))
-            out.append(BagDemand(bag.bag_id, queued, accepted))
-        return out
+        return bag_demands(self.service.dispatcher, [n for n, p in self.pools.items() if p.adapter is not None])
 
     def _capacity(self, now: float) -> list[PoolCapacity]:
-        """Each pool's spare slots (queued and just-submitted pilots count in full), and what it may add."""
-        busy: dict[str, int] = {}
-        idle: dict[str, int] = {}
-        horizon = now - self.service.config.dispatch.host_timeout
-        for host in self.service.dispatcher.hosts.values():
-            if host.last_seen >= horizon:
-                busy[host.info.pool] = busy.get(host.info.pool, 0) + 1
-                idle[host.info.pool] = idle.get(host.info.pool, 0) + max(0, host.info.slots - len(host.running))
+        hosts = host_slots(self.service.dispatcher, now)
         out = []
         for name, p in self.pools.items():
-            s = p.spec
             queued = sum(1 for st in p.pilots.values() if st is PilotState.QUEUED)
             running = sum(1 for st in p.pilots.values() if st is PilotState.RUNNING)
-            # a running pilot whose worker has not called in yet is spare capacity too
-            starting = max(0, running - busy.get(name, 0))
-            spare = idle.get(name, 0) + (queued + starting) * s.cpus
-            can_add = s.max_running - running - queued
-            if s.kind != "local":  # a local pilot runs at once: there is no queue to limit
-                can_add = min(can_add, s.max_queued - queued)
-            can_add = max(0, can_add)
-            if p.adapter is None or now < p.backoff_until or s.kind == "static":
-                can_add = 0
-            out.append(PoolCapacity(name, spare, queued, can_add, s.cpus, (s.price_per_cpu_hour, s.level, name)))
+            out.append(pool_capacity(p.spec, queued, running, hosts.get(name, (0, 0)),
+                                     p.adapter is not None and now >= p.backoff_until))
         return out
 
     def _act(self, submit: dict[str, int], cancel: dict[str, int], now: float) -> None:

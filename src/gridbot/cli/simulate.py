@@ -1,0 +1,77 @@
+"""`gridbot simulate`: run a scenario in the simulator, print its table, write metrics and plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from gridbot.errors import GridbotError
+from gridbot.sim.engine import simulate
+from gridbot.sim.metrics import Results
+from gridbot.sim.plots import write_plots
+from gridbot.sim.scenario import Scenario, parse_scenario
+
+
+def load_scenario(path: Path) -> Scenario:
+    """Read and validate a scenario file (SpecError lists every problem; GridbotError if unreadable)."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise GridbotError(f"cannot read scenario {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise GridbotError(f"{path} is not a text file; a scenario is TOML (see docs/simulation.md)") from None
+    return parse_scenario(text, str(path))
+
+
+def _hours(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds / 3600:.2f} h"
+
+
+def render(results: Results, console: Console) -> None:
+    """The per-bag and per-pool tables a person reads first."""
+    bags = Table(title=f"Bags (seed {results.seed}, simulated {_hours(results.end)}, {results.events:,} events)")
+    for col in ("bag", "state", "jobs", "makespan", "tail", "replicas %", "waste %", "discarded %"):
+        bags.add_column(col, justify="left" if col in ("bag", "state") else "right")
+    for b in results.bags:
+        bags.add_row(b.name, b.state, f"{b.jobs:,}", _hours(b.makespan), _hours(b.tail_makespan),
+                     f"{b.replicas_pct:g}", f"{b.waste_pct:g}", f"{b.discarded_pct:g}")
+    console.print(bags)
+    pools = Table(title="Pools")
+    for col in ("pool", "peak pilots", "instances", "results kept", "share %", "failed", "lost"):
+        pools.add_column(col, justify="left" if col == "pool" else "right")
+    for p in results.pools:
+        pools.add_row(p.name, f"{p.pilots_peak:,}", f"{p.instances:,}", f"{p.done:,}", f"{p.throughput_share_pct:g}",
+                      f"{p.failed:,}", f"{p.lost:,}")
+    console.print(pools)
+
+
+def run_simulation(path: Path, seed: int | None, out: Path | None, quiet: bool, as_json: bool,
+                   plots: bool) -> Results:
+    scenario = load_scenario(path)
+    console = Console(stderr=True)
+    progress = Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} jobs"),
+                        TextColumn("sim time {task.fields[sim]}"), TimeElapsedColumn(), console=console,
+                        disable=quiet or as_json or not console.is_terminal)
+    total = sum(b.jobs for b in scenario.bags)
+    with progress:
+        task = progress.add_task("sim", total=total, sim="0 h")
+
+        def report(now: float, ended: int, _total: int) -> None:
+            progress.update(task, completed=ended, sim=_hours(now))
+
+        results = simulate(scenario, seed, report)
+    if out is not None:
+        results.write(out)
+        if plots:
+            write_plots(results, out)
+    if as_json:
+        print(json.dumps(results.to_json()))
+    elif not quiet:
+        render(results, Console())
+        if out is not None:
+            Console().print(f"metrics and plots in {out}/ (metrics.json, incomplete.png, throughput.png)")
+    return results

@@ -1,0 +1,455 @@
+"""The discrete-event simulator: the real dispatcher, policies and overlay planner on a virtual clock.
+
+Simulated pilots land on simulated hosts and talk to the very `Dispatcher` the server runs, through the
+same calls (`request_work` with reports and the held-instance list, `tick`, `needs_feed`/`feed`), and
+every `Changes` is applied to a store before the next event, as the server does. Pools submit pilots by
+the overlay's own max-flow plan (`schedulers.overlay`). Nothing sleeps and nothing reads the wall clock:
+a run is a pure function of its scenario and seed.
+
+What is modelled, per pool: its size over time, pilots' queue waits, host speeds, silent preemption of
+pilots, job failures, black-hole hosts, a community grid's late reports (execution/turnaround ratio)
+and hosts that come and go by themselves, network latency, pilot walltime and idle exit.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from gridbot.core.changes import BagCounts, BagSnapshot, Changes, QueuedJob
+from gridbot.core.dispatcher import Dispatcher
+from gridbot.model.records import HostInfo, InstanceReport, Outcome
+from gridbot.model.spec import BagSpec, Parameter
+from gridbot.model.states import BagState, InstanceState, JobState
+from gridbot.schedulers.overlay import bag_demands, host_slots, plan, pool_capacity
+from gridbot.sim.metrics import Recorder, Results
+from gridbot.sim.scenario import BagModel, PoolModel, Scenario
+from gridbot.store.memory import MemoryStore
+
+# event kinds, in the order they run when due at the same moment
+_ARRIVE, _RESIZE, _PILOT_UP, _INST_END, _DEATH, _EXCHANGE, _TICK, _OVERLAY, _SAMPLE = range(9)
+_WALLTIME_SHARE = 0.9
+"""A pilot's worker stops at this share of its walltime (the real pilot's --lifetime)."""
+_COMMUNITY_BACKOFF_CAP = 600.0
+"""A volunteer host doubles its wait after each empty answer up to this (BOINC clients back off)."""
+_QUICK_FAILURE = (1.0, 5.0)
+"""A black hole fails each job this many seconds after it starts."""
+
+
+@dataclass
+class _Machine:
+    info: HostInfo
+    speed: float
+    black_hole: bool
+    busy: bool = False
+
+
+@dataclass
+class _Pilot:
+    machine: _Machine
+    pool: _PoolRt
+    started: float
+    gen: int = 0
+    alive: bool = True
+    running: dict[int, float] = field(default_factory=dict)
+    """Instance id → when it ends on this host."""
+    outcome: dict[int, tuple[Outcome, float, int, float]] = field(default_factory=dict)
+    """Instance id → how it will end, its execution time, its bag and when it started."""
+    outbox: list[InstanceReport] = field(default_factory=list)
+    idle_since: float | None = None
+    backoff: float = 0.0
+
+
+@dataclass
+class _PoolRt:
+    model: PoolModel
+    machines: list[_Machine]
+    size: int = 0
+    queued: int = 0
+    """Pilots submitted and waiting in the pool's queue."""
+    cancel_queued: int = 0
+    """Queued pilots cancelled, not yet reached by their start event."""
+    pilots: list[_Pilot] = field(default_factory=list)
+
+    @property
+    def running(self) -> int:
+        return len(self.pilots)
+
+
+class CompactStore:
+    """Job states only, one byte a job: what the simulator needs of a store (the feeder's reads), at a
+    size that holds a bag of millions. `store = "memory"` in a scenario runs the full MemoryStore instead."""
+
+    _CODES: ClassVar[dict[JobState, int]] = {
+        JobState.QUEUED: 0, JobState.RUNNING: 1, JobState.DONE: 2, JobState.FAILED: 3, JobState.CANCELLED: 4}
+
+    def __init__(self) -> None:
+        self.next_job_id = 1
+        self.bags: dict[int, tuple[int, bytearray]] = {}
+        self._job_bag: list[tuple[int, int]] = []
+
+    def create_bag(self, bag_id: int, jobs: int) -> None:
+        self.bags[bag_id] = (self.next_job_id, bytearray(jobs))
+        self._job_bag.append((self.next_job_id, bag_id))
+        self.next_job_id += jobs
+
+    def queued_jobs(self, bag_id: int, after: int, limit: int) -> list[QueuedJob]:
+        first, states = self.bags[bag_id]
+        out: list[QueuedJob] = []
+        i = max(0, after - first + 1)
+        while len(out) < limit:
+            i = states.find(0, i)
+            if i < 0:
+                break
+            out.append(QueuedJob(first + i, i, None, 0, 0))
+            i += 1
+        return out
+
+    def apply(self, changes: Changes) -> None:
+        codes = self._CODES
+        for j in changes.jobs.values():
+            bag_id = self._bag_of(j.job_id)
+            first, states = self.bags[bag_id]
+            states[j.job_id - first] = codes[j.state]
+
+    def _bag_of(self, job_id: int) -> int:
+        lo, hi = 0, len(self._job_bag) - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._job_bag[mid][0] <= job_id:
+                lo = mid
+            else:
+                hi = mid - 1
+        return self._job_bag[lo][1]
+
+
+class Simulation:
+    """One run of a scenario with one seed; `run()` returns its Results."""
+
+    def __init__(self, scenario: Scenario, seed: int | None = None,
+                 progress: Callable[[float, int, int], None] | None = None) -> None:
+        self.sc = scenario
+        self.seed = scenario.seed if seed is None else seed
+        self.rng = random.Random(self.seed)
+        cfg = scenario.dispatch
+        self.dispatcher = Dispatcher(type(cfg)(**{**cfg.__dict__, "seed": self.seed}))
+        self.dispatcher.pool_ads = {p.name: p.spec.ad() for p in scenario.pools}
+        self.memory = MemoryStore() if scenario.store == "memory" else None
+        self.compact = CompactStore()
+        self.progress = progress
+        self.now = 0.0
+        self._events: list[tuple[float, int, int, object, object]] = []
+        self._seq = 0
+        self.pools: dict[str, _PoolRt] = {}
+        for p in scenario.pools:
+            machines = []
+            for n in range(p.hosts):
+                host_id = f"{p.name}-{n}"
+                info = HostInfo(host_id, host_id, "sim", p.spec.cpus, 0, p.spec.cpus, p.name)
+                machines.append(_Machine(info, self._speed(p), self.rng.random() < p.black_holes))
+            self.pools[p.name] = _PoolRt(p, machines)
+        self.runtimes: dict[int, array[float]] = {}
+        self.bag_ids: dict[str, int] = {}
+        self.pending_bags = len(scenario.bags)
+        self.total_jobs = sum(b.jobs for b in scenario.bags)
+        self.recorder = Recorder(scenario, [p.name for p in scenario.pools])
+        self._inst_pool: dict[int, tuple[str, int]] = {}
+        self._finished = False
+
+    # -- the event loop -------------------------------------------------------------------------------
+
+    def _at(self, t: float, kind: int, obj: object = None, arg: object = None) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (t, kind, self._seq, obj, arg))
+
+    def run(self) -> Results:
+        """Run until every bag has ended (or the horizon); return the metrics."""
+        sc = self.sc
+        for b in sc.bags:
+            self._at(b.arrival, _ARRIVE, b)
+        for pool in self.pools.values():
+            m = pool.model
+            if m.fluctuate:
+                self._at(0.0, _RESIZE, pool, None)
+            else:
+                for step in m.size:
+                    self._at(step.at, _RESIZE, pool, step.size)
+        self._at(sc.tick, _TICK)
+        self._at(0.0, _OVERLAY)
+        self._at(0.0, _SAMPLE)
+        events = self._events
+        handlers = {_ARRIVE: self._arrive, _RESIZE: self._resize, _PILOT_UP: self._pilot_up,
+                    _INST_END: self._inst_end, _DEATH: self._death,
+                    _EXCHANGE: self._exchange, _TICK: self._tick, _OVERLAY: self._overlay, _SAMPLE: self._sample}
+        while events and not self._finished:
+            t, kind, _, obj, arg = heapq.heappop(events)
+            if t > sc.horizon:
+                self.now = sc.horizon
+                break
+            self.now = t
+            self.recorder.events += 1
+            handlers[kind](obj, arg)
+        self._record()
+        results = self.recorder.results(self.now, self.bag_ids)
+        results.seed = self.seed
+        return results
+
+    def _apply(self, changes: Changes) -> None:
+        if not changes:
+            return
+        if self.memory is not None:
+            self.memory.apply(changes)
+        self.compact.apply(changes)
+        rec, now = self.recorder, self.now
+        for n in changes.new_instances:
+            pool = n.host_id.rsplit("-", 1)[0]
+            self._inst_pool[n.instance_id] = (pool, n.bag_id)
+            rec.sent(pool, n.bag_id)
+        for u in changes.instances:
+            where = self._inst_pool.get(u.instance_id)
+            if where is None:
+                continue
+            rec.ended(where[0], where[1], u.state, u.report.wall_s if u.report is not None else 0.0)
+            if u.state is not InstanceState.OVERDUE:
+                del self._inst_pool[u.instance_id]
+        for b in changes.bags.values():
+            rec.bag_update(b.bag_id, b.state, b.counts, now)
+            if b.state is not BagState.ACTIVE:
+                self.runtimes.pop(b.bag_id, None)
+                if not self.dispatcher.bags and self.pending_bags == 0:
+                    self._finished = True
+
+    def _feed(self) -> None:
+        d = self.dispatcher
+        for req in d.needs_feed():
+            src = self.memory if self.memory is not None else self.compact
+            d.feed(req.bag_id, src.queued_jobs(req.bag_id, req.after, req.limit), req.limit)
+
+    # -- bags -----------------------------------------------------------------------------------------
+
+    def _arrive(self, model: object, _: object) -> None:
+        assert isinstance(model, BagModel)
+        spec = BagSpec(name=model.name, command="sim {i}",
+                       parameters=[Parameter("i", start="0", stop=str(model.jobs - 1), step="1")],
+                       max_failures=model.max_failures, instance_deadline=model.instance_deadline,
+                       policy=model.policy)
+        if self.memory is not None:
+            row = self.memory.create_bag(spec, None, {}, self.now)
+            bag_id, counts = row.bag_id, row.counts
+        else:
+            bag_id, counts = len(self.bag_ids) + 1, BagCounts(queued=model.jobs)
+        self.compact.create_bag(bag_id, model.jobs)
+        self.bag_ids[model.name] = bag_id
+        rng = random.Random(f"{self.seed}:{model.name}")
+        draw = model.runtime.draw
+        self.runtimes[bag_id] = array("d", (draw(rng) for _ in range(model.jobs)))
+        self.dispatcher.add_bag(BagSnapshot(bag_id, spec, counts, self.now))
+        self.recorder.bag_arrived(bag_id, model, self.now)
+        self.pending_bags -= 1
+
+    # -- pools and pilots -----------------------------------------------------------------------------
+
+    def _speed(self, p: PoolModel) -> float:
+        return max(1e-3, p.speed.sample(self.rng))
+
+    def _resize(self, pool_obj: object, size: object) -> None:
+        pool = pool_obj
+        assert isinstance(pool, _PoolRt)
+        fl = pool.model.fluctuate
+        if fl is not None:
+            pool.size = self.rng.randint(fl[0], fl[1])
+            self._at(self.now + fl[2], _RESIZE, pool, None)
+        else:
+            assert isinstance(size, int)
+            pool.size = size
+        excess = pool.running - pool.size
+        if excess > 0:  # the pool shrank: the grid takes nodes back, pilots die without a word
+            for pilot in self.rng.sample(pool.pilots, excess):
+                self._kill(pilot)
+        if pool.model.volunteer:
+            for _ in range(pool.size - pool.running - pool.queued):
+                self._submit(pool)
+
+    def _submit(self, pool: _PoolRt) -> None:
+        pool.queued += 1
+        self._at(self.now + pool.model.queue_wait.sample(self.rng), _PILOT_UP, pool)
+
+    def _pilot_up(self, pool_obj: object, _: object) -> None:
+        pool = pool_obj
+        assert isinstance(pool, _PoolRt)
+        if pool.cancel_queued:
+            pool.cancel_queued -= 1
+            pool.queued -= 1
+            return
+        if pool.running >= pool.size:  # no room yet: the pilot stays queued
+            self._at(self.now + max(60.0, self.sc.overlay_interval), _PILOT_UP, pool)
+            return
+        free = [m for m in pool.machines if not m.busy]
+        if not free:
+            self._at(self.now + max(60.0, self.sc.overlay_interval), _PILOT_UP, pool)
+            return
+        pool.queued -= 1
+        machine = free[int(self.rng.random() * len(free))] if len(free) > 1 else free[0]
+        machine.busy = True
+        pilot = _Pilot(machine, pool, self.now)
+        pool.pilots.append(pilot)
+        m = pool.model
+        if m.volunteer:
+            if m.availability is not None:
+                self._at(self.now + m.availability.sample(self.rng), _DEATH, pilot, "leave")
+        else:
+            self._at(self.now + m.spec.walltime * _WALLTIME_SHARE, _DEATH, pilot, "walltime")
+            if m.preemption > 0:
+                self._at(self.now + self.rng.expovariate(m.preemption / 3600.0), _DEATH, pilot, "preempted")
+        self._exchange_at(pilot, self.now)
+
+    def _death(self, pilot_obj: object, why: object) -> None:
+        pilot = pilot_obj
+        assert isinstance(pilot, _Pilot)
+        if not pilot.alive:
+            return
+        if why == "walltime":  # the worker's goodbye: its jobs are given back
+            reports = [*pilot.outbox, *(InstanceReport(iid, Outcome.INTERRUPTED, reason="pilot lifetime reached")
+                                        for iid in pilot.running)]
+            for iid in pilot.running:
+                self._stop(pilot, iid)
+            pilot.outbox = []
+            pilot.running.clear()
+            _, changes = self.dispatcher.request_work(pilot.machine.info, 0, [], self.now, reports)
+            self._apply(changes)
+        self._kill(pilot)
+
+    def _stop(self, pilot: _Pilot, iid: int) -> None:
+        """An instance ends on its host before its time (killed, cancelled): count the time it ran."""
+        _, wall, bag_id, start = pilot.outcome.pop(iid)
+        self.recorder.cpu(bag_id, min(wall, max(0.0, self.now - start)))
+
+    def _kill(self, pilot: _Pilot) -> None:
+        """The pilot is gone; what it held is lost until the server notices (host timeout or deadline)."""
+        pilot.alive = False
+        pilot.machine.busy = False
+        for iid in pilot.running:
+            self._stop(pilot, iid)
+        pool = pilot.pool
+        pool.pilots.remove(pilot)
+        if pool.model.volunteer and pool.running + pool.queued < pool.size:
+            pool.queued += 1  # the same kind of host comes back after being away
+            self._at(self.now + pool.model.unavailability.sample(self.rng), _PILOT_UP, pool)
+
+    # -- a host's side of the protocol ------------------------------------------------------------------
+
+    def _exchange_at(self, pilot: _Pilot, t: float) -> None:
+        pilot.gen += 1
+        self._at(t, _EXCHANGE, pilot, pilot.gen)
+
+    def _latency(self, pilot: _Pilot) -> float:
+        lat = pilot.pool.model.latency
+        return self.sc.latency if lat is None else lat
+
+    def _exchange(self, pilot_obj: object, gen: object) -> None:
+        pilot = pilot_obj
+        assert isinstance(pilot, _Pilot)
+        if not pilot.alive or gen != pilot.gen:
+            return
+        now = self.now
+        reports, pilot.outbox = pilot.outbox, []
+        held = list(pilot.running)
+        want = max(0, pilot.machine.info.slots - len(pilot.running))
+        self._feed()
+        answer, changes = self.dispatcher.request_work(pilot.machine.info, want, held, now, reports)
+        self._apply(changes)
+        for iid in answer.cancel:
+            if pilot.running.pop(iid, None) is not None:
+                self._stop(pilot, iid)
+        start = now + self._latency(pilot)
+        machine = pilot.machine
+        model = pilot.pool.model
+        ratio = model.turnaround_ratio if model.turnaround_ratio.mean < 1.0 else None
+        for a in answer.assignments:
+            work = self.runtimes[a.bag_id][a.index] / machine.speed
+            if machine.black_hole:
+                outcome, wall = Outcome.FAILURE, self.rng.uniform(*_QUICK_FAILURE)
+            elif pilot.pool.model.failure_rate and self.rng.random() < pilot.pool.model.failure_rate:
+                outcome, wall = Outcome.FAILURE, self.rng.uniform(0.0, work)
+            else:
+                outcome, wall = Outcome.SUCCESS, work
+            # a volunteer host shares its time with other projects and is off at times: its result comes
+            # back after execution time / ratio (GridBot section 7: the ratio varies from 0.01 to 1)
+            turnaround = wall / min(1.0, max(1e-3, ratio.sample(self.rng))) if ratio is not None else wall
+            pilot.running[a.instance_id] = start + turnaround
+            pilot.outcome[a.instance_id] = (outcome, wall, a.bag_id, start)
+            self._at(start + turnaround, _INST_END, pilot, a.instance_id)
+        if answer.assignments:
+            pilot.backoff = 0.0
+        if answer.assignments or pilot.running:
+            pilot.idle_since = None
+        elif pilot.idle_since is None:
+            pilot.idle_since = now
+        if pilot.idle_since is not None and not model.volunteer and now - pilot.idle_since >= model.spec.idle_timeout:
+            self._kill(pilot)  # the worker exits, as the real pilot does when it gets no work
+            return
+        if len(pilot.running) < machine.info.slots and not answer.assignments:
+            if model.volunteer:
+                pilot.backoff = min(_COMMUNITY_BACKOFF_CAP, max(answer.backoff, pilot.backoff * 2))
+            else:
+                pilot.backoff = answer.backoff * self.rng.uniform(0.5, 1.5)
+            self._exchange_at(pilot, now + max(pilot.backoff, 0.001))
+        elif pilot.running:
+            self._exchange_at(pilot, now + self.sc.heartbeat)
+        else:
+            self._exchange_at(pilot, now + max(answer.backoff, 0.001))
+
+    def _inst_end(self, pilot_obj: object, iid_obj: object) -> None:
+        pilot, iid = pilot_obj, iid_obj
+        assert isinstance(pilot, _Pilot) and isinstance(iid, int)
+        if not pilot.alive or pilot.running.pop(iid, None) is None:
+            return
+        outcome, wall, bag_id, _ = pilot.outcome.pop(iid)
+        self.recorder.cpu(bag_id, wall)
+        report = InstanceReport(iid, outcome, 0 if outcome is Outcome.SUCCESS else 1, wall, wall,
+                                "" if outcome is Outcome.SUCCESS else "exit code 1")
+        pilot.outbox.append(report)
+        self._exchange_at(pilot, self.now + self._latency(pilot))
+
+    # -- the server's periodic work ---------------------------------------------------------------------
+
+    def _tick(self, _: object, __: object) -> None:
+        self._apply(self.dispatcher.tick(self.now))
+        self._at(self.now + self.sc.tick, _TICK)
+
+    def _overlay(self, _: object, __: object) -> None:
+        """The overlay constructor's step: the max-flow plan of the server, on the simulated pools."""
+        d = self.dispatcher
+        submitted = [p for p in self.pools.values() if not p.model.volunteer]
+        demands = bag_demands(d, [p.model.name for p in submitted])
+        hosts = host_slots(d, self.now)
+        capacity = [pool_capacity(p.model.spec, p.queued - p.cancel_queued, p.running,
+                                  hosts.get(p.model.name, (0, 0)), True, max_running=p.size) for p in submitted]
+        decision = plan(demands, capacity)
+        for name, n in decision.submit.items():
+            for _ in range(n):
+                self._submit(self.pools[name])
+        for name, n in decision.cancel.items():
+            pool = self.pools[name]
+            pool.cancel_queued += min(n, pool.queued - pool.cancel_queued)
+        self._at(self.now + self.sc.overlay_interval, _OVERLAY)
+
+    def _sample(self, _: object, __: object) -> None:
+        self._record()
+        self._at(self.now + self.sc.sample, _SAMPLE)
+
+    def _record(self) -> None:
+        self.recorder.sample(self.now, {n: p.running for n, p in self.pools.items()},
+                             {n: sum(len(x.running) for x in p.pilots) for n, p in self.pools.items()})
+        if self.progress is not None:
+            self.progress(self.now, self.recorder.jobs_ended, self.total_jobs)
+
+
+def simulate(scenario: Scenario, seed: int | None = None,
+             progress: Callable[[float, int, int], None] | None = None) -> Results:
+    """Run a scenario once; the same scenario and seed always give the same Results."""
+    return Simulation(scenario, seed, progress).run()

@@ -1,0 +1,378 @@
+"""Scenario files: the pools, bags, policies and server settings of one simulated run, validated.
+
+A scenario is TOML with four tables (documented field by field in docs/simulation.md):
+`[simulation]` (seed, horizon, sampling), `[server]` (the dispatcher's knobs), `[pools.NAME]` (one per
+simulated pool) and `[bags.NAME]` (one per bag, `copies` for several alike). Every problem is reported
+with its line and a hint, all at once, as `SpecError`, the same as for bag specs and pools files.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gridbot.core.dispatcher import DispatchConfig
+from gridbot.model.pools import PoolSpec
+from gridbot.model.spec import NAME_RE, Problem, SpecError, closest, key_lines
+from gridbot.policy.policies import PolicyError, compile_policies
+from gridbot.sim.distributions import Dist, DistError, constant, parse_dist, seconds
+
+SIM_KEYS = ("seed", "horizon", "tick", "overlay_interval", "sample", "latency", "heartbeat", "store",
+            "description")
+SERVER_KEYS = ("buffer_size", "host_timeout", "tail_threshold", "tail_sticky", "replicate_below", "max_replicas",
+               "replica_queue", "buffer_ttl", "failover_after", "reliable_pools", "retry_same_host_after",
+               "max_assign", "backoff_idle", "backoff_empty")
+POOL_KINDS = ("grid", "cluster", "cloud", "community")
+POOL_KEYS = ("kind", "size", "hosts", "max_queued", "cpus", "queue_wait", "walltime", "idle_timeout", "speed",
+             "preemption", "failure_rate", "black_holes", "turnaround_ratio", "availability", "unavailability",
+             "price_per_cpu_hour", "reliability", "level", "attributes", "latency")
+BAG_KEYS = ("jobs", "runtime", "arrival", "instance_deadline", "max_failures", "copies", "policy")
+STORES = ("compact", "memory")
+
+
+@dataclass(frozen=True)
+class SizeStep:
+    """From `at` seconds on, the pool allows `size` pilots (hosts online, for a community pool)."""
+
+    at: float
+    size: int
+
+
+@dataclass(frozen=True)
+class PoolModel:
+    """One simulated pool: its pilots' limits and behaviour, and the ad its GridPolicy sees."""
+
+    name: str
+    kind: str
+    spec: PoolSpec
+    """The pool as the overlay and GridPolicy see it (its ad: Name, Kind, Reliability, ...)."""
+    size: list[SizeStep]
+    """Pilots (or hosts online) allowed over time; a step function."""
+    fluctuate: tuple[int, int, float] | None
+    """(low, high, every): the size is drawn uniformly from low..high every `every` seconds."""
+    hosts: int
+    """Machines the pool's pilots land on; host statistics stay with a machine across pilots."""
+    queue_wait: Dist
+    speed: Dist
+    preemption: float
+    """Pilots killed per hour of a pilot's life, silently (the grid's fair share took the node back)."""
+    failure_rate: float
+    black_holes: float
+    turnaround_ratio: Dist
+    availability: Dist | None
+    unavailability: Dist
+    latency: float | None
+
+    @property
+    def volunteer(self) -> bool:
+        """Hosts that come by themselves (BOINC clients): no pilots, nothing to submit."""
+        return self.kind == "community"
+
+    @property
+    def max_size(self) -> int:
+        return max([s.size for s in self.size] + ([self.fluctuate[1]] if self.fluctuate else []))
+
+
+@dataclass(frozen=True)
+class BagModel:
+    """One simulated bag: its jobs' runtimes, when it arrives, its policies."""
+
+    name: str
+    jobs: int
+    runtime: Dist
+    arrival: float
+    instance_deadline: float
+    max_failures: int
+    policy: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A validated scenario: everything one run needs besides the seed."""
+
+    source: str
+    description: str
+    seed: int
+    horizon: float
+    tick: float
+    overlay_interval: float
+    sample: float
+    latency: float
+    heartbeat: float
+    store: str
+    dispatch: DispatchConfig
+    pools: list[PoolModel]
+    bags: list[BagModel] = field(default_factory=list)
+
+
+def parse_scenario(text: str, source: str) -> Scenario:
+    """Validate a scenario's TOML into a Scenario, or raise SpecError listing every problem."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError(source, [Problem(f"TOML syntax error: {e}", None,
+                                         "check quotes, brackets and '=' signs")]) from e
+    return _Reader(text, source).scenario(data)
+
+
+class _Reader:
+    def __init__(self, text: str, source: str) -> None:
+        self.lines = key_lines(text)
+        self.source = source
+        self.problems: list[Problem] = []
+
+    def fail(self, path: tuple[str, ...], message: str, hint: str = "") -> None:
+        line = next((self.lines[path[:n]] for n in range(len(path), 0, -1) if path[:n] in self.lines), None)
+        self.problems.append(Problem(message, line, hint))
+
+    def keys(self, table: dict[str, Any], allowed: tuple[str, ...], path: tuple[str, ...], what: str) -> None:
+        for key in table:
+            if key not in allowed:
+                self.fail((*path, key), f"unknown key '{key}' in {what}",
+                          closest(key, allowed) or f"the keys are {', '.join(allowed)}")
+
+    def get(self, table: dict[str, Any], key: str, path: tuple[str, ...], default: Any,
+            convert: Callable[[Any], Any]) -> Any:
+        """`convert(table[key])`, or `default` if absent; a conversion error is recorded, default returned."""
+        if key not in table:
+            return default
+        try:
+            return convert(table[key])
+        except (DistError, ValueError, TypeError) as e:
+            self.fail((*path, key), f"{'.'.join(path)}.{key}: {e}")
+            return default
+
+    def scenario(self, data: dict[str, Any]) -> Scenario:
+        self.keys(data, ("simulation", "server", "pools", "bags"), (), "the scenario")
+        sim = self.table(data, "simulation")
+        self.keys(sim, SIM_KEYS, ("simulation",), "[simulation]")
+        p = ("simulation",)
+        seed = self.get(sim, "seed", p, 1, _int(0))
+        horizon = self.get(sim, "horizon", p, 365 * 86400.0, _dur(False))
+        tick = self.get(sim, "tick", p, 60.0, _dur(False))
+        overlay_interval = self.get(sim, "overlay_interval", p, 60.0, _dur(False))
+        sample = self.get(sim, "sample", p, 0.0, _dur(False))
+        latency = self.get(sim, "latency", p, 0.0, _dur(True))
+        store = self.get(sim, "store", p, "compact", _choice(STORES))
+        dispatch = self.dispatch(self.table(data, "server"))
+        heartbeat = self.get(sim, "heartbeat", p, dispatch.host_timeout / 2, _dur(False))
+        if heartbeat >= dispatch.host_timeout:
+            self.fail((*p, "heartbeat"), f"heartbeat ({heartbeat:g} s) must be shorter than the server's "
+                      f"host_timeout ({dispatch.host_timeout:g} s), or every busy host would be declared lost",
+                      "leave heartbeat out: it defaults to half the host timeout")
+        pools = [m for name, t in self.table(data, "pools").items() if (m := self.pool(name, t)) is not None]
+        if not pools and "pools" not in data:
+            self.fail((), "the scenario defines no pool", '[pools.cluster]\nkind = "cluster"\nsize = 100')
+        names = {m.name for m in pools}
+        for reliable in dispatch.reliable_pools:
+            if reliable not in names:
+                self.fail(("server", "reliable_pools"), f"reliable pool '{reliable}' is not a pool of the scenario",
+                          closest(reliable, sorted(names)))
+        bags = []
+        for name, t in self.table(data, "bags").items():
+            bags.extend(self.bag(name, t))
+        if not bags and "bags" not in data:
+            self.fail((), "the scenario defines no bag", '[bags.sweep]\njobs = 1000\nruntime = "10m"')
+        seen: set[str] = set()
+        for b in bags:
+            if b.name in seen:
+                self.fail(("bags",), f"two bags are named '{b.name}'", "rename one, or change its copies")
+            seen.add(b.name)
+        if self.problems:
+            raise SpecError(self.source, self.problems)
+        description = str(sim.get("description", ""))
+        sample = sample or 300.0
+        return Scenario(self.source, description, seed, horizon, tick, overlay_interval, sample, latency,
+                        heartbeat, store, dispatch, pools, bags)
+
+    def table(self, data: dict[str, Any], key: str) -> dict[str, Any]:
+        value = data.get(key, {})
+        if not isinstance(value, dict):
+            self.fail((key,), f"'{key}' must be a table", f"write [{key}] on a line of its own")
+            return {}
+        return value
+
+    def dispatch(self, server: dict[str, Any]) -> DispatchConfig:
+        self.keys(server, SERVER_KEYS, ("server",), "[server]")
+        p = ("server",)
+        defaults = DispatchConfig()
+        values: dict[str, Any] = {}
+        for key in ("buffer_size", "max_replicas", "replica_queue", "max_assign"):
+            values[key] = self.get(server, key, p, getattr(defaults, key), _int(1))
+        for key in ("tail_threshold", "replicate_below", "failover_after"):
+            values[key] = self.get(server, key, p, getattr(defaults, key), _int(0))
+        for key in ("host_timeout", "buffer_ttl", "retry_same_host_after", "backoff_idle", "backoff_empty"):
+            values[key] = self.get(server, key, p, getattr(defaults, key), _dur(False))
+        values["tail_sticky"] = self.get(server, "tail_sticky", p, False, _bool)
+        values["reliable_pools"] = frozenset(self.get(server, "reliable_pools", p, [], _strings))
+        return DispatchConfig(**values)
+
+    def pool(self, name: str, t: object) -> PoolModel | None:
+        path = ("pools", name)
+        if not isinstance(t, dict):
+            self.fail(path, f"pool '{name}' must be a table", f'[pools.{name}]\nkind = "grid"\nsize = 100')
+            return None
+        if not NAME_RE.match(name):
+            self.fail(path, f"pool name {name!r} may hold letters, digits, '.', '_' and '-' only")
+        before = len(self.problems)
+        self.keys(t, POOL_KEYS, path, f"pool '{name}'")
+        kind = self.get(t, "kind", path, "grid", _choice(POOL_KINDS))
+        size, fluctuate = self.get(t, "size", path, ([SizeStep(0.0, 0)], None), _size)
+        if "size" not in t:
+            self.fail(path, f"pool '{name}' has no size", "size = 100 (pilots at once), a list of [time, size] "
+                      "steps, or { min = 10, max = 100, every = \"1h\" }")
+        top = max([s.size for s in size] + ([fluctuate[1]] if fluctuate else []))
+        hosts = self.get(t, "hosts", path, max(1, top), _int(1))
+        if hosts < top:
+            self.fail((*path, "hosts"), f"pool '{name}' has {hosts} hosts but a size of up to {top}",
+                      "a pilot needs a host of its own: raise hosts, or leave it out (it defaults to the size)")
+        cpus = self.get(t, "cpus", path, 1, _int(1))
+        spec_values = {
+            "max_running": top,
+            "max_queued": self.get(t, "max_queued", path, max(1, top), _int(0)),
+            "cpus": cpus,
+            "walltime": self.get(t, "walltime", path, 365 * 86400.0, _dur(False)),
+            "idle_timeout": self.get(t, "idle_timeout", path, 120.0, _dur(False)),
+            "price_per_cpu_hour": self.get(t, "price_per_cpu_hour", path, 0.0, _fraction(math.inf)),
+            "reliability": self.get(t, "reliability", path, "reliable" if kind == "cluster" else "unreliable",
+                                    _choice(("reliable", "unreliable"))),
+            "level": self.get(t, "level", path, 0, _int(0)),
+            "attributes": self.get(t, "attributes", path, {}, _attributes),
+        }
+        what = f"pool '{name}'"
+        model = PoolModel(
+            name=name, kind=kind, spec=PoolSpec(name=name, kind=kind, **spec_values),
+            size=size, fluctuate=fluctuate, hosts=hosts,
+            queue_wait=self.get(t, "queue_wait", path, constant(0.0), _dist(f"queue_wait of {what}")),
+            speed=self.get(t, "speed", path, constant(1.0), _dist(f"speed of {what}", durations=False)),
+            preemption=self.get(t, "preemption", path, 0.0, _fraction(math.inf)),
+            failure_rate=self.get(t, "failure_rate", path, 0.0, _fraction(1.0)),
+            black_holes=self.get(t, "black_holes", path, 0.0, _fraction(1.0)),
+            turnaround_ratio=self.get(t, "turnaround_ratio", path, constant(1.0),
+                                      _dist(f"turnaround_ratio of {what}", durations=False)),
+            availability=self.get(t, "availability", path, None, _dist(f"availability of {what}")),
+            unavailability=self.get(t, "unavailability", path, constant(0.0), _dist(f"unavailability of {what}")),
+            latency=self.get(t, "latency", path, None, _dur(True)),
+        )
+        ratio = model.turnaround_ratio
+        if ratio.mean <= 0 or ratio.mean > 1:
+            self.fail((*path, "turnaround_ratio"), f"turnaround_ratio of {what} must lie in (0, 1] "
+                      f"(execution time / turnaround time), but its mean is {ratio.mean:g}",
+                      '{ dist = "uniform", low = 0.01, high = 1 } for a community grid')
+        if model.speed.mean <= 0:
+            self.fail((*path, "speed"), f"speed of {what} must be positive (1 = the runtimes as written)")
+        return model if len(self.problems) == before else None
+
+    def bag(self, name: str, t: object) -> list[BagModel]:
+        path = ("bags", name)
+        if not isinstance(t, dict):
+            self.fail(path, f"bag '{name}' must be a table", f'[bags.{name}]\njobs = 1000\nruntime = "10m"')
+            return []
+        before = len(self.problems)
+        self.keys(t, BAG_KEYS, path, f"bag '{name}'")
+        jobs = self.get(t, "jobs", path, 0, _int(1))
+        if "jobs" not in t:
+            self.fail(path, f"bag '{name}' has no jobs", "jobs = 1000")
+        if "runtime" not in t:
+            self.fail(path, f"bag '{name}' has no runtime", 'runtime = "10m", or { dist = "uniform", low = "10m", '
+                      'high = "15m" }, or { trace = "blastall" }')
+        runtime = self.get(t, "runtime", path, constant(1.0), _dist(f"runtime of bag '{name}'"))
+        arrival = self.get(t, "arrival", path, 0.0, _dur(True))
+        deadline = self.get(t, "instance_deadline", path, 24 * 3600.0, _dur(False))
+        max_failures = self.get(t, "max_failures", path, 3, _int(1))
+        copies = self.get(t, "copies", path, 1, _int(1))
+        policy = t.get("policy", {})
+        if not isinstance(policy, dict) or not all(isinstance(v, str) for v in policy.values()):
+            self.fail((*path, "policy"), f"the policy of bag '{name}' must be a table of ClassAd expressions in "
+                      "strings", '[bags.NAME.policy]\nJobRequirements = "Host.ErrorRate < 0.1"')
+            policy = {}
+        out = []
+        for copy in range(1, copies + 1):
+            bag_name = name if copies == 1 else f"{name}-{copy}"
+            written = {k: v.replace("{copy}", str(copy)) for k, v in policy.items()}
+            try:
+                compile_policies(written, deadline)
+            except PolicyError as e:
+                self.fail((*path, "policy", e.policy), f"bag '{bag_name}': {e}")
+                break
+            out.append(BagModel(bag_name, jobs, runtime, arrival, deadline, max_failures, written))
+        return out if len(self.problems) == before else []
+
+
+def _int(low: int) -> Callable[[Any], int]:
+    def convert(v: Any) -> int:
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise ValueError(f"must be a whole number of at least {low}, not {v!r}")
+        return v
+    return convert
+
+
+def _fraction(high: float) -> Callable[[Any], float]:
+    def convert(v: Any) -> float:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= high:
+            raise ValueError(f"must be a number from 0 to {high:g}, not {v!r}")
+        return float(v)
+    return convert
+
+
+def _dur(allow_zero: bool) -> Callable[[Any], float]:
+    return lambda v: seconds(v, allow_zero=allow_zero)
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
+    def convert(v: Any) -> str:
+        if v not in options:
+            raise ValueError(f"{v!r} is not one of {', '.join(options)}" +
+                             (f"; {hint}" if (hint := closest(str(v), options)) else ""))
+        return str(v)
+    return convert
+
+
+def _dist(what: str, durations: bool = True) -> Callable[[Any], Dist]:
+    return lambda v: parse_dist(v, what, durations)
+
+
+def _bool(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError(f"must be true or false, not {v!r}")
+    return v
+
+
+def _strings(v: Any) -> list[str]:
+    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
+        raise ValueError('must be a list of pool names, like ["technion"]')
+    return v
+
+
+def _attributes(v: Any) -> dict[str, str | int | float | bool]:
+    if not isinstance(v, dict) or not all(isinstance(x, str | int | float | bool) for x in v.values()):
+        raise ValueError("must be a table of plain values (strings, numbers, true/false)")
+    return v
+
+
+def _size(v: Any) -> tuple[list[SizeStep], tuple[int, int, float] | None]:
+    """`100`; `[[0, 100], ["6h", 400]]`; or `{ min = 10, max = 100, every = "1h" }`."""
+    if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+        return [SizeStep(0.0, v)], None
+    if isinstance(v, list) and v:
+        steps = []
+        for item in v:
+            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[1], int)
+                    and not isinstance(item[1], bool) and item[1] >= 0):
+                raise ValueError(f"each step is [time, size], like [\"6h\", 400], not {item!r}")
+            steps.append(SizeStep(seconds(item[0]), item[1]))
+        if [s.at for s in steps] != sorted(s.at for s in steps):
+            raise ValueError("the steps must be in time order")
+        if steps[0].at > 0:
+            steps.insert(0, SizeStep(0.0, 0))
+        return steps, None
+    if isinstance(v, dict) and set(v) == {"min", "max", "every"}:
+        low, high = _int(0)(v["min"]), _int(0)(v["max"])
+        if high < low:
+            raise ValueError(f"max ({high}) is below min ({low})")
+        return [SizeStep(0.0, high)], (low, high, seconds(v["every"], allow_zero=False))
+    raise ValueError(f"{v!r} is not a size: write 100, a list of [time, size] steps, or "
+                     '{ min = 10, max = 100, every = "1h" }')
