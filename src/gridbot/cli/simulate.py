@@ -71,7 +71,10 @@ def run_simulation(path: Path, seed: int | None, out: Path | None, quiet: bool, 
     if as_json:
         print(json.dumps(results.to_json()))
     elif not quiet:
-        render(results, Console())
+        stdout = Console()
+        if not stdout.is_terminal:
+            stdout = Console(width=120)
+        render(results, stdout)
         if out is not None:
-            Console().print(f"metrics and plots in {out}/ (metrics.json, incomplete.png, throughput.png)")
+            stdout.print(f"metrics and plots in {out}/ (metrics.json, incomplete.png, throughput.png)")
     return results

@@ -157,6 +157,8 @@ class _Host:
     stats: HostStats = field(default_factory=HostStats)
     running: set[int] = field(default_factory=set)
     cancel: set[int] = field(default_factory=set)
+    watched: bool = False
+    """The host has an entry in the dispatcher's silence heap."""
 
 
 @dataclass(frozen=True)
@@ -191,8 +193,11 @@ class Dispatcher:
         self._rng = _SplitMix(self.config.seed)
         self.pool_ads: dict[str, dict[str, object]] = {}
         """Ads of the pools in the pools file: a host of such a pool gets only bags whose GridPolicy accepts it."""
-        self._live_hosts = 0
-        """Hosts heard from within host_timeout, as of the last tick (or since, for new ones)."""
+        self.live_hosts: dict[str, _Host] = {}
+        """Hosts heard from within host_timeout, as of the last tick (or since)."""
+        self._silence: list[tuple[float, str, _Host]] = []
+        """(last time seen, id, host): at most one entry per live host, so a tick finds the silent ones
+        without walking every host ever seen."""
         self._good: list[tuple[float, str]] = []
         """When the last two distinct hosts produced a good result, newest first (for black-hole detection)."""
 
@@ -204,7 +209,8 @@ class Dispatcher:
         for b in snapshot.bags:
             self.add_bag(b)
         for h in snapshot.hosts:
-            self.hosts[h.info.host_id] = _Host(h.info, h.first_seen, h.last_seen, h.stats)
+            restored = self.hosts[h.info.host_id] = _Host(h.info, h.first_seen, h.last_seen, h.stats)
+            self._watch(restored)
         for li in snapshot.instances:
             if li.bag_id not in self.bags:
                 continue
@@ -336,12 +342,17 @@ class Dispatcher:
                 self._lose(inst, now, f"instance deadline passed ({now - inst.sent_at:.0f} s after it was sent)",
                            changes)
         horizon = now - self.config.host_timeout
-        self._live_hosts = sum(1 for h in self.hosts.values() if h.last_seen >= horizon)
-        for host in self.hosts.values():
-            if host.running and host.last_seen < horizon:
-                for iid in sorted(host.running):
-                    self._lose(self.instances[iid], now,
-                               f"host {host.info.name} silent for {now - host.last_seen:.0f} s", changes)
+        silence = self._silence
+        while silence and silence[0][0] < horizon:
+            _, _, host = heapq.heappop(silence)
+            host.watched = False
+            if host.last_seen >= horizon:
+                self._watch(host)
+                continue
+            self.live_hosts.pop(host.info.host_id, None)
+            for iid in sorted(host.running):
+                self._lose(self.instances[iid], now,
+                           f"host {host.info.name} silent for {now - host.last_seen:.0f} s", changes)
         self._park(now)
         self._replicate(now)
         self._check()
@@ -441,10 +452,16 @@ class Dispatcher:
         host = self.hosts.get(info.host_id)
         if host is None:
             host = self.hosts[info.host_id] = _Host(info, now, now)
-            self._live_hosts += 1
         host.info = info
         host.last_seen = now
+        self.live_hosts[info.host_id] = host
+        if not host.watched:
+            self._watch(host)
         return host
+
+    def _watch(self, host: _Host) -> None:
+        host.watched = True
+        heapq.heappush(self._silence, (host.last_seen, host.info.host_id, host))
 
     def _assign(self, host: _Host, want: int, now: float, changes: Changes) -> list[Assignment]:
         """GridBot's Algorithm 1 with the BOT-level optimization.
@@ -519,7 +536,8 @@ class Dispatcher:
             if job.state is not JobState.QUEUED:
                 job.in_buffer = False
                 continue
-            avoid = job.failed_on.get(host.info.host_id, -math.inf) > horizon and len(job.failed_on) < self._live_hosts
+            avoid = (job.failed_on.get(host.info.host_id, -math.inf) > horizon
+                     and len(job.failed_on) < len(self.live_hosts))
             if len(out) >= want or len(host.running) >= concurrency or avoid:
                 keep.append(job)
                 continue

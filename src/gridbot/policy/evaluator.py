@@ -57,14 +57,23 @@ class BagPolicies:
             self.ctx[name] = expr
         self.ctx["Job"] = EMPTY_JOB
         self.ctx["NumberOfReplicas"] = 0
+        self._bag: dict[str, Any] = {}
+        self._queue: dict[str, Any] = {}
 
     def set_bag(self, attrs: Mapping[str, Any], queue: Mapping[str, Any]) -> None:
-        """Refresh the bag's and the queue's attributes (call when they changed)."""
-        self.ctx["Bag"] = dict(attrs)
-        self.ctx["BOT"] = dict(attrs)
-        self.ctx["Queue"] = dict(queue)
-        for k, v in attrs.items():
-            self.ctx[k] = v
+        """Refresh the bag's and the queue's attributes (call when they changed); only values that changed
+        are written, since this runs on most work requests of a busy bag."""
+        if attrs != self._bag:
+            bag = ClassAd(dict(attrs))
+            self.ctx["Bag"] = bag
+            self.ctx["BOT"] = bag
+            for k, v in attrs.items():
+                if self._bag.get(k, self) != v:
+                    self.ctx[k] = v
+            self._bag = dict(attrs)
+        if queue != self._queue:
+            self.ctx["Queue"] = dict(queue)
+            self._queue = dict(queue)
 
     def decide(self, host: HostAd) -> Decision:
         """Algorithm 1's evaluation for a job with no replica out, on this host."""

@@ -155,7 +155,7 @@ def host_slots(dispatcher: Dispatcher, now: float) -> dict[str, tuple[int, int]]
     """Per pool: hosts heard from within the host timeout, and their free slots."""
     horizon = now - dispatcher.config.host_timeout
     out: dict[str, tuple[int, int]] = {}
-    for host in dispatcher.hosts.values():
+    for host in dispatcher.live_hosts.values():
         if host.last_seen >= horizon:
             live, idle = out.get(host.info.pool, (0, 0))
             out[host.info.pool] = (live + 1, idle + max(0, host.info.slots - len(host.running)))

@@ -40,7 +40,7 @@ _QUICK_FAILURE = (1.0, 5.0)
 """A black hole fails each job this many seconds after it starts."""
 
 
-@dataclass
+@dataclass(eq=False)
 class _Machine:
     info: HostInfo
     speed: float
@@ -48,11 +48,12 @@ class _Machine:
     busy: bool = False
 
 
-@dataclass
+@dataclass(eq=False)
 class _Pilot:
     machine: _Machine
     pool: _PoolRt
     started: float
+    number: int
     gen: int = 0
     alive: bool = True
     running: dict[int, float] = field(default_factory=dict)
@@ -73,7 +74,10 @@ class _PoolRt:
     """Pilots submitted and waiting in the pool's queue."""
     cancel_queued: int = 0
     """Queued pilots cancelled, not yet reached by their start event."""
-    pilots: list[_Pilot] = field(default_factory=list)
+    pilots: dict[int, _Pilot] = field(default_factory=dict)
+    """Running pilots by a number of their own (insertion order keeps runs reproducible)."""
+    free: list[_Machine] = field(default_factory=list)
+    """Machines with no pilot on them."""
 
     @property
     def running(self) -> int:
@@ -151,7 +155,8 @@ class Simulation:
                 host_id = f"{p.name}-{n}"
                 info = HostInfo(host_id, host_id, "sim", p.spec.cpus, 0, p.spec.cpus, p.name)
                 machines.append(_Machine(info, self._speed(p), self.rng.random() < p.black_holes))
-            self.pools[p.name] = _PoolRt(p, machines)
+            self.pools[p.name] = _PoolRt(p, machines, free=list(machines))
+        self._pilot_ids = 0
         self.runtimes: dict[int, array[float]] = {}
         self.bag_ids: dict[str, int] = {}
         self.pending_bags = len(scenario.bags)
@@ -268,7 +273,7 @@ class Simulation:
             pool.size = size
         excess = pool.running - pool.size
         if excess > 0:  # the pool shrank: the grid takes nodes back, pilots die without a word
-            for pilot in self.rng.sample(pool.pilots, excess):
+            for pilot in self.rng.sample(list(pool.pilots.values()), excess):
                 self._kill(pilot)
         if pool.model.volunteer:
             for _ in range(pool.size - pool.running - pool.queued):
@@ -288,15 +293,19 @@ class Simulation:
         if pool.running >= pool.size:  # no room yet: the pilot stays queued
             self._at(self.now + max(60.0, self.sc.overlay_interval), _PILOT_UP, pool)
             return
-        free = [m for m in pool.machines if not m.busy]
+        free = pool.free
         if not free:
             self._at(self.now + max(60.0, self.sc.overlay_interval), _PILOT_UP, pool)
             return
         pool.queued -= 1
-        machine = free[int(self.rng.random() * len(free))] if len(free) > 1 else free[0]
+        i = int(self.rng.random() * len(free))
+        machine = free[i]
+        free[i] = free[-1]
+        free.pop()
         machine.busy = True
-        pilot = _Pilot(machine, pool, self.now)
-        pool.pilots.append(pilot)
+        self._pilot_ids += 1
+        pilot = _Pilot(machine, pool, self.now, self._pilot_ids)
+        pool.pilots[pilot.number] = pilot
         m = pool.model
         if m.volunteer:
             if m.availability is not None:
@@ -335,7 +344,8 @@ class Simulation:
         for iid in pilot.running:
             self._stop(pilot, iid)
         pool = pilot.pool
-        pool.pilots.remove(pilot)
+        del pool.pilots[pilot.number]
+        pool.free.append(pilot.machine)
         if pool.model.volunteer and pool.running + pool.queued < pool.size:
             pool.queued += 1  # the same kind of host comes back after being away
             self._at(self.now + pool.model.unavailability.sample(self.rng), _PILOT_UP, pool)
@@ -444,7 +454,7 @@ class Simulation:
 
     def _record(self) -> None:
         self.recorder.sample(self.now, {n: p.running for n, p in self.pools.items()},
-                             {n: sum(len(x.running) for x in p.pilots) for n, p in self.pools.items()})
+                             {n: sum(len(x.running) for x in p.pilots.values()) for n, p in self.pools.items()})
         if self.progress is not None:
             self.progress(self.now, self.recorder.jobs_ended, self.total_jobs)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gridbot.core.dispatcher import DispatchConfig
-from gridbot.model.pools import PoolSpec
+from gridbot.model.pools import RELIABILITY, PoolSpec
 from gridbot.model.spec import NAME_RE, Problem, SpecError, closest, key_lines
 from gridbot.policy.policies import PolicyError, compile_policies
 from gridbot.sim.distributions import Dist, DistError, constant, parse_dist, seconds
@@ -26,6 +26,7 @@ SERVER_KEYS = ("buffer_size", "host_timeout", "tail_threshold", "tail_sticky", "
                "replica_queue", "buffer_ttl", "failover_after", "reliable_pools", "retry_same_host_after",
                "max_assign", "backoff_idle", "backoff_empty")
 POOL_KINDS = ("grid", "cluster", "cloud", "community")
+DEFAULT_RELIABILITY = {"grid": "unreliable", "cluster": "reliable", "cloud": "reliable", "community": "volunteer"}
 POOL_KEYS = ("kind", "size", "hosts", "max_queued", "cpus", "queue_wait", "walltime", "idle_timeout", "speed",
              "preemption", "failure_rate", "black_holes", "turnaround_ratio", "availability", "unavailability",
              "price_per_cpu_hour", "reliability", "level", "attributes", "latency")
@@ -237,8 +238,7 @@ class _Reader:
             "walltime": self.get(t, "walltime", path, 365 * 86400.0, _dur(False)),
             "idle_timeout": self.get(t, "idle_timeout", path, 120.0, _dur(False)),
             "price_per_cpu_hour": self.get(t, "price_per_cpu_hour", path, 0.0, _fraction(math.inf)),
-            "reliability": self.get(t, "reliability", path, "reliable" if kind == "cluster" else "unreliable",
-                                    _choice(("reliable", "unreliable"))),
+            "reliability": self.get(t, "reliability", path, DEFAULT_RELIABILITY[kind], _choice(RELIABILITY)),
             "level": self.get(t, "level", path, 0, _int(0)),
             "attributes": self.get(t, "attributes", path, {}, _attributes),
         }

@@ -1,0 +1,133 @@
+"""The simulator runs the real dispatcher: runs are reproducible, conserve jobs, and react to what the
+pools do (failures, black holes, late volunteers, GridPolicy) the way the server does."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from gridbot.sim.engine import simulate
+from gridbot.sim.scenario import parse_scenario
+
+BASE = """
+[simulation]
+seed = 11
+
+[server]
+host_timeout = "30m"
+
+[pools.grid]
+kind = "grid"
+size = 40
+queue_wait = { dist = "exponential", mean = "2m" }
+preemption = 0.2
+failure_rate = 0.02
+speed = { dist = "uniform", low = 0.5, high = 1.5 }
+
+[pools.cluster]
+kind = "cluster"
+size = 10
+
+[bags.a]
+jobs = 400
+runtime = { dist = "uniform", low = "5m", high = "10m" }
+instance_deadline = "2h"
+max_failures = 10
+"""
+
+
+def run(text: str, seed: int | None = None):
+    return simulate(parse_scenario(text, "test.toml"), seed)
+
+
+def test_the_same_seed_gives_the_same_run_and_another_seed_another():
+    first, again, other = run(BASE), run(BASE), run(BASE, seed=12)
+    assert first.to_json() == again.to_json()
+    assert first.bags[0].makespan != other.bags[0].makespan
+
+
+def test_every_job_ends_and_the_counts_add_up():
+    r = run(BASE)
+    b = r.bag("a")
+    assert b.state == "completed" and b.done == 400 and b.failed == 0
+    assert sum(b.jobs_per_pool.values()) == 400
+    assert sum(p.done for p in r.pools) == 400
+    assert b.instances == sum(p.instances for p in r.pools)
+    assert b.instances >= 400 + b.replicas
+    lost = sum(p.lost for p in r.pools)
+    assert lost > 0, "preemption at 0.2/h over hours of pilots must lose some instances"
+    assert b.milestones["0"] == b.finished
+    assert r.incomplete["a"][0] == 400 and r.incomplete["a"][-1] == 0
+
+
+def test_the_full_memory_store_and_the_compact_one_give_the_same_run():
+    compact = run(BASE)
+    memory = run(BASE.replace("seed = 11", 'seed = 11\nstore = "memory"'))
+    assert compact.to_json() == memory.to_json()
+
+
+def test_black_holes_are_contained_once_good_hosts_have_results():
+    """Before any host has a good result, a black hole cannot be told from a bag that fails everywhere,
+    so it eats jobs (a known weakness: see the issue note); once others succeed, it is held back and
+    gets one job per parole period (core.hosts.PAROLE)."""
+    from gridbot.core.hosts import PAROLE
+    from gridbot.sim.engine import Simulation
+
+    text = BASE.replace("preemption = 0.2", "preemption = 0\nblack_holes = 0.25").replace(
+        "failure_rate = 0.02", "failure_rate = 0")
+    sim = Simulation(parse_scenario(text, "t.toml"))
+    holes = {m.info.host_id for m in sim.pools["grid"].machines if m.black_hole}
+    assert holes
+    late: dict[str, int] = dict.fromkeys(holes, 0)
+    settled = 1800.0  # every job takes at most 10 min / 0.5 speed: good results exist well before this
+    request_work = sim.dispatcher.request_work
+
+    def watch(info, want, held, now, reports=()):
+        if info.host_id in holes and now > settled:
+            late[info.host_id] += sum(1 for r in reports if r.outcome.value == "failure")
+        return request_work(info, want, held, now, reports)
+
+    sim.dispatcher.request_work = watch
+    r = sim.run()
+    bound = (r.end - settled) / PAROLE + 2
+    assert max(late.values()) <= bound, (late, bound)
+    assert sum(late.values()) > 0, "paroled black holes must be tried again"
+    assert r.bag("a").done > 300
+
+
+def test_a_grid_policy_keeps_a_bag_off_a_pool():
+    text = BASE + '\n[bags.a.policy]\nGridPolicy = "Pool.Name != \\"grid\\""\n'
+    r = run(text)
+    assert set(r.bag("a").jobs_per_pool) == {"cluster"}
+    assert next(p for p in r.pools if p.name == "grid").pilots_peak == 0
+
+
+def test_late_volunteers_stretch_the_tail_and_a_tail_policy_cures_it():
+    community = BASE.replace("[bags.a]", """[pools.volunteers]
+kind = "community"
+size = 200
+turnaround_ratio = { dist = "uniform", low = 0.01, high = 0.1 }
+
+[bags.a]""")
+    naive = run(community)
+    cured = run(community + '\n[bags.a.policy]\nJobRequirements = "!Tail || Host.Pool != \\"volunteers\\""\n'
+                'ReplicationRequirements = "Tail && NumberOfReplicas < 2"\n')
+    assert naive.bag("a").state == cured.bag("a").state == "completed"
+    assert cured.bag("a").makespan < naive.bag("a").makespan / 2
+
+
+def test_a_pool_that_never_grows_leaves_the_bag_unfinished_at_the_horizon():
+    text = BASE.replace("size = 40", "size = 0").replace("size = 10", "size = 0").replace(
+        "seed = 11", 'seed = 11\nhorizon = "1d"')
+    r = run(text)
+    assert r.bag("a").state == "active" and r.bag("a").done == 0
+    assert r.end == 86400
+
+
+def test_pool_size_steps_are_followed():
+    text = BASE.replace("size = 40", 'size = [[0, 5], ["1h", 40]]').replace("preemption = 0.2", "preemption = 0")
+    sc = parse_scenario(text, "t.toml")
+    sc = dataclasses.replace(sc, sample=600.0)
+    r = simulate(sc)
+    grid = r.pilots["grid"]
+    early = [n for t, n in zip(r.times, grid, strict=True) if t < 3600]
+    assert max(early) <= 5 and max(grid) > 5
