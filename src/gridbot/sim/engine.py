@@ -58,6 +58,8 @@ class _Pilot:
     alive: bool = True
     running: dict[int, float] = field(default_factory=dict)
     """Instance id → when it ends on this host."""
+    waiting: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Prefetched instances not started yet, in arrival order: id → (bag, job index)."""
     outcome: dict[int, tuple[Outcome, float, int, float]] = field(default_factory=dict)
     """Instance id → how it will end, its execution time, its bag and when it started."""
     outbox: list[InstanceReport] = field(default_factory=list)
@@ -323,11 +325,12 @@ class Simulation:
             return
         if why == "walltime":  # the worker's goodbye: its jobs are given back
             reports = [*pilot.outbox, *(InstanceReport(iid, Outcome.INTERRUPTED, reason="pilot lifetime reached")
-                                        for iid in pilot.running)]
+                                        for iid in [*pilot.running, *pilot.waiting])]
             for iid in pilot.running:
                 self._stop(pilot, iid)
             pilot.outbox = []
             pilot.running.clear()
+            pilot.waiting.clear()
             _, changes = self.dispatcher.request_work(pilot.machine.info, 0, [], self.now, reports)
             self._apply(changes)
         self._kill(pilot)
@@ -367,42 +370,34 @@ class Simulation:
             return
         now = self.now
         reports, pilot.outbox = pilot.outbox, []
-        held = list(pilot.running)
-        want = max(0, pilot.machine.info.slots - len(pilot.running))
+        held = [*pilot.running, *pilot.waiting]
+        want = max(0, pilot.machine.info.slots + pilot.pool.model.prefetch - len(held))
         self._feed()
         answer, changes = self.dispatcher.request_work(pilot.machine.info, want, held, now, reports)
         self._apply(changes)
         for iid in answer.cancel:
             if pilot.running.pop(iid, None) is not None:
                 self._stop(pilot, iid)
+            pilot.waiting.pop(iid, None)
         start = now + self._latency(pilot)
         machine = pilot.machine
         model = pilot.pool.model
-        ratio = model.turnaround_ratio if model.turnaround_ratio.mean < 1.0 else None
         for a in answer.assignments:
-            work = self.runtimes[a.bag_id][a.index] / machine.speed
-            if machine.black_hole:
-                outcome, wall = Outcome.FAILURE, self.rng.uniform(*_QUICK_FAILURE)
-            elif pilot.pool.model.failure_rate and self.rng.random() < pilot.pool.model.failure_rate:
-                outcome, wall = Outcome.FAILURE, self.rng.uniform(0.0, work)
+            if len(pilot.running) < machine.info.slots:
+                self._start(pilot, a.instance_id, a.bag_id, a.index, start)
             else:
-                outcome, wall = Outcome.SUCCESS, work
-            # a volunteer host shares its time with other projects and is off at times: its result comes
-            # back after execution time / ratio (GridBot section 7: the ratio varies from 0.01 to 1)
-            turnaround = wall / min(1.0, max(1e-3, ratio.sample(self.rng))) if ratio is not None else wall
-            pilot.running[a.instance_id] = start + turnaround
-            pilot.outcome[a.instance_id] = (outcome, wall, a.bag_id, start)
-            self._at(start + turnaround, _INST_END, pilot, a.instance_id)
+                pilot.waiting[a.instance_id] = (a.bag_id, a.index)
+        self._fill(pilot, start)
         if answer.assignments:
             pilot.backoff = 0.0
-        if answer.assignments or pilot.running:
+        if answer.assignments or pilot.running or pilot.waiting:
             pilot.idle_since = None
         elif pilot.idle_since is None:
             pilot.idle_since = now
         if pilot.idle_since is not None and not model.volunteer and now - pilot.idle_since >= model.spec.idle_timeout:
             self._kill(pilot)  # the worker exits, as the real pilot does when it gets no work
             return
-        if len(pilot.running) < machine.info.slots and not answer.assignments:
+        if want and not answer.assignments:
             if model.volunteer:
                 pilot.backoff = min(_COMMUNITY_BACKOFF_CAP, max(answer.backoff, pilot.backoff * 2))
             else:
@@ -423,7 +418,34 @@ class Simulation:
         report = InstanceReport(iid, outcome, 0 if outcome is Outcome.SUCCESS else 1, wall, wall,
                                 "" if outcome is Outcome.SUCCESS else "exit code 1")
         pilot.outbox.append(report)
+        self._fill(pilot, self.now)
         self._exchange_at(pilot, self.now + self._latency(pilot))
+
+    def _fill(self, pilot: _Pilot, at: float) -> None:
+        """Start prefetched instances on free slots, oldest first."""
+        while pilot.waiting and len(pilot.running) < pilot.machine.info.slots:
+            iid = next(iter(pilot.waiting))
+            bag_id, index = pilot.waiting.pop(iid)
+            self._start(pilot, iid, bag_id, index, at)
+
+    def _start(self, pilot: _Pilot, iid: int, bag_id: int, index: int, at: float) -> None:
+        """Run an instance on the pilot's host from `at`: how long it takes and how it ends are drawn here."""
+        machine, model = pilot.machine, pilot.pool.model
+        work = self.runtimes[bag_id][index] / machine.speed
+        if machine.black_hole:
+            outcome, wall = Outcome.FAILURE, self.rng.uniform(*_QUICK_FAILURE)
+        elif model.failure_rate and self.rng.random() < model.failure_rate:
+            outcome, wall = Outcome.FAILURE, self.rng.uniform(0.0, work)
+        else:
+            outcome, wall = Outcome.SUCCESS, work
+        turnaround = wall
+        if model.turnaround_ratio.mean < 1.0:
+            # a volunteer host shares its time with other projects and is off at times: its result comes
+            # back after execution time / ratio (GridBot section 7: the ratio varies from 0.01 to 1)
+            turnaround = wall / min(1.0, max(1e-3, model.turnaround_ratio.sample(self.rng)))
+        pilot.running[iid] = at + turnaround
+        pilot.outcome[iid] = (outcome, wall, bag_id, at)
+        self._at(at + turnaround, _INST_END, pilot, iid)
 
     # -- the server's periodic work ---------------------------------------------------------------------
 

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from gridbot.core.dispatcher import DispatchConfig
 from gridbot.model.pools import RELIABILITY, PoolSpec
 from gridbot.model.spec import NAME_RE, Problem, SpecError, closest, key_lines
@@ -27,8 +29,8 @@ SERVER_KEYS = ("buffer_size", "host_timeout", "tail_threshold", "tail_sticky", "
                "max_assign", "backoff_idle", "backoff_empty")
 POOL_KINDS = ("grid", "cluster", "cloud", "community")
 DEFAULT_RELIABILITY = {"grid": "unreliable", "cluster": "reliable", "cloud": "reliable", "community": "volunteer"}
-POOL_KEYS = ("kind", "size", "hosts", "max_queued", "cpus", "queue_wait", "walltime", "idle_timeout", "speed",
-             "preemption", "failure_rate", "black_holes", "turnaround_ratio", "availability", "unavailability",
+POOL_KEYS = ("kind", "size", "hosts", "max_queued", "cpus", "prefetch", "queue_wait", "walltime", "idle_timeout",
+             "speed", "preemption", "failure_rate", "black_holes", "turnaround_ratio", "availability", "unavailability",
              "price_per_cpu_hour", "reliability", "level", "attributes", "latency")
 BAG_KEYS = ("jobs", "runtime", "arrival", "instance_deadline", "max_failures", "copies", "policy")
 STORES = ("compact", "memory")
@@ -66,6 +68,8 @@ class PoolModel:
     availability: Dist | None
     unavailability: Dist
     latency: float | None
+    prefetch: int = 0
+    """Instances a host asks for beyond its slots, run one after another (the worker's --prefetch)."""
 
     @property
     def volunteer(self) -> bool:
@@ -256,6 +260,7 @@ class _Reader:
             availability=self.get(t, "availability", path, None, _dist(f"availability of {what}")),
             unavailability=self.get(t, "unavailability", path, constant(0.0), _dist(f"unavailability of {what}")),
             latency=self.get(t, "latency", path, None, _dur(True)),
+            prefetch=self.get(t, "prefetch", path, 0, _int(0)),
         )
         ratio = model.turnaround_ratio
         if ratio.mean <= 0 or ratio.mean > 1:
@@ -376,3 +381,27 @@ def _size(v: Any) -> tuple[list[SizeStep], tuple[int, int, float] | None]:
         return [SizeStep(0.0, high)], (low, high, seconds(v["every"], allow_zero=False))
     raise ValueError(f"{v!r} is not a size: write 100, a list of [time, size] steps, or "
                      '{ min = 10, max = 100, every = "1h" }')
+
+
+def scaled(sc: Scenario, factor: float) -> Scenario:
+    """The same scenario at `factor` of its size: jobs, pool sizes, machines and the scheduling buffer
+    (whose share of a bag sets the tail threshold) scaled alike, so a run shows the same shape sooner."""
+    import dataclasses
+
+    if not 0 < factor <= 1:
+        raise ValueError(f"a scale must be above 0 and at most 1, not {factor:g}")
+
+    def n(x: int, low: int = 1) -> int:
+        return 0 if x == 0 else max(low, round(x * factor))
+
+    pools = []
+    for p in sc.pools:
+        size = [SizeStep(s.at, n(s.size)) for s in p.size]
+        fluctuate = (n(p.fluctuate[0]), n(p.fluctuate[1]), p.fluctuate[2]) if p.fluctuate else None
+        top = max([s.size for s in size] + ([fluctuate[1]] if fluctuate else []))
+        spec = msgspec.structs.replace(p.spec, max_running=top, max_queued=n(p.spec.max_queued))
+        pools.append(dataclasses.replace(p, spec=spec, size=size, fluctuate=fluctuate, hosts=max(top, n(p.hosts))))
+    bags = [dataclasses.replace(b, jobs=n(b.jobs)) for b in sc.bags]
+    dispatch = dataclasses.replace(sc.dispatch, buffer_size=n(sc.dispatch.buffer_size, 10),
+                                   tail_threshold=n(sc.dispatch.tail_threshold))
+    return dataclasses.replace(sc, pools=pools, bags=bags, dispatch=dispatch)
