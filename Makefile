@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint unit integration bench docs clean
+.PHONY: demo test lint unit integration bench bench-sim experiments docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,7 @@ demo: $(STAMP)
 	$(PY) examples/pi/combine.py results/pi
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench examples
+	$(VENV)/bin/ruff check src tests bench examples experiments
 	$(VENV)/bin/mypy
 
 test: $(STAMP) lint
@@ -33,6 +33,12 @@ docs: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/throughput.py
+
+bench-sim: $(STAMP)
+	$(PY) bench/simulate.py
+
+experiments: $(STAMP)
+	$(PY) experiments/run.py
 
 clean:
 	rm -rf $(VENV) .gridbot results

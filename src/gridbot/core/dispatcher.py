@@ -159,6 +159,9 @@ class _Host:
     cancel: set[int] = field(default_factory=set)
     watched: bool = False
     """The host has an entry in the dispatcher's silence heap."""
+    ad: HostAd | None = None
+    ad_attrs: dict[str, object] = field(default_factory=dict)
+    """The attributes `ad` was last written with: only changed ones are written again."""
 
 
 @dataclass(frozen=True)
@@ -398,7 +401,7 @@ class Dispatcher:
                     continue
                 first = self.instances[min(job.live)]
                 host = self.hosts.get(first.host_id)
-                ad = host_ad(self.host_attrs(host, now)) if host is not None else None
+                ad = self._host_ad(host, now) if host is not None else None
                 if bag.policies.should_replicate(self._job_ad(job, now), ad):
                     eligible.append(job)
             for job in self._rng.weighted_sample(eligible, [1.0 / len(j.live) for j in eligible], room):
@@ -444,6 +447,20 @@ class Dispatcher:
         attrs["Reliable"] = host.info.pool in self.config.reliable_pools
         return attrs
 
+    def _host_ad(self, host: _Host, now: float) -> HostAd:
+        """The host's ClassAd as of `now`, kept per host and updated where attributes changed (most stay
+        the same from one request to the next, and building an ad from scratch costs more)."""
+        attrs = self.host_attrs(host, now)
+        if host.ad is None:
+            host.ad = host_ad(attrs)
+        else:
+            old = host.ad_attrs
+            for k, v in attrs.items():
+                if k not in old or old[k] != v or type(old[k]) is not type(v):
+                    host.ad[k] = v
+        host.ad_attrs = attrs
+        return host.ad
+
     def _others_good_at(self, host_id: str) -> float:
         """When a host other than `host_id` last produced a good result (-inf: never)."""
         return next((t for t, h in self._good if h != host_id), -math.inf)
@@ -476,7 +493,7 @@ class Dispatcher:
         # (a bag whose only queued jobs avoid this host still gets its policies evaluated: cheap, and rare)
         if not ready or want <= 0:
             return out
-        ad = host_ad(self.host_attrs(host, now))
+        ad = self._host_ad(host, now)
         queue = {"BagsInQueue": len(self.bags), "BOTsInQueue": len(self.bags)}
         ranked: list[tuple[float, int, _Bag]] = []
         for bag in ready:

@@ -14,6 +14,7 @@ import string
 import tomllib
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
+from functools import lru_cache
 from math import prod
 from typing import Any
 
@@ -54,15 +55,33 @@ class Parameter(msgspec.Struct, frozen=True):
         if self.values is not None:
             return len(self.values)
         assert self.start is not None and self.stop is not None and self.step is not None
-        span = (Decimal(self.stop) - Decimal(self.start)) / Decimal(self.step)
-        return max(0, int(span.to_integral_value(rounding="ROUND_FLOOR")) + 1)
+        return _range_len(self.start, self.stop, self.step)
 
     def value(self, i: int) -> str:
         """The i-th value, rendered as it appears in commands."""
         if self.values is not None:
             return self.values[i]
         assert self.start is not None and self.step is not None
+        ints = _whole(self.start, self.step)
+        if ints is not None:
+            return str(ints[0] + ints[1] * i)
         return _render_decimal(Decimal(self.start) + Decimal(self.step) * i)
+
+
+@lru_cache(maxsize=4096)
+def _range_len(start: str, stop: str, step: str) -> int:
+    """Values of the inclusive range; cached, since every job's parameters need it."""
+    span = (Decimal(stop) - Decimal(start)) / Decimal(step)
+    return max(0, int(span.to_integral_value(rounding="ROUND_FLOOR")) + 1)
+
+
+@lru_cache(maxsize=4096)
+def _whole(start: str, step: str) -> tuple[int, int] | None:
+    """(start, step) as integers when both are whole numbers, for exact and quick rendering."""
+    a, b = Decimal(start), Decimal(step)
+    if a == a.to_integral_value() and b == b.to_integral_value():
+        return int(a), int(b)
+    return None
 
 
 class BagSpec(msgspec.Struct, frozen=True):
