@@ -62,6 +62,10 @@ class DispatchConfig:
     """Seconds a host is told to wait when bags are active but nothing is queued for it."""
     backoff_empty: float = 10.0
     """Seconds a host is told to wait when no bag is active."""
+    backoff_max: float = 10.0
+    """A host that keeps getting nothing while bags are active is told to wait twice as long each time,
+    from `backoff_idle` up to this: a tail with thousands of idle pilots does not become thousands of
+    requests a second."""
     check_invariants: bool = False
     """Check counters against the state after every event (tests turn it on)."""
     tail_threshold: int = 0
@@ -159,6 +163,8 @@ class _Host:
     cancel: set[int] = field(default_factory=set)
     watched: bool = False
     """The host has an entry in the dispatcher's silence heap."""
+    empty_answers: int = 0
+    """Answers in a row with nothing to run, while bags were active (sets the backoff)."""
     ad: HostAd | None = None
     ad_attrs: dict[str, object] = field(default_factory=dict)
     """The attributes `ad` was last written with: only changed ones are written again."""
@@ -305,9 +311,16 @@ class Dispatcher:
         cancel = sorted(host.cancel & still)
         host.cancel.clear()
         backoff = 0.0
-        if not assignments:
+        if assignments:
+            host.empty_answers = 0
+        else:
             active = any(b.state is BagState.ACTIVE for b in self.bags.values())
-            backoff = self.config.backoff_idle if active else self.config.backoff_empty
+            if active:
+                cfg = self.config
+                backoff = min(cfg.backoff_max, cfg.backoff_idle * 2.0 ** min(host.empty_answers, 16))
+                host.empty_answers += 1
+            else:
+                backoff = self.config.backoff_empty
         self._emit_host(host, changes)
         self._check()
         return WorkAnswer(assignments, cancel, backoff), changes
@@ -591,7 +604,8 @@ class Dispatcher:
         bag.dirty = False
         bag.seen_active = queue["BagsInQueue"]
         bag.rank = None
-        bag.pool_ok.clear()
+        if not bag.policies.grid_policy_static:
+            bag.pool_ok.clear()
         c = bag.counts
         threshold = self.config.tail_threshold or max(1, self.config.buffer_size // max(1, len(self.bags)))
         bag.tail = (bag.tail and self.config.tail_sticky) or c.queued < threshold

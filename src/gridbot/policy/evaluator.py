@@ -9,6 +9,7 @@ policy's default), and the bag keeps a diagnostic its owner can read.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
@@ -50,6 +51,11 @@ class BagPolicies:
 
     def __post_init__(self) -> None:
         self.uses_time = any("elapsedtime" in t.lower() for t in self.policies.texts.values())
+        names = set().union(*(top_names(t) for t in self.policies.texts.values()))
+        self.names = names
+        """Top-level names the policies use (lower case): only these of the bag's attributes are written."""
+        self.grid_policy_static = top_names(self.policies.texts["GridPolicy"]) <= {"pool"}
+        """GridPolicy looks at the pool alone: its answer per pool holds while the bag changes."""
         rank = self.policies.texts["Rank"].lower()
         self.rank_static = not any(word in rank for word in ("host", "job", "replica", "target"))
         """Rank sees only the bag and the queue: one value serves every host until the bag changes."""
@@ -64,11 +70,12 @@ class BagPolicies:
         """Refresh the bag's and the queue's attributes (call when they changed); only values that changed
         are written, since this runs on most work requests of a busy bag."""
         if attrs != self._bag:
-            bag = ClassAd(dict(attrs))
-            self.ctx["Bag"] = bag
-            self.ctx["BOT"] = bag
+            if "bag" in self.names or "bot" in self.names:
+                bag = ClassAd(dict(attrs))
+                self.ctx["Bag"] = bag
+                self.ctx["BOT"] = bag
             for k, v in attrs.items():
-                if self._bag.get(k, self) != v:
+                if k.lower() in self.names and self._bag.get(k, self) != v:
                     self.ctx[k] = v
             self._bag = dict(attrs)
         if queue != self._queue:
@@ -159,6 +166,18 @@ class BagPolicies:
         """Diagnostics as sentences for the bag's owner."""
         return [f"{name} evaluated to {d.value} {d.count} time(s) (last on host {d.host or '?'}); it counts as no "
                 f"match: policy {name} = {self.policies.texts[name]!r}" for name, d in self.diagnostics.items()]
+
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_NAME = re.compile(r"(?<![.\w])([A-Za-z_][A-Za-z0-9_]*)")
+_KEYWORDS = {"true", "false", "undefined", "error", "is", "isnt", "my", "target", "parent"}
+
+
+def top_names(text: str) -> set[str]:
+    """Names an expression looks up at the top level (`Tail`, `Host` in `Host.Pool`), in lower case;
+    function calls count too, which only makes the set larger (safe for its use: deciding what to skip)."""
+    bare = _STRING.sub('""', text)
+    return {m.lower() for m in _NAME.findall(bare)} - _KEYWORDS
 
 
 def host_ad(attrs: Mapping[str, Any]) -> HostAd:

@@ -34,8 +34,9 @@ from gridbot.store.memory import MemoryStore
 _ARRIVE, _RESIZE, _PILOT_UP, _INST_END, _DEATH, _EXCHANGE, _TICK, _OVERLAY, _SAMPLE = range(9)
 _WALLTIME_SHARE = 0.9
 """A pilot's worker stops at this share of its walltime (the real pilot's --lifetime)."""
-_COMMUNITY_BACKOFF_CAP = 600.0
-"""A volunteer host doubles its wait after each empty answer up to this (BOINC clients back off)."""
+_COMMUNITY_BACKOFF_CAP = 3600.0
+"""A volunteer host doubles its wait after each empty answer up to this (BOINC clients back off
+exponentially after "no work", for up to a day)."""
 _QUICK_FAILURE = (1.0, 5.0)
 """A black hole fails each job this many seconds after it starts."""
 

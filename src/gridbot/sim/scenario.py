@@ -26,7 +26,7 @@ SIM_KEYS = ("seed", "horizon", "tick", "overlay_interval", "sample", "latency", 
             "description")
 SERVER_KEYS = ("buffer_size", "host_timeout", "tail_threshold", "tail_sticky", "replicate_below", "max_replicas",
                "replica_queue", "buffer_ttl", "failover_after", "reliable_pools", "retry_same_host_after",
-               "max_assign", "backoff_idle", "backoff_empty")
+               "max_assign", "backoff_idle", "backoff_empty", "backoff_max")
 POOL_KINDS = ("grid", "cluster", "cloud", "community")
 DEFAULT_RELIABILITY = {"grid": "unreliable", "cluster": "reliable", "cloud": "reliable", "community": "volunteer"}
 POOL_KEYS = ("kind", "size", "hosts", "max_queued", "cpus", "prefetch", "queue_wait", "walltime", "idle_timeout",
@@ -209,7 +209,8 @@ class _Reader:
             values[key] = self.get(server, key, p, getattr(defaults, key), _int(1))
         for key in ("tail_threshold", "replicate_below", "failover_after"):
             values[key] = self.get(server, key, p, getattr(defaults, key), _int(0))
-        for key in ("host_timeout", "buffer_ttl", "retry_same_host_after", "backoff_idle", "backoff_empty"):
+        for key in ("host_timeout", "buffer_ttl", "retry_same_host_after", "backoff_idle", "backoff_empty",
+                    "backoff_max"):
             values[key] = self.get(server, key, p, getattr(defaults, key), _dur(False))
         values["tail_sticky"] = self.get(server, "tail_sticky", p, False, _bool)
         values["reliable_pools"] = frozenset(self.get(server, "reliable_pools", p, [], _strings))
