@@ -8,6 +8,7 @@ the simulator's own `random.Random`, so a run is a pure function of its scenario
 
 from __future__ import annotations
 
+import difflib
 import math
 import random
 from collections.abc import Callable, Sequence
@@ -102,7 +103,9 @@ def parse_dist(value: object, what: str, durations: bool = True) -> Dist:
     name = value.get("dist")
     if name not in DIST_KEYS:
         names = ", ".join(DIST_KEYS)
-        raise DistError(f"{what}: unknown distribution {name!r}; use dist = one of {names}, or a trace: "
+        guess = difflib.get_close_matches(str(name), list(DIST_KEYS), n=1)
+        hint = f"did you mean '{guess[0]}'? " if guess else ""
+        raise DistError(f"{what}: unknown distribution {name!r}; {hint}use dist = one of {names}, or a trace: "
                         f"{', '.join(k + ' = ...' for k in TRACE_KEYS)}")
     allowed = ("dist", *DIST_KEYS[name], *OPTIONAL_KEYS)
     for key in value:

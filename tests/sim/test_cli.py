@@ -1,0 +1,61 @@
+"""`gridbot simulate` as a user types it: tables, metrics.json, plots a person can open, clear errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCENARIO = """
+[simulation]
+seed = 5
+
+[pools.cluster]
+kind = "cluster"
+size = 20
+
+[pools.volunteers]
+kind = "community"
+size = 30
+turnaround_ratio = { dist = "uniform", low = 0.2, high = 1 }
+
+[bags.sweep]
+jobs = 300
+runtime = { dist = "uniform", low = "1m", high = "3m" }
+"""
+
+
+def gridbot(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gridbot", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_simulate_prints_tables_and_writes_metrics_and_plots(tmp_path):
+    (tmp_path / "s.toml").write_text(SCENARIO)
+    p = gridbot("simulate", "s.toml", "--out", "out", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "sweep" in p.stdout and "completed" in p.stdout and "volunteers" in p.stdout
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics["bags"][0]["done"] == 300 and metrics["seed"] == 5
+    assert len(metrics["times"]) == len(metrics["incomplete"]["sweep"]) == len(metrics["throughput"]["cluster"])
+    for name in ("incomplete.png", "throughput.png"):
+        data = (tmp_path / "out" / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_seed_option_and_json_output(tmp_path):
+    (tmp_path / "s.toml").write_text(SCENARIO)
+    a = json.loads(gridbot("simulate", "s.toml", "--json", "--seed", "9", cwd=tmp_path).stdout)
+    b = json.loads(gridbot("simulate", "s.toml", "--json", "--seed", "9", cwd=tmp_path).stdout)
+    assert a == b and a["seed"] == 9
+
+
+def test_a_bad_scenario_is_refused_with_its_problems_and_exit_code_2(tmp_path):
+    (tmp_path / "bad.toml").write_text(SCENARIO.replace("size = 20", "size = 20\nspeed = { dist = \"unifrom\" }"))
+    p = gridbot("simulate", "bad.toml", "--out", "out", cwd=tmp_path)
+    assert p.returncode == 2
+    assert "bad.toml:8" in p.stderr and "unknown distribution 'unifrom'; did you mean 'uniform'?" in p.stderr
+    assert not (tmp_path / "out").exists()
+    missing = gridbot("simulate", "nope.toml", cwd=tmp_path)
+    assert missing.returncode == 2 and "cannot read scenario nope.toml" in missing.stderr
