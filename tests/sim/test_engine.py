@@ -131,3 +131,21 @@ def test_pool_size_steps_are_followed():
     grid = r.pilots["grid"]
     early = [n for t, n in zip(r.times, grid, strict=True) if t < 3600]
     assert max(early) <= 5 and max(grid) > 5
+
+
+def test_machines_fail_by_the_lanl_records_and_come_back_after_repair():
+    failures = ('preemption = 0\navailability = { lanl = "between_failures", unit = 0.005 }\n'
+                'unavailability = { lanl = "downtime" }\nhosts = 45')
+    text = BASE.replace("preemption = 0.2", failures)
+    r = run(text)
+    grid = next(p for p in r.pools if p.name == "grid")
+    assert r.bag("a").state == "completed"
+    assert grid.lost > 0, "machines failing under their pilots lose what they ran"
+
+
+def test_bags_replayed_from_an_swf_log_all_run():
+    text = BASE.split("[bags.a]")[0] + '[swf_bags.nasa]\nswf = "NASA-iPSC"\ncount = 8\nmax_jobs = 32\n' \
+        'time_scale = 0.01\nmax_failures = 10\n'
+    r = run(text)
+    assert len(r.bags) == 8 and all(b.state == "completed" for b in r.bags)
+    assert all(b.arrival <= (b.finished or 0) for b in r.bags)

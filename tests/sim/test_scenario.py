@@ -97,3 +97,26 @@ def test_every_problem_is_reported_at_once():
 def test_toml_syntax_errors_are_reported_not_raised_raw():
     with pytest.raises(SpecError, match="TOML syntax error"):
         parse_scenario("[pools.p\nsize = 5", "bad.toml")
+
+
+def test_a_pool_size_replayed_from_a_trace_file(tmp_path):
+    (tmp_path / "sizes.csv").write_text("time,size\n0,5\n3600,50\n7200,20\n")
+    text = '[pools.p]\nsize = { trace = "sizes.csv" }\n[bags.b]\njobs = 1\nruntime = 1\n'
+    sc = parse_scenario(text, str(tmp_path / "s.toml"))
+    assert [(s.at, s.size) for s in sc.pools[0].size] == [(0, 5), (3600, 50), (7200, 20)]
+    assert sc.pools[0].hosts == 50
+    (tmp_path / "sizes.csv").write_text("time,size\n0,5\n3600,many\n")
+    with pytest.raises(SpecError, match=r"sizes.csv:3: expected 'time,size'"):
+        parse_scenario(text, str(tmp_path / "s.toml"))
+
+
+def test_bags_from_an_swf_log_arrive_when_its_jobs_were_submitted():
+    text = ('[pools.p]\nsize = 10\n[swf_bags.nasa]\nswf = "NASA-iPSC"\nskip = 1\ncount = 5\ntime_scale = 0.5\n'
+            'max_jobs = 64\n')
+    sc = parse_scenario(text, "s.toml")
+    assert len(sc.bags) == 5
+    assert sc.bags[0].name == "nasa-2" and sc.bags[0].arrival == 0
+    assert [b.arrival for b in sc.bags] == sorted(b.arrival for b in sc.bags)
+    assert all(1 <= b.jobs <= 64 for b in sc.bags) and all(b.runtime.mean > 0 for b in sc.bags)
+    with pytest.raises(SpecError, match=r"no trace file 'nope\.swf'"):
+        parse_scenario('[pools.p]\nsize = 10\n[swf_bags.x]\nswf = "nope.swf"\n', "s.toml")

@@ -184,7 +184,7 @@ def _scaled(dist: Dist, table: dict[str, object], what: str, durations: bool, un
 
 def _trace(table: dict[str, object], key: str, what: str) -> Dist:
     allowed = {"trace": ("trace", "unit", "min", "max"), "swf": ("swf", "unit", "min", "max"),
-               "fta": ("fta", "family", "interval", "min", "max"), "lanl": ("lanl", "min", "max")}[key]
+               "fta": ("fta", "family", "interval", "min", "max"), "lanl": ("lanl", "unit", "min", "max")}[key]
     for k in table:
         if k not in allowed:
             raise DistError(f"{what}: '{k}' does not go with {key} = ... (it takes {', '.join(allowed)})")

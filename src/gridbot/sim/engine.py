@@ -31,7 +31,7 @@ from gridbot.sim.scenario import BagModel, PoolModel, Scenario
 from gridbot.store.memory import MemoryStore
 
 # event kinds, in the order they run when due at the same moment
-_ARRIVE, _RESIZE, _PILOT_UP, _INST_END, _DEATH, _EXCHANGE, _TICK, _OVERLAY, _SAMPLE = range(9)
+_ARRIVE, _RESIZE, _REPAIR, _PILOT_UP, _INST_END, _DEATH, _EXCHANGE, _TICK, _OVERLAY, _SAMPLE = range(10)
 _WALLTIME_SHARE = 0.9
 """A pilot's worker stops at this share of its walltime (the real pilot's --lifetime)."""
 _COMMUNITY_BACKOFF_CAP = 3600.0
@@ -190,7 +190,7 @@ class Simulation:
         self._at(0.0, _OVERLAY)
         self._at(0.0, _SAMPLE)
         events = self._events
-        handlers = {_ARRIVE: self._arrive, _RESIZE: self._resize, _PILOT_UP: self._pilot_up,
+        handlers = {_ARRIVE: self._arrive, _RESIZE: self._resize, _REPAIR: self._repair, _PILOT_UP: self._pilot_up,
                     _INST_END: self._inst_end, _DEATH: self._death,
                     _EXCHANGE: self._exchange, _TICK: self._tick, _OVERLAY: self._overlay, _SAMPLE: self._sample}
         while events and not self._finished:
@@ -282,6 +282,10 @@ class Simulation:
             for _ in range(pool.size - pool.running - pool.queued):
                 self._submit(pool)
 
+    def _repair(self, pool_obj: object, machine: object) -> None:
+        assert isinstance(pool_obj, _PoolRt) and isinstance(machine, _Machine)
+        pool_obj.free.append(machine)
+
     def _submit(self, pool: _PoolRt) -> None:
         pool.queued += 1
         self._at(self.now + pool.model.queue_wait.sample(self.rng), _PILOT_UP, pool)
@@ -310,10 +314,10 @@ class Simulation:
         pilot = _Pilot(machine, pool, self.now, self._pilot_ids)
         pool.pilots[pilot.number] = pilot
         m = pool.model
-        if m.volunteer:
-            if m.availability is not None:
-                self._at(self.now + m.availability.sample(self.rng), _DEATH, pilot, "leave")
-        else:
+        if m.availability is not None:  # a volunteer leaving, or a machine failing under the pilot
+            self._at(self.now + m.availability.sample(self.rng), _DEATH, pilot,
+                     "leave" if m.volunteer else "failure")
+        if not m.volunteer:
             self._at(self.now + m.spec.walltime * _WALLTIME_SHARE, _DEATH, pilot, "walltime")
             if m.preemption > 0:
                 self._at(self.now + self.rng.expovariate(m.preemption / 3600.0), _DEATH, pilot, "preempted")
@@ -334,22 +338,26 @@ class Simulation:
             pilot.waiting.clear()
             _, changes = self.dispatcher.request_work(pilot.machine.info, 0, [], self.now, reports)
             self._apply(changes)
-        self._kill(pilot)
+        self._kill(pilot, repair=why == "failure")
 
     def _stop(self, pilot: _Pilot, iid: int) -> None:
         """An instance ends on its host before its time (killed, cancelled): count the time it ran."""
         _, wall, bag_id, start = pilot.outcome.pop(iid)
         self.recorder.cpu(bag_id, min(wall, max(0.0, self.now - start)))
 
-    def _kill(self, pilot: _Pilot) -> None:
-        """The pilot is gone; what it held is lost until the server notices (host timeout or deadline)."""
+    def _kill(self, pilot: _Pilot, repair: bool = False) -> None:
+        """The pilot is gone; what it held is lost until the server notices (host timeout or deadline).
+        With `repair`, its machine failed and stays out of service for the pool's unavailability."""
         pilot.alive = False
         pilot.machine.busy = False
         for iid in pilot.running:
             self._stop(pilot, iid)
         pool = pilot.pool
         del pool.pilots[pilot.number]
-        pool.free.append(pilot.machine)
+        if repair and not pool.model.volunteer:
+            self._at(self.now + pool.model.unavailability.sample(self.rng), _REPAIR, pool, pilot.machine)
+        else:
+            pool.free.append(pilot.machine)
         if pool.model.volunteer and pool.running + pool.queued < pool.size:
             pool.queued += 1  # the same kind of host comes back after being away
             self._at(self.now + pool.model.unavailability.sample(self.rng), _PILOT_UP, pool)

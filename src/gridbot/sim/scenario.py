@@ -12,6 +12,7 @@ import math
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -20,6 +21,7 @@ from gridbot.core.dispatcher import DispatchConfig
 from gridbot.model.pools import RELIABILITY, PoolSpec
 from gridbot.model.spec import NAME_RE, Problem, SpecError, closest, key_lines
 from gridbot.policy.policies import PolicyError, compile_policies
+from gridbot.sim import traces
 from gridbot.sim.distributions import Dist, DistError, constant, parse_dist, seconds
 
 SIM_KEYS = ("seed", "horizon", "tick", "overlay_interval", "sample", "latency", "heartbeat", "store",
@@ -127,6 +129,8 @@ class _Reader:
     def __init__(self, text: str, source: str) -> None:
         self.lines = key_lines(text)
         self.source = source
+        self.base = Path(source).parent
+        """Files a scenario names (size traces, SWF logs) are found relative to it."""
         self.problems: list[Problem] = []
 
     def fail(self, path: tuple[str, ...], message: str, hint: str = "") -> None:
@@ -151,7 +155,7 @@ class _Reader:
             return default
 
     def scenario(self, data: dict[str, Any]) -> Scenario:
-        self.keys(data, ("simulation", "server", "pools", "bags"), (), "the scenario")
+        self.keys(data, ("simulation", "server", "pools", "bags", "swf_bags"), (), "the scenario")
         sim = self.table(data, "simulation")
         self.keys(sim, SIM_KEYS, ("simulation",), "[simulation]")
         p = ("simulation",)
@@ -179,7 +183,10 @@ class _Reader:
         bags = []
         for name, t in self.table(data, "bags").items():
             bags.extend(self.bag(name, t))
-        if not bags and "bags" not in data:
+        for name, t in self.table(data, "swf_bags").items():
+            bags.extend(self.swf_bags(name, t))
+        bags.sort(key=lambda b: b.arrival)
+        if not bags and "bags" not in data and "swf_bags" not in data:
             self.fail((), "the scenario defines no bag", '[bags.sweep]\njobs = 1000\nruntime = "10m"')
         seen: set[str] = set()
         for b in bags:
@@ -226,7 +233,7 @@ class _Reader:
         before = len(self.problems)
         self.keys(t, POOL_KEYS, path, f"pool '{name}'")
         kind = self.get(t, "kind", path, "grid", _choice(POOL_KINDS))
-        size, fluctuate = self.get(t, "size", path, ([SizeStep(0.0, 0)], None), _size)
+        size, fluctuate = self.get(t, "size", path, ([SizeStep(0.0, 0)], None), lambda v: _size(v, self.base))
         if "size" not in t:
             self.fail(path, f"pool '{name}' has no size", "size = 100 (pilots at once), a list of [time, size] "
                       "steps, or { min = 10, max = 100, every = \"1h\" }")
@@ -308,6 +315,48 @@ class _Reader:
         return out if len(self.problems) == before else []
 
 
+    def swf_bags(self, name: str, t: object) -> list[BagModel]:
+        """Bags from an SWF job log: each job that ran becomes a bag of as many jobs as it had processors,
+        each running the job's run time, arriving at its submit time (from the first one taken)."""
+        path = ("swf_bags", name)
+        if not isinstance(t, dict):
+            self.fail(path, f"swf_bags '{name}' must be a table", f'[swf_bags.{name}]\nswf = "NASA-iPSC"\ncount = 20')
+            return []
+        before = len(self.problems)
+        self.keys(t, ("swf", "skip", "count", "time_scale", "max_jobs", "instance_deadline", "max_failures",
+                      "policy"), path, f"swf_bags '{name}'")
+        if "swf" not in t:
+            self.fail(path, f"swf_bags '{name}' names no log", 'swf = "NASA-iPSC" (shipped) or a path')
+            return []
+        skip = self.get(t, "skip", path, 0, _int(0))
+        count = self.get(t, "count", path, 20, _int(1))
+        scale = self.get(t, "time_scale", path, 1.0, _fraction(math.inf))
+        max_jobs = self.get(t, "max_jobs", path, 10_000, _int(1))
+        deadline = self.get(t, "instance_deadline", path, 24 * 3600.0, _dur(False))
+        max_failures = self.get(t, "max_failures", path, 3, _int(1))
+        policy = t.get("policy", {})
+        if not isinstance(policy, dict) or not all(isinstance(v, str) for v in policy.values()):
+            self.fail((*path, "policy"), f"the policy of swf_bags '{name}' must be a table of strings")
+            policy = {}
+        log = str(t["swf"])
+        if log not in traces.SWF_LOGS and not Path(log).is_absolute():
+            log = str(self.base / log)
+        try:
+            records = traces.swf_records(log if Path(log).exists() else str(t["swf"]))[skip:skip + count]
+        except traces.TraceError as e:
+            self.fail((*path, "swf"), f"swf_bags '{name}': {e}")
+            return []
+        try:
+            compile_policies(policy, deadline)
+        except PolicyError as e:
+            self.fail((*path, "policy", e.policy), f"swf_bags '{name}': {e}")
+        if len(self.problems) > before or not records:
+            return []
+        first = records[0][1]
+        return [BagModel(f"{name}-{job}", min(procs, max_jobs), constant(run), (submit - first) * scale, deadline,
+                         max_failures, dict(policy)) for job, submit, run, procs in records]
+
+
 def _int(low: int) -> Callable[[Any], int]:
     def convert(v: Any) -> int:
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
@@ -359,8 +408,13 @@ def _attributes(v: Any) -> dict[str, str | int | float | bool]:
     return v
 
 
-def _size(v: Any) -> tuple[list[SizeStep], tuple[int, int, float] | None]:
-    """`100`; `[[0, 100], ["6h", 400]]`; or `{ min = 10, max = 100, every = "1h" }`."""
+def _size(v: Any, base: Path) -> tuple[list[SizeStep], tuple[int, int, float] | None]:
+    """`100`; `[[0, 100], ["6h", 400]]`; `{ min = 10, max = 100, every = "1h" }`; or `{ trace = "f.csv" }`."""
+    if isinstance(v, dict) and set(v) == {"trace"}:
+        try:
+            v = [[at, n] for at, n in traces.size_steps(base / str(v["trace"]))]
+        except traces.TraceError as e:
+            raise ValueError(str(e)) from None
     if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
         return [SizeStep(0.0, v)], None
     if isinstance(v, list) and v:
@@ -380,8 +434,8 @@ def _size(v: Any) -> tuple[list[SizeStep], tuple[int, int, float] | None]:
         if high < low:
             raise ValueError(f"max ({high}) is below min ({low})")
         return [SizeStep(0.0, high)], (low, high, seconds(v["every"], allow_zero=False))
-    raise ValueError(f"{v!r} is not a size: write 100, a list of [time, size] steps, or "
-                     '{ min = 10, max = 100, every = "1h" }')
+    raise ValueError(f"{v!r} is not a size: write 100, a list of [time, size] steps, "
+                     '{ min = 10, max = 100, every = "1h" }, or { trace = "sizes.csv" }')
 
 
 def scaled(sc: Scenario, factor: float) -> Scenario:

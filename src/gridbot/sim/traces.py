@@ -134,3 +134,43 @@ def lanl_intervals(kind: str) -> tuple[float, ...]:
     if kind not in data:
         raise TraceError(f"LANL records give 'downtime' or 'between_failures', not {kind!r}")
     return data[kind]
+
+
+@cache
+def swf_records(name_or_path: str) -> tuple[tuple[int, float, float, int], ...]:
+    """(job number, submit time, run time, processors) of each SWF job that ran, in file order."""
+    out = []
+    for line in _open_text(SWF_LOGS.get(name_or_path, name_or_path)):
+        if not line.strip() or line.lstrip().startswith(";"):
+            continue
+        f = line.split()
+        if len(f) < 8:
+            raise TraceError(f"{name_or_path}: line {line.strip()[:60]!r} is not an SWF record (18 fields)")
+        procs = int(f[4]) if int(f[4]) > 0 else int(f[7])
+        if float(f[3]) > 0 and procs > 0:
+            out.append((int(f[0]), float(f[1]), float(f[3]), procs))
+    if not out:
+        raise TraceError(f"{name_or_path}: no job with a positive run time and processor count")
+    return tuple(out)
+
+
+def size_steps(path: Path) -> list[tuple[float, int]]:
+    """A pool's size over time from a CSV file of `time,size` rows (time in seconds; a header is skipped)."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise TraceError(f"cannot read size trace {path}: {e.strerror or e}") from None
+    steps = []
+    for n, row in enumerate(csv.reader(io.StringIO(text)), 1):
+        if not row or row[0].strip().startswith("#"):
+            continue
+        try:
+            steps.append((float(row[0]), int(row[1])))
+        except (ValueError, IndexError):
+            if n == 1:
+                continue
+            raise TraceError(f"{path}:{n}: expected 'time,size' (seconds, whole number), got {','.join(row)!r}")\
+                from None
+    if not steps:
+        raise TraceError(f"{path} holds no 'time,size' rows")
+    return steps
