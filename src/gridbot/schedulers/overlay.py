@@ -152,24 +152,30 @@ def bag_demands(dispatcher: Dispatcher, pools: Iterable[str]) -> list[BagDemand]
 
 
 def host_slots(dispatcher: Dispatcher, now: float) -> dict[str, tuple[int, int]]:
-    """Per pool: hosts heard from within the host timeout, and their free slots."""
+    """Per pool: slots busy and slots idle on the hosts heard from within the host timeout."""
     horizon = now - dispatcher.config.host_timeout
     out: dict[str, tuple[int, int]] = {}
     for host in dispatcher.live_hosts.values():
         if host.last_seen >= horizon:
-            live, idle = out.get(host.info.pool, (0, 0))
-            out[host.info.pool] = (live + 1, idle + max(0, host.info.slots - len(host.running)))
+            busy, idle = out.get(host.info.pool, (0, 0))
+            held = min(len(host.running), host.info.slots)
+            out[host.info.pool] = (busy + held, idle + host.info.slots - held)
     return out
 
 
 def pool_capacity(spec: PoolSpec, queued: int, running: int, hosts: tuple[int, int], can_submit: bool,
                   max_running: int | None = None) -> PoolCapacity:
-    """A pool's capacity from its pilots (`queued` waiting, `running` started) and the hosts that called
-    in (`hosts` from `host_slots`): queued pilots and started ones whose worker has not called in yet
-    count in full as spare slots. `max_running` overrides the spec's limit (a pool whose size varies)."""
-    live, idle = hosts
-    starting = max(0, running - live)
-    spare = idle + (queued + starting) * spec.cpus
+    """A pool's capacity from its pilots (`queued` waiting, `running` started) and the slots of the hosts
+    that called in (`hosts`: busy and idle, from `host_slots`).
+
+    Spare slots are those of the running pilots not busy, plus every slot of the queued ones: the pool's
+    own count of running pilots bounds it, so a host that left (its worker exited after idling, its
+    pilot ended) no longer counts as idle capacity while the server still remembers it; a pilot whose
+    worker has not called in yet counts as spare. A pool of hosts that come by themselves (`static`) has
+    no pilot count: its idle hosts are its spare slots. `max_running` overrides the spec's limit (a
+    pool whose size varies)."""
+    busy, idle = hosts
+    spare = idle if spec.kind == "static" else max(0, running * spec.cpus - busy) + queued * spec.cpus
     can_add = (spec.max_running if max_running is None else max_running) - running - queued
     if spec.kind != "local":  # a local pilot runs at once: there is no queue to limit
         can_add = min(can_add, spec.max_queued - queued)
