@@ -51,6 +51,17 @@ def test_seed_option_and_json_output(tmp_path):
     assert a == b and a["seed"] == 9
 
 
+def test_scale_runs_a_smaller_copy_of_the_scenario(tmp_path):
+    (tmp_path / "s.toml").write_text(SCENARIO)
+    p = gridbot("simulate", "s.toml", "--json", "--scale", "0.1", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    metrics = json.loads(p.stdout)
+    assert metrics["bags"][0]["jobs"] == 30 and metrics["bags"][0]["done"] == 30
+    assert {q["name"]: q["pilots_peak"] for q in metrics["pools"]}["cluster"] <= 2
+    bad = gridbot("simulate", "s.toml", "--scale", "0", cwd=tmp_path)
+    assert bad.returncode == 2 and "--scale" in bad.stderr
+
+
 def test_a_bad_scenario_is_refused_with_its_problems_and_exit_code_2(tmp_path):
     (tmp_path / "bad.toml").write_text(SCENARIO.replace("size = 20", "size = 20\nspeed = { dist = \"unifrom\" }"))
     p = gridbot("simulate", "bad.toml", "--out", "out", cwd=tmp_path)

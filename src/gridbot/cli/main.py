@@ -374,18 +374,21 @@ def hosts(server: str, as_json: bool) -> None:
 @click.option("--seed", type=click.IntRange(0), help="Seed of the run [default: the scenario's].")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Folder for metrics.json and the plots (incomplete.png, throughput.png).")
+@click.option("--scale", type=click.FloatRange(0, 1, min_open=True), default=1.0,
+              help="Run at this fraction of the size: jobs, pools and buffer scaled alike (try 0.1 first).")
 @click.option("--no-plots", is_flag=True, help="Write metrics.json only.")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")
 @json_option
 @friendly
-def simulate(scenario: Path, seed: int | None, out: Path | None, no_plots: bool, quiet: bool, as_json: bool) -> None:
+def simulate(scenario: Path, seed: int | None, out: Path | None, scale: float, no_plots: bool, quiet: bool,
+             as_json: bool) -> None:
     """Simulate SCENARIO: its bags on its pools, with the real dispatcher and policies, on a virtual clock.
 
     The same scenario and seed always give the same result (docs/simulation.md describes the format).
     """
     from gridbot.cli.simulate import run_simulation
 
-    run_simulation(scenario, seed, out, quiet, as_json, not no_plots)
+    run_simulation(scenario, seed, out, quiet, as_json, not no_plots, scale)
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ from gridbot.errors import GridbotError
 from gridbot.sim.engine import simulate
 from gridbot.sim.metrics import Results
 from gridbot.sim.plots import write_plots
-from gridbot.sim.scenario import Scenario, parse_scenario
+from gridbot.sim.scenario import Scenario, parse_scenario, scaled
 
 
 def load_scenario(path: Path) -> Scenario:
@@ -50,8 +50,10 @@ def render(results: Results, console: Console) -> None:
 
 
 def run_simulation(path: Path, seed: int | None, out: Path | None, quiet: bool, as_json: bool,
-                   plots: bool) -> Results:
+                   plots: bool, scale: float = 1.0) -> Results:
     scenario = load_scenario(path)
+    if scale != 1.0:
+        scenario = scaled(scenario, scale)
     console = Console(stderr=True)
     progress = Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} jobs"),
                         TextColumn("sim time {task.fields[sim]}"), TimeElapsedColumn(), console=console,
