@@ -68,5 +68,10 @@ def test_a_bad_scenario_is_refused_with_its_problems_and_exit_code_2(tmp_path):
     assert p.returncode == 2
     assert "bad.toml:8" in p.stderr and "unknown distribution 'unifrom'; did you mean 'uniform'?" in p.stderr
     assert not (tmp_path / "out").exists()
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "good.toml").write_text(SCENARIO)
+    unwritable = gridbot("simulate", "good.toml", "--out", "afile/out", cwd=tmp_path)
+    assert unwritable.returncode == 2 and "cannot write the results to afile/out" in unwritable.stderr
+    assert "Traceback" not in unwritable.stderr
     missing = gridbot("simulate", "nope.toml", cwd=tmp_path)
     assert missing.returncode == 2 and "cannot read scenario nope.toml" in missing.stderr

@@ -54,6 +54,15 @@ def run_simulation(path: Path, seed: int | None, out: Path | None, quiet: bool, 
     scenario = load_scenario(path)
     if scale != 1.0:
         scenario = scaled(scenario, scale)
+    if out is not None:  # before the run, which may be long: a folder we cannot write fails now
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            probe = out / ".gridbot-write-test"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as e:
+            raise GridbotError(f"cannot write the results to {out}: {e.strerror or e}; choose another --out") \
+                from None
     console = Console(stderr=True)
     progress = Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} jobs"),
                         TextColumn("sim time {task.fields[sim]}"), TimeElapsedColumn(), console=console,
