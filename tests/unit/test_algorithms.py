@@ -258,6 +258,35 @@ def test_paroled_black_hole_and_streak_need_others_succeeding():
     assert not s.black_hole(1006.0 + 601, others_good_at=999.0), "paroled"
 
 
+def test_a_black_hole_is_caught_before_anyone_finishes_when_others_are_busy():
+    """At a bag's start nobody has a result yet; a host failing jobs in seconds while another host has
+    been running one for over a minute is a black hole all the same (the simulator found the gap)."""
+    import math
+
+    from gridbot.core.hosts import HostStats
+
+    s = HostStats()
+    for i in range(5):
+        s.bad(10.0 + i, True)
+    assert not s.black_hole(15.0, others_good_at=-math.inf, others_busy=False)
+    assert s.black_hole(15.0, others_good_at=-math.inf, others_busy=True)
+
+    sim = Sim()
+    sim.bag("b", 100, {"Concurrency": "1"})
+    worker, hole = host("worker", slots=1), host("hole", slots=1)
+    assert len(sim.ask(worker, 1, 0.0)) == 1  # it runs its job for minutes
+    t = 1.0
+    for _ in range(5):
+        x = sim.ask(hole, 1, t)[0]
+        sim.ask(hole, 0, t + 0.5, [InstanceReport(x.instance_id, Outcome.FAILURE, 1, 0.5, reason="no disk")])
+        t += 1
+    sim.tick(30.0)
+    assert len(sim.ask(hole, 1, 31.0)) == 1, "before a minute, the other host's job proves nothing yet"
+    sim.ask(hole, 0, 31.5, [InstanceReport(sim.held["hole"].copy().pop(), Outcome.FAILURE, 1, 0.5, reason="x")])
+    sim.tick(90.0)
+    assert sim.ask(hole, 1, 91.0) == [], "another host busy for over a minute: the quick failer is held back"
+
+
 def test_a_bag_that_matches_nobody_gives_its_window_up_after_its_time_to_live():
     sim = Sim(buffer_size=100, buffer_ttl=600)
     stuck = sim.bag("stuck", 1000, {"JobRequirements": 'Host.Pool == "nowhere"'})

@@ -207,6 +207,8 @@ class Dispatcher:
         self._silence: list[tuple[float, str, _Host]] = []
         """(last time seen, id, host): at most one entry per live host, so a tick finds the silent ones
         without walking every host ever seen."""
+        self._busy: tuple[str, ...] = ()
+        """Up to two hosts that, at the last tick, ran an instance past the quick-failure window."""
         self._good: list[tuple[float, str]] = []
         """When the last two distinct hosts produced a good result, newest first (for black-hole detection)."""
 
@@ -369,10 +371,25 @@ class Dispatcher:
             for iid in sorted(host.running):
                 self._lose(self.instances[iid], now,
                            f"host {host.info.name} silent for {now - host.last_seen:.0f} s", changes)
+        self._busy = self._busy_hosts(now)
         self._park(now)
         self._replicate(now)
         self._check()
         return changes
+
+    def _busy_hosts(self, now: float) -> tuple[str, ...]:
+        """Two hosts running an instance for longer than a quick failure takes (oldest instances first,
+        so this usually stops after a few)."""
+        cutoff = now - QUICK_FAILURE_S
+        found: list[str] = []
+        for inst in self.instances.values():  # in the order they were sent
+            if inst.sent_at >= cutoff:
+                break
+            if inst.state is InstanceState.RUNNING and inst.host_id not in found:
+                found.append(inst.host_id)
+                if len(found) == 2:
+                    break
+        return tuple(found)
 
     def _park(self, now: float) -> None:
         """The buffer's time-to-live (section 6.2): a bag that matched no host for `buffer_ttl` while other
@@ -456,7 +473,8 @@ class Dispatcher:
 
     def host_attrs(self, host: _Host, now: float) -> dict[str, object]:
         """The host's ClassAd attributes as of `now`."""
-        attrs = host.stats.attrs(host.info, len(host.running), now, self._others_good_at(host.info.host_id))
+        attrs = host.stats.attrs(host.info, len(host.running), now, self._others_good_at(host.info.host_id),
+                                 any(h != host.info.host_id for h in self._busy))
         attrs["Reliable"] = host.info.pool in self.config.reliable_pools
         return attrs
 

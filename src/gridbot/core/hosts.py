@@ -79,17 +79,21 @@ class HostStats(msgspec.Struct):
         n = self.done + self.failed
         return self.failed / n if n else 0.0
 
-    def black_hole(self, now: float, others_good_at: float) -> bool:
+    def black_hole(self, now: float, others_good_at: float, others_busy: bool = False) -> bool:
         """Whether the host fails jobs right after starting them while others do them (see the module).
 
-        `others_good_at` is when another host last produced a good result (-inf: never).
+        `others_good_at` is when another host last produced a good result (-inf: never); `others_busy`
+        says another host is running a job past the quick-failure window right now. The second signal
+        catches a black hole at the start of a bag, before anyone has finished a job: jobs that fail
+        everywhere fail quickly everywhere, so nobody would be busy.
         """
         if now - self.last_failure > PAROLE:
             return False
         return self.blame >= BLACK_HOLE_BLAME or (
-            self.streak >= BLACK_HOLE_STREAK and others_good_at >= self.streak_start - PAROLE)
+            self.streak >= BLACK_HOLE_STREAK and (others_busy or others_good_at >= self.streak_start - PAROLE))
 
-    def attrs(self, info: HostInfo, running: int, now: float, others_good_at: float) -> dict[str, Any]:
+    def attrs(self, info: HostInfo, running: int, now: float, others_good_at: float,
+              others_busy: bool = False) -> dict[str, Any]:
         """The host's ClassAd attributes as of `now` (the dispatcher adds `Reliable`)."""
         return {
             "Name": info.name, "HostId": info.host_id, "Pool": info.pool, "Platform": info.platform,
@@ -98,5 +102,5 @@ class HostStats(msgspec.Struct):
             "JobsToday": self.jobs_today if int(now // DAY) == self.day else 0,
             "RecentGoodCpuTime": self.cpu_at(now),
             "AvgTurnaround": self.turnaround_sum / self.turnarounds if self.turnarounds else 0.0,
-            "BlackHole": self.black_hole(now, others_good_at),
+            "BlackHole": self.black_hole(now, others_good_at, others_busy),
         }
