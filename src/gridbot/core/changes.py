@@ -101,11 +101,23 @@ class Changes:
     """Bags cancelled by their owner: the store cancels their queued jobs that the dispatcher never saw."""
 
     def merge(self, other: Changes) -> Changes:
-        """Append `other` to this batch (later updates of the same job or bag win)."""
+        """Append `other` to this batch (later updates of the same job or bag win, but a result, a reason
+        or an end time already in this batch is kept when the later update leaves it out, as a store
+        applying the two batches one after the other would keep it)."""
         self.new_instances.extend(other.new_instances)
         self.instances.extend(other.instances)
-        self.jobs.update(other.jobs)
-        self.bags.update(other.bags)
+        for job_id, j in other.jobs.items():
+            prior = self.jobs.get(job_id)
+            if prior is not None and ((j.result_instance is None and prior.result_instance is not None)
+                                      or (not j.reason and prior.reason)):
+                j = JobUpdate(j.job_id, j.state, j.failures, j.attempts, j.reason or prior.reason,
+                              j.result_instance if j.result_instance is not None else prior.result_instance)
+            self.jobs[job_id] = j
+        for bag_id, b in other.bags.items():
+            prior_bag = self.bags.get(bag_id)
+            if prior_bag is not None and b.finished_at is None and prior_bag.finished_at is not None:
+                b = BagUpdate(b.bag_id, b.state, b.counts, prior_bag.finished_at)
+            self.bags[bag_id] = b
         self.hosts.update(other.hosts)
         self.cancelled_bags.extend(other.cancelled_bags)
         return self

@@ -74,6 +74,7 @@ class Server:
         self.service = service
         self.overlay = overlay
         self.tick_interval = tick_interval
+        self._flush_scheduled = False
         limit = max_request_bytes or max(64 << 20, 2 * service.config.dispatch.max_result_bytes + (1 << 20),
                                          service.config.max_input_bytes + (1 << 20))
         self.app = web.Application(middlewares=[_errors], client_max_size=limit)
@@ -121,8 +122,29 @@ class Server:
             return _error(request, 413, f"an exchange of {request.content_length:,} bytes is over the limit of "
                           f"{limit:,} bytes (twice the server's --max-result-size, plus 1 MiB)", "too_large")
         req = _exchange_decoder.decode(await request.read())
-        resp = self.service.exchange(req, time.time())
+        resp, changes = self.service.decide(req, time.time())
+        durable: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def done(error: BaseException | None) -> None:
+            if durable.done():
+                return
+            if error is not None:
+                durable.set_exception(error)
+            else:
+                durable.set_result(None)
+
+        self.service.stage(changes, done)
+        if not self._flush_scheduled:
+            # group commit: every exchange decided before this callback runs shares one transaction
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+        await durable
         return web.Response(body=_mp.encode(resp), content_type=MSGPACK)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        with contextlib.suppress(ServerUnavailable):  # the waiters have the error; each answers it
+            self.service.flush()
 
     async def health(self, request: web.Request) -> web.Response:
         return _reply(request, {"ok": True, "bags": len(self.service.dispatcher.bags)})

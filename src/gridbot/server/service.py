@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -55,6 +55,10 @@ class Service:
             raise GridbotError(f"the heartbeat ({self.config.heartbeat:g} s) must be at most half the host timeout "
                                f"({self.config.dispatch.host_timeout:g} s), or busy hosts would be taken for lost")
         store.claim()
+        self._pending: list[Changes] = []
+        self._waiters: list[Callable[[BaseException | None], None]] = []
+        self.batches = 0
+        """Transactions committed (each may carry many exchanges)."""
         self.dispatcher = Dispatcher(self.config.dispatch)
         self._load()
 
@@ -66,33 +70,75 @@ class Service:
         self.feed()
 
     def _commit(self, changes: Changes) -> None:
+        """Make `changes` durable now, with any staged before them (raises ServerUnavailable)."""
+        self._pending.append(changes)
+        self.flush()
+
+    def stage(self, changes: Changes, done: Callable[[BaseException | None], None]) -> None:
+        """Queue `changes` for the next `flush` (group commit); `done` is called once they are durable,
+        with None, or with the error if the store refused the batch. Nothing staged may be answered
+        before `done` has been called."""
+        self._pending.append(changes)
+        self._waiters.append(done)
+
+    def flush(self) -> None:
+        """Apply every staged batch in one transaction (one fsync for all of them), then tell the waiters.
+
+        If the store fails, nothing of the batch was applied: the dispatcher is rebuilt from the store,
+        every waiter gets the error, and so does the caller (ServerUnavailable).
+        """
+        if not self._pending:
+            return
+        batch = self._pending[0]
+        for more in self._pending[1:]:
+            batch.merge(more)
+        waiters = self._waiters
+        self._pending, self._waiters = [], []
         try:
-            self.store.apply(changes)
+            self.store.apply(batch)
         except Exception as e:
             log.exception("store failed to apply a batch; reloading the dispatcher from the store")
+            error = ServerUnavailable(f"the store failed: {e}; try again")
+            for done in waiters:
+                done(error)
             self._load()
-            raise ServerUnavailable(f"the store failed: {e}; try again") from e
-        for b in changes.bags.values():
+            raise error from e
+        self.batches += 1
+        for done in waiters:
+            done(None)
+        for b in batch.bags.values():
             if b.state is not BagState.ACTIVE:
                 log.info("bag %d %s: %d done, %d failed, %d instances, %d wasted", b.bag_id, b.state.value,
                          b.counts.done, b.counts.failed, b.counts.instances, b.counts.wasted)
 
     def feed(self) -> None:
-        """Refill the dispatcher's windows from the store (the paper's feeder)."""
-        for req in self.dispatcher.needs_feed():
+        """Refill the dispatcher's windows from the store (the paper's feeder).
+
+        Staged changes are flushed first: the store must not offer as queued a job the dispatcher has
+        already sent or finished."""
+        requests = self.dispatcher.needs_feed()
+        if requests and self._pending:
+            self.flush()
+            requests = self.dispatcher.needs_feed()
+        for req in requests:
             self.dispatcher.feed(req.bag_id, self.store.queued_jobs(req.bag_id, req.after, req.limit), req.limit)
 
     # -- workers --------------------------------------------------------------------------------------
 
     def exchange(self, req: ExchangeRequest, now: float) -> ExchangeResponse:
         """A worker's round trip; its reports and new assignments are durable when this returns."""
+        resp, changes = self.decide(req, now)
+        self._commit(changes)
+        return resp
+
+    def decide(self, req: ExchangeRequest, now: float) -> tuple[ExchangeResponse, Changes]:
+        """A worker's round trip without the commit: the answer may be sent only once `changes` are
+        durable (through `stage` and `flush`, or `_commit`)."""
         self.feed()
         answer, changes = self.dispatcher.request_work(req.host, max(0, req.want), req.running, now, req.reports)
-        self._commit(changes)
         cfg = self.config.dispatch
-        return ExchangeResponse(answer.assignments, answer.cancel, answer.backoff,
-                                heartbeat=self.config.heartbeat,
-                                max_result_bytes=cfg.max_result_bytes)
+        return ExchangeResponse(answer.assignments, answer.cancel, answer.backoff, heartbeat=self.config.heartbeat,
+                                max_result_bytes=cfg.max_result_bytes), changes
 
     def tick(self, now: float) -> None:
         """Deadline expiry and silent hosts, then a feeder pass."""

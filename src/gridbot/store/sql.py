@@ -399,6 +399,12 @@ class PostgresStore(SqlStore):
                 copy.write_row((bag_id, i, lines[i] if lines is not None else None))
 
     def close(self) -> None:
+        # release the claim now: a closed connection's backend lets go of its locks only when it has
+        # finished exiting, so another server opening the database right after could find it still held
+        with contextlib.suppress(Exception):
+            self.conn.rollback()
+            self.conn.execute("SELECT pg_advisory_unlock_all()")
+            self.conn.commit()
         self.conn.close()
 
 
