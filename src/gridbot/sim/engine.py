@@ -13,6 +13,7 @@ and hosts that come and go by themselves, network latency, pilot walltime and id
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import random
 from array import array
@@ -46,7 +47,6 @@ class _Machine:
     info: HostInfo
     speed: float
     black_hole: bool
-    busy: bool = False
 
 
 @dataclass(eq=False)
@@ -97,11 +97,14 @@ class CompactStore:
     def __init__(self) -> None:
         self.next_job_id = 1
         self.bags: dict[int, tuple[int, bytearray]] = {}
-        self._job_bag: list[tuple[int, int]] = []
+        self._firsts: list[int] = []
+        """First job id of each bag, in bag order (job ids are contiguous per bag)."""
+        self._bag_ids: list[int] = []
 
     def create_bag(self, bag_id: int, jobs: int) -> None:
         self.bags[bag_id] = (self.next_job_id, bytearray(jobs))
-        self._job_bag.append((self.next_job_id, bag_id))
+        self._firsts.append(self.next_job_id)
+        self._bag_ids.append(bag_id)
         self.next_job_id += jobs
 
     def queued_jobs(self, bag_id: int, after: int, limit: int) -> list[QueuedJob]:
@@ -119,19 +122,9 @@ class CompactStore:
     def apply(self, changes: Changes) -> None:
         codes = self._CODES
         for j in changes.jobs.values():
-            bag_id = self._bag_of(j.job_id)
+            bag_id = self._bag_ids[bisect.bisect_right(self._firsts, j.job_id) - 1]
             first, states = self.bags[bag_id]
             states[j.job_id - first] = codes[j.state]
-
-    def _bag_of(self, job_id: int) -> int:
-        lo, hi = 0, len(self._job_bag) - 1
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self._job_bag[mid][0] <= job_id:
-                lo = mid
-            else:
-                hi = mid - 1
-        return self._job_bag[lo][1]
 
 
 class Simulation:
@@ -309,7 +302,6 @@ class Simulation:
         machine = free[i]
         free[i] = free[-1]
         free.pop()
-        machine.busy = True
         self._pilot_ids += 1
         pilot = _Pilot(machine, pool, self.now, self._pilot_ids)
         pool.pilots[pilot.number] = pilot
@@ -349,7 +341,6 @@ class Simulation:
         """The pilot is gone; what it held is lost until the server notices (host timeout or deadline).
         With `repair`, its machine failed and stays out of service for the pool's unavailability."""
         pilot.alive = False
-        pilot.machine.busy = False
         for iid in pilot.running:
             self._stop(pilot, iid)
         pool = pilot.pool
