@@ -89,12 +89,12 @@ class Service:
         """
         if not self._pending:
             return
-        batch = self._pending[0]
-        for more in self._pending[1:]:
-            batch.merge(more)
-        waiters = self._waiters
+        pending, waiters = self._pending, self._waiters
         self._pending, self._waiters = [], []
         try:
+            batch = pending[0]
+            for more in pending[1:]:
+                batch.merge(more)
             self.store.apply(batch)
         except Exception as e:
             log.exception("store failed to apply a batch; reloading the dispatcher from the store")
