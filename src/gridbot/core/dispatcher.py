@@ -196,6 +196,9 @@ class Dispatcher:
         self.bags: dict[int, _Bag] = {}
         self.jobs: dict[int, _Job] = {}
         self.instances: dict[int, _Instance] = {}
+        self._running: dict[int, _Instance] = {}
+        """The running instances alone, oldest first (overdue ones, which may wait long for a late
+        report, stay only in `instances`)."""
         self.hosts: dict[str, _Host] = {}
         self.next_instance_id = 1
         self._deadlines: list[tuple[float, int]] = []
@@ -233,6 +236,7 @@ class Dispatcher:
             inst = _Instance(li.instance_id, job, li.host_id, li.state, li.sent_at, li.instance_deadline)
             self.instances[li.instance_id] = inst
             if li.state is InstanceState.RUNNING:
+                self._running[li.instance_id] = inst
                 job.live.add(li.instance_id)
                 heapq.heappush(self._deadlines, (li.instance_deadline, li.instance_id))
                 host = self.hosts.get(li.host_id)
@@ -382,10 +386,10 @@ class Dispatcher:
         so this usually stops after a few)."""
         cutoff = now - QUICK_FAILURE_S
         found: list[str] = []
-        for inst in self.instances.values():  # in the order they were sent
+        for inst in self._running.values():  # in the order they were sent
             if inst.sent_at >= cutoff:
                 break
-            if inst.state is InstanceState.RUNNING and inst.host_id not in found:
+            if inst.host_id not in found:
                 found.append(inst.host_id)
                 if len(found) == 2:
                     break
@@ -641,6 +645,7 @@ class Dispatcher:
         bag.last_match = now
         inst = _Instance(iid, job, host.info.host_id, InstanceState.RUNNING, now, deadline)
         self.instances[iid] = inst
+        self._running[iid] = inst
         self.jobs[job.job_id] = job
         job.live.add(iid)
         job.attempts += 1
@@ -705,6 +710,7 @@ class Dispatcher:
         """Take `inst` off its job's live set and its host; return whether it was running."""
         inst.job.live.discard(inst.instance_id)
         inst.job.overdue.discard(inst.instance_id)
+        self._running.pop(inst.instance_id, None)
         host = self.hosts.get(inst.host_id)
         if host is not None:
             host.running.discard(inst.instance_id)
@@ -768,6 +774,7 @@ class Dispatcher:
         bag.failover.clear()
         for iid in [i for i, inst in self.instances.items() if inst.job.bag_id == bag.bag_id]:
             del self.instances[iid]
+            self._running.pop(iid, None)
         for job_id in [j.job_id for j in self.jobs.values() if j.bag_id == bag.bag_id]:
             del self.jobs[job_id]
         changes.bags[bag.bag_id] = BagUpdate(bag.bag_id, state, _copy(bag.counts), now)
@@ -815,6 +822,7 @@ class Dispatcher:
             running = sum(1 for j in self.jobs.values() if j.bag_id == bag.bag_id and j.state is JobState.RUNNING)
             assert running == bag.counts.running, (bag.bag_id, running, bag.counts)
             assert min(bag.counts.queued, bag.counts.running, bag.counts.done, bag.counts.failed) >= 0, bag.counts
+        assert set(self._running) == {i for i, x in self.instances.items() if x.state is InstanceState.RUNNING}
         for iid, inst in self.instances.items():
             assert inst.state in (InstanceState.RUNNING, InstanceState.OVERDUE), (iid, inst.state)
             assert (iid in inst.job.live) == (inst.state is InstanceState.RUNNING), iid
