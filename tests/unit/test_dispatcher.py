@@ -230,3 +230,13 @@ def test_a_requeued_job_avoids_the_host_it_failed_on_for_a_while():
     b = h2.ask(B, 1, 2).assignments[0]
     again = h2.ask(B, 1, 3, [fail(b.instance_id)]).assignments
     assert [x.job_id for x in again] == [a.job_id], "every live host has failed it: retried at once"
+
+
+def test_an_idle_host_is_told_to_wait_longer_each_time_up_to_the_cap():
+    h = CoreSim()
+    h.bag("b", 1)
+    busy, idle = HostInfo("busy", "busy"), HostInfo("idle", "idle")
+    assert len(h.ask(busy, 1, 0.0)) == 1  # the only job is out: bags are active, nothing is queued
+    waits = [h.exchange(idle, 1, 1.0 + i).backoff for i in range(5)]
+    cfg = h.d.config
+    assert waits == [cfg.backoff_idle, 2 * cfg.backoff_idle, cfg.backoff_max, cfg.backoff_max, cfg.backoff_max]

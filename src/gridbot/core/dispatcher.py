@@ -62,10 +62,11 @@ class DispatchConfig:
     """Seconds a host is told to wait when bags are active but nothing is queued for it."""
     backoff_empty: float = 10.0
     """Seconds a host is told to wait when no bag is active."""
-    backoff_max: float = 10.0
+    backoff_max: float = 4.0
     """A host that keeps getting nothing while bags are active is told to wait twice as long each time,
-    from `backoff_idle` up to this: a tail with thousands of idle pilots does not become thousands of
-    requests a second."""
+    from `backoff_idle` up to this, so a tail with thousands of idle pilots asks less often. Kept short:
+    an idle host is also what picks up a replica or a re-queued job (a deployment of thousands of hosts
+    may raise it; the simulator's large scenarios use 10 s)."""
     check_invariants: bool = False
     """Check counters against the state after every event (tests turn it on)."""
     tail_threshold: int = 0
