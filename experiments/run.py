@@ -118,7 +118,7 @@ def rank_inversions(r: Results, mark: str) -> int:
 def small_bags_table(runs: dict[str, list[Results]]) -> str:
     rows = ["| bag | Concurrency | JobRequirements | makespan | tail | replicas % | waste % |",
             "|---|---|---|---|---|---|---|"]
-    for name, results in runs.items():
+    for results in runs.values():
         for i, label in enumerate(("B1", "B2", "B3", "B4", "B5")):
             bags = [r.bags[i] for r in results]
             policy = SMALL_BAGS[label]
@@ -126,7 +126,6 @@ def small_bags_table(runs: dict[str, list[Results]]) -> str:
                         f"| {_h(_mean([b.makespan for b in bags]))} | {_h(_mean([b.tail_makespan for b in bags]))} "
                         f"| {statistics.fmean(b.replicas_pct for b in bags):.0f} "
                         f"| {statistics.fmean(b.waste_pct for b in bags):.0f} |")
-        del name
     return "\n".join(rows)
 
 

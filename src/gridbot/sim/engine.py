@@ -209,7 +209,7 @@ class Simulation:
         for n in changes.new_instances:
             pool = n.host_id.rsplit("-", 1)[0]
             self._inst_pool[n.instance_id] = (pool, n.bag_id)
-            rec.sent(pool, n.bag_id)
+            rec.sent(pool)
         for u in changes.instances:
             where = self._inst_pool.get(u.instance_id)
             if where is None:

@@ -134,7 +134,7 @@ class Recorder:
         self.state[bag_id] = BagState.ACTIVE
         self.incomplete[bag_id] = [None] * len(self.times)
 
-    def sent(self, pool: str, bag_id: int) -> None:
+    def sent(self, pool: str) -> None:
         self.pool[pool]["instances"] += 1
 
     def cpu(self, bag_id: int, seconds: float) -> None:
