@@ -60,6 +60,12 @@ class WorkerConfig:
     min_cpu: float = 0.0
     """A job using less than this fraction of a CPU over `cpu_window` makes the worker leave (0: never)."""
     cpu_window: float = 600.0
+    executor: str = "shell"
+    """"shell" runs each command; "noop" reports each instance done at once without running it, so a
+    benchmark or a test measures the server, the protocol and the store alone (issue 6)."""
+
+
+EXECUTORS = ("shell", "noop")
 
 
 class ProtocolError(Exception):
@@ -70,6 +76,8 @@ class Worker:
     """One execution client with `slots` concurrent instances."""
 
     def __init__(self, config: WorkerConfig) -> None:
+        if config.executor not in EXECUTORS:
+            raise ValueError(f"unknown executor {config.executor!r}; use one of {', '.join(EXECUTORS)}")
         self.config = config
         self.identity = hostid.acquire(config.slot_name, config.state_dir)
         self.host = HostInfo(self.identity.host_id, self.identity.name, f"{platform.system()}-{platform.machine()}",
@@ -246,6 +254,12 @@ class Worker:
         self._start_ready()
 
     def _start_ready(self) -> None:
+        if self.config.executor == "noop":
+            if not self.stopping.is_set():
+                self.reports.extend(InstanceReport(a.instance_id, Outcome.SUCCESS, 0) for a in self.waiting)
+                self.waiting.clear()
+                self.wake.set()
+            return
         while self.waiting and len(self.running) < self.config.slots and not self.stopping.is_set():
             a = self.waiting.popleft()
             stop = self.kill[a.instance_id] = asyncio.Event()

@@ -1,0 +1,202 @@
+"""What the benchmarks share: starting a real gridbot server and workers as processes, reading their
+memory, making throwaway databases, and printing tables of min/median/max with ratios.
+
+Nothing here is timed by a test; the scripts beside it print figures (issue 6).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import signal
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+PG_ADMIN = os.environ.get("GRIDBOT_BENCH_PG", os.environ.get("GRIDBOT_TEST_PG",
+                                                              "postgresql://postgres@127.0.0.1:5432/postgres"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rss_mib(pid: int, peak: bool = False) -> float:
+    """Resident memory of a process now (or its peak, VmHWM), in MiB."""
+    key = "VmHWM:" if peak else "VmRSS:"
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+@dataclass
+class Server:
+    """A `gridbot server` process on a free port."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@contextmanager
+def server(db: str, workdir: Path, *args: str) -> Iterator[Server]:
+    """Start `gridbot server` on `db` and wait until it answers; stop it afterwards."""
+    port = free_port()
+    log = workdir / f"server-{port}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "gridbot", "--log-level", "warning", "server", "--db", db,
+                                 "--port", str(port), "--state-dir", str(workdir / "state"), *args],
+                                stdout=out, stderr=subprocess.STDOUT)
+    srv = Server(proc, f"http://127.0.0.1:{port}", log)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{srv.url}/v1/health", timeout=1):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"the server did not start:\n{log.read_text()[-2000:]}") from None
+                time.sleep(0.05)
+        yield srv
+    finally:
+        srv.stop()
+
+
+@contextmanager
+def workers(url: str, count: int, workdir: Path, *args: str) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Start `count` `gridbot worker` processes; SIGTERM whatever is left afterwards."""
+    procs = []
+    for n in range(count):
+        wd = workdir / f"w{n}"
+        wd.mkdir(parents=True, exist_ok=True)
+        with (wd / "log").open("wb") as out:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "gridbot", "--log-level", "warning", "worker", "--server", url,
+                 "--name", f"bench{n}", "--workdir", str(wd), "--idle-timeout", "3", *args],
+                stdout=out, stderr=subprocess.STDOUT))
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+@contextmanager
+def pg_database(name: str) -> Iterator[str]:
+    """A fresh PostgreSQL database for one run (dropped afterwards); yields its URL."""
+    import psycopg
+
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    base = PG_ADMIN.rsplit("/", 1)[0]
+    try:
+        yield f"{base}/{name}"
+    finally:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def instance_times(db: str) -> list[tuple[float, float]]:
+    """(sent_at, ended_at) of every instance that ended done, from the store itself, by end time."""
+    query = "SELECT sent_at, ended_at FROM instances WHERE state = 'done' ORDER BY ended_at"
+    if db.startswith("sqlite:///"):
+        path = db.removeprefix("sqlite:///").split("?", 1)[0]
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            return [(float(a), float(b)) for a, b in conn.execute(query)]
+        finally:
+            conn.close()
+    import psycopg
+
+    with psycopg.connect(db) as pconn:
+        return [(float(a), float(b)) for a, b in pconn.execute(query)]
+
+
+def rate(times: Sequence[tuple[float, float]], first: int | None = None) -> float:
+    """Jobs per second from the first instance sent to the `first`-th result (all by default)."""
+    if not times:
+        return 0.0
+    n = len(times) if first is None else min(first, len(times))
+    start = min(t[0] for t in times[:n])
+    return n / max(1e-9, times[n - 1][1] - start)
+
+
+@dataclass
+class Row:
+    """One line of a results table: a system and its figures over repetitions."""
+
+    name: str
+    values: list[float] = field(default_factory=list)
+    unit: str = "jobs/s"
+    note: str = ""
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values) if self.values else float("nan")
+
+
+def fmt(v: float) -> str:
+    if v != v:  # nan
+        return "-"
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:,.2f}" if abs(v) < 10 else f"{v:,.1f}"
+
+
+def table(title: str, rows: Sequence[Row], versus: str | None = None, higher_is_better: bool = True) -> str:
+    """A Markdown table of min/median/max per row, with each row's median over `versus`'s median."""
+    ref = next((r for r in rows if r.name == versus), None)
+    lines = [f"### {title}", "", "| system | unit | min | median | max | runs | vs " + (versus or "-") + " | note |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r.values:
+            ratio = (r.median / ref.median if higher_is_better else ref.median / r.median) if ref and ref.values \
+                else float("nan")
+            lines.append(f"| {r.name} | {r.unit} | {fmt(min(r.values))} | {fmt(r.median)} | {fmt(max(r.values))} | "
+                         f"{len(r.values)} | {'-' if ratio != ratio else f'{ratio:.2f}x'} | {r.note} |")
+        else:
+            lines.append(f"| {r.name} | {r.unit} | - | - | - | 0 | - | {r.note} |")
+    return "\n".join(lines) + "\n"
+
+
+def machine() -> str:
+    """The machine and software the figures come from."""
+    cpu = "?"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return (f"{platform.node()}: {os.cpu_count()} cores ({cpu}), {mem:.0f} GiB, {platform.system()} "
+            f"{platform.release()}, CPython {platform.python_version()}, SQLite {sqlite3.sqlite_version}")
