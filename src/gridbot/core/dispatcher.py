@@ -13,7 +13,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -93,7 +93,7 @@ class DispatchConfig:
     exists, so another host gets a chance (with none, it is retried at once)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class _Job:
     """A job the dispatcher currently holds: in a bag's window, running, or waiting for a late report."""
 
@@ -105,17 +105,18 @@ class _Job:
     failures: int = 0
     attempts: int = 0
     live: set[int] = field(default_factory=set)
-    overdue: set[int] = field(default_factory=set)
+    overdue: set[int] | None = None
     in_buffer: bool = False
     reason: str = ""
-    quick_failures: list[str] = field(default_factory=list)
+    quick_failures: list[str] | None = None
     """Hosts that failed this job right after starting it: blamed if another host then does it."""
     replica_pending: bool = False
-    failed_on: dict[str, float] = field(default_factory=dict)
-    """When the job last failed on each host."""
+    failed_on: dict[str, float] | None = None
+    """When the job last failed on each host (the three are made on first use: most jobs never fail, and a
+    window of twenty thousand jobs paid for them all)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class _Instance:
     instance_id: int
     job: _Job
@@ -152,6 +153,10 @@ class _Bag:
     """Running jobs chosen for one more instance (Algorithm 2), served after the queued jobs."""
     cursor: int = 0
     exhausted: bool = False
+    input_names: list[str] = field(default_factory=list)
+    """File names of the spec's inputs, as every assignment carries them."""
+    render: Callable[[int, str | None], tuple[str, dict[str, str], list[str]]] | None = None
+    """The spec's renderer (BagSpec.renderer), made once per spec."""
 
 
 @dataclass
@@ -215,6 +220,9 @@ class Dispatcher:
         """Up to two hosts that, at the last tick, ran an instance past the quick-failure window."""
         self._good: list[tuple[float, str]] = []
         """When the last two distinct hosts produced a good result, newest first (for black-hole detection)."""
+        self._touched: dict[int, _Bag] = {}
+        """Bags whose counters changed during the current event: their update is written once, at its end
+        (a bundle of a thousand instances used to copy the counters a thousand times)."""
 
     # -- set-up ---------------------------------------------------------------------------------------
 
@@ -244,7 +252,7 @@ class Dispatcher:
                 if host is not None:
                     host.running.add(li.instance_id)
             else:
-                job.overdue.add(li.instance_id)
+                job.overdue = (job.overdue or set()) | {li.instance_id}
         self._check()
 
     def add_bag(self, bag: BagSnapshot) -> None:
@@ -254,12 +262,15 @@ class Dispatcher:
         """
         policies = BagPolicies(compile_policies(bag.spec.policy, bag.spec.instance_deadline),
                                bag.spec.instance_deadline)
-        self.bags[bag.bag_id] = _Bag(bag.bag_id, bag.spec, bag.counts, bag.created_at, policies)
+        self.bags[bag.bag_id] = _Bag(bag.bag_id, bag.spec, bag.counts, bag.created_at, policies,
+                                     input_names=_input_names(bag.spec), render=bag.spec.renderer())
 
     def set_policy(self, bag_id: int, spec: BagSpec) -> None:
         """Use a bag's changed policies from the next decision on (validated by the caller)."""
         bag = self.bags[bag_id]
         bag.spec = spec
+        bag.input_names = _input_names(spec)
+        bag.render = spec.renderer()
         bag.policies = BagPolicies(compile_policies(spec.policy, spec.instance_deadline), spec.instance_deadline)
         bag.dirty = True
 
@@ -329,6 +340,7 @@ class Dispatcher:
             else:
                 backoff = self.config.backoff_empty
         self._emit_host(host, changes)
+        self._seal(changes)
         self._check()
         return WorkAnswer(assignments, cancel, backoff), changes
 
@@ -344,7 +356,8 @@ class Dispatcher:
             inst = self.instances.get(r.instance_id)
             if inst is None or inst.host_id != host_id:
                 continue
-            if r.outcome is Outcome.SUCCESS and r.result_bytes > self.config.max_result_bytes:
+            if (r.outcome is Outcome.SUCCESS and (r.outputs or r.stdout_tail or r.stderr_tail)
+                    and r.result_bytes > self.config.max_result_bytes):
                 r = InstanceReport(
                     r.instance_id, Outcome.FAILURE, r.exit_code, r.wall_s, r.cpu_s,
                     f"result of {r.result_bytes:,} bytes is over the server's limit of "
@@ -352,6 +365,7 @@ class Dispatcher:
                     r.stdout_tail[-4096:], r.stderr_tail[-4096:],
                 )
             self._end(inst, r, now, changes)
+        self._seal(changes)
         self._check()
         return changes
 
@@ -379,6 +393,7 @@ class Dispatcher:
         self._busy = self._busy_hosts(now)
         self._park(now)
         self._replicate(now)
+        self._seal(changes)
         self._check()
         return changes
 
@@ -471,6 +486,7 @@ class Dispatcher:
         bag.counts.queued = 0
         changes.cancelled_bags.append(bag_id)
         self._close_bag(bag, BagState.CANCELLED, now, changes)
+        self._seal(changes)
         self._check()
         return changes
 
@@ -589,8 +605,9 @@ class Dispatcher:
             if job.state is not JobState.QUEUED:
                 job.in_buffer = False
                 continue
-            avoid = (job.failed_on.get(host.info.host_id, -math.inf) > horizon
-                     and len(job.failed_on) < len(self.live_hosts))
+            failed_on = job.failed_on or {}
+            avoid = (failed_on.get(host.info.host_id, -math.inf) > horizon
+                     and len(failed_on) < len(self.live_hosts))
             if len(out) >= want or len(host.running) >= concurrency or avoid:
                 keep.append(job)
                 continue
@@ -657,10 +674,10 @@ class Dispatcher:
         bag.counts.instances += 1
         self._set_job(job, JobState.RUNNING, changes)
         changes.new_instances.append(NewInstance(iid, job.job_id, bag.bag_id, host.info.host_id, now, deadline))
-        command, env, outputs = bag.spec.render(job.index, job.line)
-        return Assignment(iid, job.job_id, bag.bag_id, bag.spec.name, job.index, command, env,
-                          [p.rstrip("/").rsplit("/", 1)[-1] for p in bag.spec.inputs], outputs, deadline,
-                          bag.spec.timeout)
+        assert bag.render is not None
+        command, env, outputs = bag.render(job.index, job.line)
+        return Assignment(iid, job.job_id, bag.bag_id, bag.spec.name, job.index, command, env, bag.input_names,
+                          outputs, deadline, bag.spec.timeout)
 
     def _end(self, inst: _Instance, r: InstanceReport, now: float, changes: Changes) -> None:
         """Apply a host's report about `inst`, which may be running or overdue (a late report)."""
@@ -671,7 +688,7 @@ class Dispatcher:
             if job.state in JOB_TERMINAL:
                 self._move(inst, InstanceState.WASTED, now, "a result already existed", r, changes)
                 bag.counts.wasted += 1
-                self._emit_bag(bag, changes)
+                self._emit_bag(bag)
             else:
                 self._move(inst, InstanceState.DONE, now, "", r, changes)
                 self._finish_job(job, JobState.DONE, "", now, changes, result=inst.instance_id, winner=inst.host_id)
@@ -688,20 +705,20 @@ class Dispatcher:
                 quick = r.wall_s < QUICK_FAILURE_S
                 host.stats.bad(now, quick)
                 if quick:
-                    job.quick_failures.append(inst.host_id)
+                    job.quick_failures = [*(job.quick_failures or ()), inst.host_id]
             if was_running:
                 job.failures += 1
-                job.failed_on[inst.host_id] = now
+                job.failed_on = {**(job.failed_on or {}), inst.host_id: now}
             self._after_failure(job, reason, now, changes)
 
     def _lose(self, inst: _Instance, now: float, reason: str, changes: Changes) -> None:
         """A running instance that will probably never report: overdue, a failure, the job re-queued."""
         self._detach(inst)
         self._move(inst, InstanceState.OVERDUE, now, reason, None, changes)
-        inst.job.overdue.add(inst.instance_id)
+        inst.job.overdue = (inst.job.overdue or set()) | {inst.instance_id}
         self.bags[inst.job.bag_id].counts.overdue += 1
         inst.job.failures += 1
-        inst.job.failed_on[inst.host_id] = now
+        inst.job.failed_on = {**(inst.job.failed_on or {}), inst.host_id: now}
         host = self.hosts.get(inst.host_id)
         if host is not None:
             host.stats.bad(now, False)
@@ -710,7 +727,8 @@ class Dispatcher:
     def _detach(self, inst: _Instance) -> bool:
         """Take `inst` off its job's live set and its host; return whether it was running."""
         inst.job.live.discard(inst.instance_id)
-        inst.job.overdue.discard(inst.instance_id)
+        if inst.job.overdue:
+            inst.job.overdue.discard(inst.instance_id)
         self._running.pop(inst.instance_id, None)
         host = self.hosts.get(inst.host_id)
         if host is not None:
@@ -747,7 +765,7 @@ class Dispatcher:
         if reason:
             job.reason = reason
         if state is JobState.DONE:
-            for host_id in job.quick_failures:
+            for host_id in job.quick_failures or ():
                 culprit = self.hosts.get(host_id)
                 if culprit is not None and host_id != winner:
                     culprit.stats.blame += 1
@@ -778,6 +796,7 @@ class Dispatcher:
             self._running.pop(iid, None)
         for job_id in [j.job_id for j in self.jobs.values() if j.bag_id == bag.bag_id]:
             del self.jobs[job_id]
+        self._touched.pop(bag.bag_id, None)
         changes.bags[bag.bag_id] = BagUpdate(bag.bag_id, state, _copy(bag.counts), now)
         del self.bags[bag.bag_id]
 
@@ -785,8 +804,9 @@ class Dispatcher:
         if state is not job.state:
             check_transition(JOB_TRANSITIONS, job.state, state)
             counts = self.bags[job.bag_id].counts
-            setattr(counts, job.state.value, getattr(counts, job.state.value) - 1)
-            setattr(counts, state.value, getattr(counts, state.value) + 1)
+            old, new = _COUNTER[job.state], _COUNTER[state]
+            setattr(counts, old, getattr(counts, old) - 1)
+            setattr(counts, new, getattr(counts, new) + 1)
             job.state = state
         self._emit_job(job, changes, result)
 
@@ -797,11 +817,17 @@ class Dispatcher:
         changes.jobs[job.job_id] = JobUpdate(job.job_id, job.state, job.failures, job.attempts, job.reason, result)
         bag = self.bags.get(job.bag_id)
         if bag is not None:
-            self._emit_bag(bag, changes)
+            self._emit_bag(bag)
 
-    def _emit_bag(self, bag: _Bag, changes: Changes) -> None:
+    def _emit_bag(self, bag: _Bag) -> None:
         bag.dirty = True
-        changes.bags[bag.bag_id] = BagUpdate(bag.bag_id, bag.state, _copy(bag.counts))
+        self._touched[bag.bag_id] = bag
+
+    def _seal(self, changes: Changes) -> None:
+        """Write the counters of the bags this event changed (once each, whatever the number of jobs)."""
+        for bag in self._touched.values():
+            changes.bags[bag.bag_id] = BagUpdate(bag.bag_id, bag.state, _copy(bag.counts))
+        self._touched.clear()
 
     def _move(self, inst: _Instance, state: InstanceState, now: float, reason: str,
               report: InstanceReport | None, changes: Changes) -> None:
@@ -828,6 +854,14 @@ class Dispatcher:
             assert inst.state in (InstanceState.RUNNING, InstanceState.OVERDUE), (iid, inst.state)
             assert (iid in inst.job.live) == (inst.state is InstanceState.RUNNING), iid
 
+
+
+_COUNTER = {s: s.value for s in JobState}
+"""The BagCounts field of each job state."""
+
+
+def _input_names(spec: BagSpec) -> list[str]:
+    return [p.rstrip("/").rsplit("/", 1)[-1] for p in spec.inputs]
 
 
 def _copy(counts: BagCounts) -> BagCounts:

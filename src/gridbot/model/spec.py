@@ -12,6 +12,7 @@ import difflib
 import re
 import string
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from functools import lru_cache
@@ -57,6 +58,17 @@ class Parameter(msgspec.Struct, frozen=True):
         assert self.start is not None and self.stop is not None and self.step is not None
         return _range_len(self.start, self.stop, self.step)
 
+    def value_of(self) -> Callable[[int], str]:
+        """`value` as a function with the parameter's kind settled once (integer ranges are the common case)."""
+        if self.values is not None:
+            return self.values.__getitem__
+        assert self.start is not None and self.step is not None
+        ints = _whole(self.start, self.step)
+        if ints is not None:
+            first, step = ints
+            return lambda i: str(first + step * i)
+        return self.value
+
     def value(self, i: int) -> str:
         """The i-th value, rendered as it appears in commands."""
         if self.values is not None:
@@ -66,6 +78,23 @@ class Parameter(msgspec.Struct, frozen=True):
         if ints is not None:
             return str(ints[0] + ints[1] * i)
         return _render_decimal(Decimal(self.start) + Decimal(self.step) * i)
+
+
+def _plain_template(command: str) -> tuple[str, str, str] | None:
+    """(text before, field name, text after) when `command` has exactly one plain `{name}` field."""
+    try:
+        parts = list(string.Formatter().parse(command))
+    except ValueError:
+        return None
+    fields = [p for p in parts if p[1] is not None]
+    if len(fields) != 1 or fields[0][2] or fields[0][3] or not fields[0][1] or not fields[0][1].isidentifier():
+        return None
+    if any(("{" in p[0] or "}" in p[0]) for p in parts):
+        return None  # escaped braces: leave them to format_map
+    i = parts.index(fields[0])
+    head = "".join(p[0] for p in parts[: i + 1])
+    tail = "".join(p[0] for p in parts[i + 1:])
+    return head, fields[0][1], tail
 
 
 @lru_cache(maxsize=4096)
@@ -119,12 +148,43 @@ class BagSpec(msgspec.Struct, frozen=True):
 
     def render(self, index: int, line: str | None = None) -> tuple[str, dict[str, str], list[str]]:
         """Command, environment and output names of job `index` (`line` is its command in each-line bags)."""
+        return self.renderer()(index, line)
+
+    def renderer(self) -> Callable[[int, str | None], tuple[str, dict[str, str], list[str]]]:
+        """`render` with the per-bag work done once: the dispatcher keeps one per bag and calls it for every
+        job it sends, where looking up each parameter's size and kind again cost more than the job."""
         if self.each_line:
-            return line or "", dict(self.env), list(self.outputs)
-        values = self.params(index)
-        env = {k: v.format_map(values) for k, v in self.env.items()}
-        env.update({f"GRIDBOT_PARAM_{k.upper()}": v for k, v in values.items()})
-        return self.command.format_map(values), env, [o.format_map(values) for o in self.outputs]
+            env, outputs = self.env, self.outputs
+            return lambda index, line: (line or "", dict(env), list(outputs))
+        axes = [(p.name, f"GRIDBOT_PARAM_{p.name.upper()}", len(p), p.value_of()) for p in reversed(self.parameters)]
+        axes.reverse()
+        sizes = [n for _, _, n, _ in axes]
+        command, env_t, outputs_t = self.command, self.env, self.outputs
+        plain = _plain_template(command)
+        if len(axes) == 1 and not env_t and not outputs_t and plain is not None and plain[1] == axes[0][0]:
+            # the common sweep: one parameter in the command and nothing else to fill in
+            head, _, tail = plain
+            key, value = axes[0][1], axes[0][3]
+
+            def render_one(index: int, line: str | None = None) -> tuple[str, dict[str, str], list[str]]:
+                v = value(index)
+                return head + v + tail, {key: v}, []
+
+            return render_one
+
+        def render(index: int, line: str | None = None) -> tuple[str, dict[str, str], list[str]]:
+            picks = []
+            for n in reversed(sizes):
+                index, i = divmod(index, n)
+                picks.append(i)
+            picks.reverse()
+            values = {name: value(i) for (name, _, _, value), i in zip(axes, picks, strict=True)}
+            env = {k: v.format_map(values) for k, v in env_t.items()} if env_t else {}
+            for (name, key, _, _) in axes:
+                env[key] = values[name]
+            return command.format_map(values), env, [o.format_map(values) for o in outputs_t]
+
+        return render
 
 
 @dataclass(frozen=True)

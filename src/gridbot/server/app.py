@@ -107,6 +107,7 @@ class Server:
                 await task
         if self.overlay is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.overlay.close)
+        self.service.close()
 
     async def _tick_loop(self) -> None:
         while True:
@@ -143,8 +144,7 @@ class Server:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        with contextlib.suppress(ServerUnavailable):  # the waiters have the error; each answers it
-            self.service.flush()
+        self.service.flush_async(asyncio.get_running_loop().call_soon_threadsafe)
 
     async def health(self, request: web.Request) -> web.Response:
         return _reply(request, {"ok": True, "bags": len(self.service.dispatcher.bags)})

@@ -7,6 +7,7 @@ holds the last durable state) and the caller gets ServiceUnavailable: the host r
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -45,6 +46,19 @@ class ServiceConfig:
     """Seconds between a busy worker's contacts: how soon it hears that an instance was cancelled."""
 
 
+Waiter = Callable[[BaseException | None], None]
+
+
+@dataclass
+class _Flight:
+    """A batch being applied on the writer thread, and the exchanges waiting for it."""
+
+    future: concurrent.futures.Future[None]
+    batch: Changes
+    waiters: list[Waiter]
+    settled: bool = False
+
+
 class Service:
     """Owns the dispatcher and the store; every public method is one event."""
 
@@ -56,7 +70,9 @@ class Service:
                                f"({self.config.dispatch.host_timeout:g} s), or busy hosts would be taken for lost")
         store.claim()
         self._pending: list[Changes] = []
-        self._waiters: list[Callable[[BaseException | None], None]] = []
+        self._waiters: list[Waiter] = []
+        self._flight: _Flight | None = None
+        self._writer: concurrent.futures.ThreadPoolExecutor | None = None
         self.batches = 0
         """Transactions committed (each may carry many exchanges)."""
         self.dispatcher = Dispatcher(self.config.dispatch)
@@ -74,35 +90,92 @@ class Service:
         self._pending.append(changes)
         self.flush()
 
-    def stage(self, changes: Changes, done: Callable[[BaseException | None], None]) -> None:
+    def stage(self, changes: Changes, done: Waiter) -> None:
         """Queue `changes` for the next `flush` (group commit); `done` is called once they are durable,
         with None, or with the error if the store refused the batch. Nothing staged may be answered
         before `done` has been called."""
         self._pending.append(changes)
         self._waiters.append(done)
 
+    def _take(self) -> tuple[Changes, list[Waiter]]:
+        pending, waiters = self._pending, self._waiters
+        self._pending, self._waiters = [], []
+        batch = pending[0]
+        for more in pending[1:]:
+            batch.merge(more)
+        return batch, waiters
+
     def flush(self) -> None:
         """Apply every staged batch in one transaction (one fsync for all of them), then tell the waiters.
 
-        If the store fails, nothing of the batch was applied: the dispatcher is rebuilt from the store,
-        every waiter gets the error, and so does the caller (ServerUnavailable).
+        A batch still on the writer thread lands first. If the store fails, nothing of the batch was
+        applied: the dispatcher is rebuilt from the store, every waiter gets the error, and so does the
+        caller (ServerUnavailable).
         """
+        self._settle()
         if not self._pending:
             return
-        pending, waiters = self._pending, self._waiters
-        self._pending, self._waiters = [], []
+        batch, waiters = self._take()
         try:
-            batch = pending[0]
-            for more in pending[1:]:
-                batch.merge(more)
             self.store.apply(batch)
         except Exception as e:
-            log.exception("store failed to apply a batch; reloading the dispatcher from the store")
-            error = ServerUnavailable(f"the store failed: {e}; try again")
-            for done in waiters:
-                done(error)
-            self._load()
-            raise error from e
+            raise self._failed(e, waiters) from e
+        self._applied(batch, waiters)
+
+    def flush_async(self, post: Callable[[Callable[[], None]], object]) -> None:
+        """Start applying the staged batches on the store's writer thread and return at once.
+
+        One batch is in flight at a time: what is staged meanwhile goes in the next, started when this
+        one lands, so the commit of one batch overlaps the decisions of the next (the store's C code
+        runs outside the interpreter lock). `post` runs a callback on the caller's thread (the event
+        loop's `call_soon_threadsafe`); the waiters are told there. A store that cannot take writes
+        from another thread is flushed here and now.
+        """
+        if self._flight is not None or not self._pending:
+            return
+        if not self.store.threaded_writes:
+            try:
+                self.flush()
+            except ServerUnavailable:
+                pass  # every waiter has the error and answers it
+            return
+        if self._writer is None:
+            self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gridbot-store")
+        batch, waiters = self._take()
+        flight = self._flight = _Flight(self._writer.submit(self.store.apply, batch), batch, waiters)
+
+        def landed() -> None:
+            if not flight.settled:
+                self._settle()
+                self.flush_async(post)
+
+        flight.future.add_done_callback(lambda _: post(landed))
+
+    def _settle(self) -> None:
+        """Wait for the batch on the writer thread, if any, and tell its waiters how it went."""
+        flight = self._flight
+        if flight is None:
+            return
+        self._flight = None
+        flight.settled = True
+        error = flight.future.exception()
+        if error is None:
+            self._applied(flight.batch, flight.waiters)
+            return
+        # what was decided after it assumed it: those exchanges fail too, and the dispatcher reloads
+        later = self._waiters
+        self._pending, self._waiters = [], []
+        self._failed(error, flight.waiters + later)
+
+    def _failed(self, e: BaseException, waiters: list[Waiter]) -> ServerUnavailable:
+        log.error("store failed to apply a batch (%s); reloading the dispatcher from the store", e, exc_info=e)
+        error = ServerUnavailable(f"the store failed: {e}; try again")
+        for done in waiters:
+            done(error)
+        self._load()
+        return error
+
+    def _applied(self, batch: Changes, waiters: list[Waiter]) -> None:
         self.batches += 1
         for done in waiters:
             done(None)
@@ -111,13 +184,20 @@ class Service:
                 log.info("bag %d %s: %d done, %d failed, %d instances, %d wasted", b.bag_id, b.state.value,
                          b.counts.done, b.counts.failed, b.counts.instances, b.counts.wasted)
 
+    def close(self) -> None:
+        """Let the batch in flight land and stop the writer thread (the store stays open)."""
+        self._settle()
+        if self._writer is not None:
+            self._writer.shutdown()
+            self._writer = None
+
     def feed(self) -> None:
         """Refill the dispatcher's windows from the store (the paper's feeder).
 
         Staged changes are flushed first: the store must not offer as queued a job the dispatcher has
         already sent or finished."""
         requests = self.dispatcher.needs_feed()
-        if requests and self._pending:
+        if requests and (self._pending or self._flight is not None):
             self.flush()
             requests = self.dispatcher.needs_feed()
         for req in requests:

@@ -94,6 +94,11 @@ def spec_hash(spec: BagSpec, lines: Sequence[str] | None, inputs: dict[str, byte
 class Store(ABC):
     """What the server needs to keep: bags, jobs, instances with results, outputs, inputs and hosts."""
 
+    threaded_writes = False
+    """`apply` may run on a writer thread of its own while other methods are called from the server's
+    thread (the SQL stores serialize them with a lock); the server then overlaps the commit of one
+    batch with the decisions that go into the next."""
+
     @abstractmethod
     def migrate(self) -> None:
         """Bring the schema to the newest version (idempotent)."""

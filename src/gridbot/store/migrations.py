@@ -93,6 +93,18 @@ ALTER TABLE hosts ADD COLUMN stats {blob};
 ALTER TABLE bags ADD COLUMN replicas BIGINT NOT NULL DEFAULT 0;
 """,
     ),
+    (
+        3,
+        """
+DROP INDEX jobs_by_bag_state;
+CREATE INDEX jobs_by_bag ON jobs (bag_id, id);
+CREATE INDEX jobs_queued ON jobs (bag_id, id) WHERE state = 'queued';
+CREATE INDEX jobs_failed ON jobs (bag_id, id) WHERE state = 'failed';
+""",
+    ),
 ]
+"""Version 3: a job's state was in an index, so each of its moves (queued, running, done) rewrote an index
+entry; now only entering or leaving 'queued' (the feeder's query) or 'failed' (the listing people ask
+for most) does, and running -> done touches no index (issue 6)."""
 
 LATEST = MIGRATIONS[-1][0]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import sqlite3
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -89,14 +90,69 @@ SQL = {
 }
 
 
+class _Rows:
+    """A batch's rows, as the statements take them (instances updated twice in one batch, e.g. overdue and
+    then reported late, appear once, as their last update: it carries every column)."""
+
+    def __init__(self, changes: Changes) -> None:
+        self.new = [(n.instance_id, n.job_id, n.bag_id, n.host_id, n.sent_at, n.instance_deadline)
+                    for n in changes.new_instances]
+        self.ended: list[tuple[Any, ...]] = []
+        self.marked: list[tuple[Any, ...]] = []
+        self.outputs: list[tuple[Any, ...]] = []
+        updates = changes.instances
+        if len({u.instance_id for u in updates}) != len(updates):
+            updates = list({u.instance_id: u for u in updates}.values())
+        for u in updates:
+            r = u.report
+            if r is None:
+                self.marked.append((_NAMES[u.state], u.at, u.reason or None, u.instance_id))
+                continue
+            self.ended.append((_NAMES[u.state], u.at, u.reason or None, r.exit_code, r.wall_s, r.cpu_s,
+                               r.stdout_tail, r.stderr_tail, u.instance_id))
+            if r.outputs and u.state is InstanceState.DONE:
+                self.outputs.extend((u.instance_id, k, v) for k, v in r.outputs.items())
+        self.jobs = [(_NAMES[j.state], j.failures, j.attempts, j.reason or None, j.result_instance, j.job_id)
+                     for j in changes.jobs.values()]
+
+
+def _from_json(columns: str) -> str:
+    """A row source over a JSON array of arrays bound as one parameter: `columns` name its positions."""
+    names = [c.strip() for c in columns.split(",")]
+    return "(SELECT " + ", ".join(f"json_extract(value, '$[{i}]') AS {n}" for i, n in enumerate(names)) + \
+        " FROM json_each(?))"
+
+
+SQLITE_BATCH = {
+    "new_instance": "INSERT INTO instances (id, job_id, bag_id, host_id, state, sent_at, instance_deadline) "
+                    "SELECT id, job, bag, host, 'running', sent, deadline FROM "
+                    + _from_json("id, job, bag, host, sent, deadline"),
+    "end_instance": "UPDATE instances SET state = u.s, ended_at = u.at, reason = u.r, exit_code = u.x, wall_s = u.w, "
+                    "cpu_s = u.c, stdout_tail = u.o, stderr_tail = u.e FROM "
+                    + _from_json("s, at, r, x, w, c, o, e, id") + " AS u WHERE instances.id = u.id",
+    "mark_instance": "UPDATE instances SET state = u.s, ended_at = u.at, reason = u.r FROM "
+                     + _from_json("s, at, r, id") + " AS u WHERE instances.id = u.id",
+    "update_job": "UPDATE jobs SET state = u.s, failures = u.f, attempts = u.a, reason = COALESCE(u.r, jobs.reason), "
+                  "result_instance = COALESCE(u.ri, jobs.result_instance) FROM "
+                  + _from_json("s, f, a, r, ri, id") + " AS u WHERE jobs.id = u.id",
+}
+"""SQLite's statements for a whole batch at once: one call into SQLite per statement, which runs without
+the interpreter lock, where `executemany` took the lock back for every row (issue 6)."""
+_json = msgspec.json.Encoder()
+
+
 class SqlStore(Store):
     """A store over a DB-API connection; subclasses set the dialect and the transaction boundaries."""
 
     placeholder = "?"
     types: ClassVar[dict[str, str]] = {}
 
+    threaded_writes = True
+
     def __init__(self, conn: Any) -> None:
         self.conn = conn
+        self._mutex = threading.RLock()
+        """One transaction at a time on the connection, whichever thread asks (the writer or the server's)."""
 
     # -- dialect hooks --------------------------------------------------------------------------------
 
@@ -195,46 +251,36 @@ class SqlStore(Store):
     def apply(self, changes: Changes) -> None:
         if not changes:
             return
+        rows = _Rows(changes)
         with self._tx() as cur:
-            if changes.new_instances:
-                cur.executemany(self._sql("new_instance"), [
-                    (n.instance_id, n.job_id, n.bag_id, n.host_id, n.sent_at, n.instance_deadline)
-                    for n in changes.new_instances])
-            ended: list[tuple[Any, ...]] = []
-            marked: list[tuple[Any, ...]] = []
-            outputs: list[tuple[Any, ...]] = []
-            for u in changes.instances:
-                r = u.report
-                if r is None:
-                    marked.append((u.state.value, u.at, u.reason or None, u.instance_id))
-                    continue
-                ended.append((u.state.value, u.at, u.reason or None, r.exit_code, r.wall_s, r.cpu_s,
-                              r.stdout_tail, r.stderr_tail, u.instance_id))
-                if u.state is InstanceState.DONE:
-                    outputs.extend((u.instance_id, k, v) for k, v in r.outputs.items())
-            if ended:
-                cur.executemany(self._sql("end_instance"), ended)
-            if marked:
-                cur.executemany(self._sql("mark_instance"), marked)
-            if outputs:
-                cur.executemany(self._sql("insert_output"), outputs)
+            self._write(cur, "new_instance", rows.new)
+            self._write(cur, "end_instance", rows.ended)
+            self._write(cur, "mark_instance", rows.marked)
+            if rows.outputs:
+                cur.executemany(self._sql("insert_output"), rows.outputs)
             for bag_id in changes.cancelled_bags:
                 cur.execute(self._sql("cancel_queued"), (bag_id,))
-            if changes.jobs:
-                cur.executemany(self._sql("update_job"), [
-                    (j.state.value, j.failures, j.attempts, j.reason or None, j.result_instance, j.job_id)
-                    for j in changes.jobs.values()])
-            if changes.bags:
-                cur.executemany(self._sql("update_bag"), [
-                    (b.state.value, b.counts.queued, b.counts.running, b.counts.done, b.counts.failed,
-                     b.counts.cancelled, b.counts.instances, b.counts.wasted, b.counts.overdue, b.counts.reruns,
-                     b.counts.replicas, b.finished_at,
-                     b.bag_id) for b in changes.bags.values()])
-            if changes.hosts:
-                cur.executemany(self._sql("upsert_host"), [
-                    (h.info.host_id, h.info.name, h.info.platform, h.info.ncpus, h.info.memory_mb, h.info.slots,
-                     h.info.pool, h.first_seen, h.last_seen, h.stats.done, h.stats.failed, _stats_enc.encode(h.stats))
-                    for h in changes.hosts.values()])
+            self._write(cur, "update_job", rows.jobs)
+            self._write_rest(cur, changes)
+
+    def _write(self, cur: Any, name: str, rows: list[tuple[Any, ...]]) -> None:
+        """Run statement `name` over `rows` (tuples in the order of its placeholders)."""
+        if rows:
+            cur.executemany(self._sql(name), rows)
+
+    def _write_rest(self, cur: Any, changes: Changes) -> None:
+        """Bags and hosts: a few rows per batch."""
+        if changes.bags:
+            cur.executemany(self._sql("update_bag"), [
+                (_NAMES[b.state], b.counts.queued, b.counts.running, b.counts.done, b.counts.failed,
+                 b.counts.cancelled, b.counts.instances, b.counts.wasted, b.counts.overdue, b.counts.reruns,
+                 b.counts.replicas, b.finished_at,
+                 b.bag_id) for b in changes.bags.values()])
+        if changes.hosts:
+            cur.executemany(self._sql("upsert_host"), [
+                (h.info.host_id, h.info.name, h.info.platform, h.info.ncpus, h.info.memory_mb, h.info.slots,
+                 h.info.pool, h.first_seen, h.last_seen, h.stats.done, h.stats.failed, _stats_enc.encode(h.stats))
+                for h in changes.hosts.values()])
 
     # -- listings -------------------------------------------------------------------------------------
 
@@ -283,6 +329,8 @@ class SqlStore(Store):
                 for r in cur.fetchall()]
 
 
+_NAMES: dict[object, str] = {s: s.value for e in (InstanceState, JobState, BagState) for s in e}
+"""States as the store writes them (an enum's .value is a property call, on every row)."""
 _stats_enc = msgspec.json.Encoder()
 _stats_dec = msgspec.json.Decoder(HostStats)
 
@@ -323,6 +371,12 @@ class SQLiteStore(SqlStore):
         self._depth = 0
         self._lock: Any = None
 
+    def _write(self, cur: Any, name: str, rows: list[tuple[Any, ...]]) -> None:
+        if len(rows) > 1 and name in SQLITE_BATCH:
+            cur.execute(SQLITE_BATCH[name], (_json.encode(rows),))
+        elif rows:
+            cur.execute(self._sql(name), rows[0])
+
     def claim(self) -> None:
         lock = open(f"{self.path}.lock", "w")  # noqa: SIM115 - held open as the claim
         try:
@@ -335,24 +389,26 @@ class SQLiteStore(SqlStore):
 
     @contextlib.contextmanager
     def _tx(self, write: bool = True) -> Iterator[Any]:
-        if self._depth:
-            yield self.conn.cursor()
-            return
-        cur = self.conn.cursor()
-        cur.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-        self._depth += 1
-        try:
-            yield cur
-        except BaseException:
-            self.conn.rollback()
-            raise
-        else:
-            self.conn.commit()
-        finally:
-            self._depth -= 1
+        with self._mutex:
+            if self._depth:
+                yield self.conn.cursor()
+                return
+            cur = self.conn.cursor()
+            cur.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            self._depth += 1
+            try:
+                yield cur
+            except BaseException:
+                self.conn.rollback()
+                raise
+            else:
+                self.conn.commit()
+            finally:
+                self._depth -= 1
 
     def close(self) -> None:
-        self.conn.close()
+        with self._mutex:
+            self.conn.close()
         if self._lock is not None:
             self._lock.close()
             self._lock = None
@@ -377,7 +433,7 @@ class PostgresStore(SqlStore):
 
     @contextlib.contextmanager
     def _tx(self, write: bool = True) -> Iterator[Any]:
-        with self.conn.transaction(), self.conn.cursor() as cur:
+        with self._mutex, self.conn.transaction(), self.conn.cursor() as cur:
             yield cur
 
     def _lock_schema(self, cur: Any) -> None:
@@ -401,7 +457,7 @@ class PostgresStore(SqlStore):
     def close(self) -> None:
         # release the claim now: a closed connection's backend lets go of its locks only when it has
         # finished exiting, so another server opening the database right after could find it still held
-        with contextlib.suppress(Exception):
+        with self._mutex, contextlib.suppress(Exception):
             self.conn.rollback()
             self.conn.execute("SELECT pg_advisory_unlock_all()")
             self.conn.commit()
