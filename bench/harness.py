@@ -16,11 +16,10 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 PG_ADMIN = os.environ.get("GRIDBOT_BENCH_PG", os.environ.get("GRIDBOT_TEST_PG",
                                                               "postgresql://postgres@127.0.0.1:5432/postgres"))
@@ -191,10 +190,8 @@ def machine() -> str:
     """The machine and software the figures come from."""
     cpu = "?"
     try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "?")
     except OSError:
         pass
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30

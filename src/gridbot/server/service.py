@@ -8,6 +8,7 @@ holds the last durable state) and the caller gets ServiceUnavailable: the host r
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -134,10 +135,8 @@ class Service:
         if self._flight is not None or not self._pending:
             return
         if not self.store.threaded_writes:
-            try:
+            with contextlib.suppress(ServerUnavailable):  # every waiter has the error and answers it
                 self.flush()
-            except ServerUnavailable:
-                pass  # every waiter has the error and answers it
             return
         if self._writer is None:
             self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gridbot-store")
