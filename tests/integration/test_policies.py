@@ -82,7 +82,7 @@ def test_policies_from_the_spec_the_command_line_and_a_running_bag(tmp_path):
         gridbot_json("submit", spec, "--policy", 'JobRequirements=Host.Pool == "nowhere"', *url)
         shown = gridbot_json("policy", "p", *url)
         assert shown["Rank"] == "5" and shown["JobRequirements"] == 'Host.Pool == "nowhere"'
-        assert shown["Concurrency"] == "2 * Host.Slots"
+        assert shown["Concurrency"] == "Host.Slots + (Host.Prefetch > Host.Slots ? Host.Prefetch : Host.Slots)"
         cluster.start_worker("--slots", "2")
         time.sleep(2)
         with Client(cluster.url) as c:

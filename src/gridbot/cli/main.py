@@ -195,12 +195,15 @@ def server(db: str, host: str, port: int, max_result_size: str, max_jobs: int, h
               help="Leave when a job uses less than this fraction of a CPU over --cpu-window (0: never).")
 @click.option("--cpu-window", type=click.FloatRange(1), default=600.0, show_default=True)
 @click.option("--exit-with-parent", is_flag=True, hidden=True)
+@click.option("--prefetch-seconds", type=click.FloatRange(0), default=0.0, show_default=True,
+              help="Also hold enough instances for this many seconds of work, judged from the jobs run so far "
+                   "(short jobs then come in bundles; 0: --prefetch only).")
 @click.option("--executor", type=click.Choice(["shell", "noop"]), default="shell", show_default=True,
               help="noop: report every instance done at once without running it, to measure the server.")
 @friendly
 def worker(server: str, slots: int, prefetch: int, slot_name: str, workdir: Path, idle_timeout: float,
            give_up_after: float, pool: str, keep_dirs: bool, lifetime: float, min_cpu: float, cpu_window: float,
-           exit_with_parent: bool, executor: str) -> None:
+           exit_with_parent: bool, prefetch_seconds: float, executor: str) -> None:
     """Pull jobs from a server and run them (connects out only)."""
     from gridbot.worker.worker import WorkerConfig, run_worker
 
@@ -209,7 +212,7 @@ def worker(server: str, slots: int, prefetch: int, slot_name: str, workdir: Path
     sys.exit(run_worker(WorkerConfig(server.rstrip("/"), slots, prefetch, slot_name, workdir, idle_timeout, pool,
                                      keep_dirs, give_up_after=give_up_after, exit_with_parent=exit_with_parent,
                                      lifetime=lifetime, min_cpu=min_cpu, cpu_window=cpu_window,
-                                     executor=executor)))
+                                     prefetch_seconds=prefetch_seconds, executor=executor)))
 
 
 @cli.command()

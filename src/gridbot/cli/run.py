@@ -60,7 +60,7 @@ def run_here(spec: BagSpec, lines: Sequence[str] | None, inputs: dict[str, bytes
                                      f"{info.total - c.done - c.failed - c.cancelled:,} to go")
             if info.state not in TERMINAL_BAG_STATES:
                 local = PoolSpec("local", "local", max_running=workers, walltime=0, idle_timeout=0, min_cpu=0)
-                pool = LocalAdapter(local, state, ["--prefetch", "1", "--exit-with-parent"])
+                pool = LocalAdapter(local, state, ["--prefetch", "1", "--prefetch-seconds", "1", "--exit-with-parent"])
                 try:
                     pool.submit(workers, PilotRequest(srv.url))
                     info = _watch(client, pool, info.name, info.total, state)

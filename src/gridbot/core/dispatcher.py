@@ -220,6 +220,9 @@ class Dispatcher:
         """Up to two hosts that, at the last tick, ran an instance past the quick-failure window."""
         self._good: list[tuple[float, str]] = []
         """When the last two distinct hosts produced a good result, newest first (for black-hole detection)."""
+        self.work_added = 0
+        """Counts jobs made ready to send other than by the feeder's first fill: re-queued jobs and replicas
+        (the server wakes idle hosts it holds when it changes)."""
         self._touched: dict[int, _Bag] = {}
         """Bags whose counters changed during the current event: their update is written once, at its end
         (a bundle of a thousand instances used to copy the counters a thousand times)."""
@@ -457,6 +460,7 @@ class Dispatcher:
             for job in self._rng.weighted_sample(eligible, [1.0 / len(j.live) for j in eligible], room):
                 job.replica_pending = True
                 bag.replicas.append(job)
+                self.work_added += 1
 
     def _job_ad(self, job: _Job, now: float) -> dict[str, object]:
         """The job's ad with one Replica<i> ad per instance out, each with its host's ad (paper, Figure 3)."""
@@ -756,6 +760,7 @@ class Dispatcher:
                 cfg = self.config
                 failover = cfg.failover_after and cfg.reliable_pools and job.failures >= cfg.failover_after
                 (bag.failover if failover else bag.retry).append(job)
+                self.work_added += 1
         else:
             self._emit_job(job, changes)
 

@@ -97,7 +97,8 @@ class HostStats(msgspec.Struct):
         """The host's ClassAd attributes as of `now` (the dispatcher adds `Reliable`)."""
         return {
             "Name": info.name, "HostId": info.host_id, "Pool": info.pool, "Platform": info.platform,
-            "NumCpus": info.ncpus, "Slots": info.slots, "Memory": info.memory_mb, "RunningJobs": running,
+            "NumCpus": info.ncpus, "Slots": info.slots, "Prefetch": info.prefetch, "Memory": info.memory_mb,
+            "RunningJobs": running,
             "JobsDone": self.done, "JobsFailed": self.failed, "ErrorRate": self.error_rate,
             "JobsToday": self.jobs_today if int(now // DAY) == self.day else 0,
             "RecentGoodCpuTime": self.cpu_at(now),

@@ -25,6 +25,8 @@ class HostInfo(msgspec.Struct, frozen=True):
     memory_mb: int = 0
     slots: int = 1
     pool: str = "local"
+    prefetch: int = 0
+    """Instances the worker would hold beyond its slots (more for short jobs); `Host.Prefetch` in policies."""
 
 
 class Assignment(msgspec.Struct, frozen=True):

@@ -37,9 +37,11 @@ POLICIES: dict[str, PolicyDef] = {p.name: p for p in (
     PolicyDef("Rank", "0", float,
               "Priority of the bag on this host; the highest-ranked matching bag is served first. Default 0 "
               "(equal ranks: oldest bag first)."),
-    PolicyDef("Concurrency", "2 * Host.Slots", int,
+    PolicyDef("Concurrency", "Host.Slots + (Host.Prefetch > Host.Slots ? Host.Prefetch : Host.Slots)", int,
               "Most instances a host may hold at once (running and prefetched); the value of the "
-              "highest-ranked matching bag bounds every bag served in that request. Default: two per slot."),
+              "highest-ranked matching bag bounds every bag served in that request. Default: two per slot, or "
+              "the slots and the worker's prefetch when it asks for more (it does for short jobs, from their "
+              "run time: a bundle of many per round trip)."),
     PolicyDef("Deadline", "", float,
               "Seconds an instance may take before it is counted as lost and its job re-queued. Default: the "
               "bag's instance_deadline."),
@@ -58,6 +60,7 @@ HOST_ATTRS: dict[str, str] = {
     "Platform": "operating system and machine, e.g. Linux-x86_64",
     "NumCpus": "CPU cores of the machine",
     "Slots": "instances the worker runs at once",
+    "Prefetch": "instances the worker would hold beyond its slots (more for short jobs)",
     "Memory": "memory of the machine in MB",
     "RunningJobs": "instances of any bag the host holds now",
     "JobsDone": "instances the host completed well, ever",
@@ -209,7 +212,7 @@ def _in(rest: list[str], known: Mapping[str, str] | set[str], prefix: str) -> tu
 def representative_context() -> ClassAd:
     """A composite ad with typical values of every attribute, for trial evaluations."""
     host = {"Name": "node01.example/worker", "HostId": "0123456789abcdef0123", "Pool": "local",
-            "Platform": "Linux-x86_64", "NumCpus": 8, "Slots": 8, "Memory": 16384, "RunningJobs": 4,
+            "Platform": "Linux-x86_64", "NumCpus": 8, "Slots": 8, "Prefetch": 0, "Memory": 16384, "RunningJobs": 4,
             "JobsDone": 120, "JobsFailed": 3, "ErrorRate": 0.025, "JobsToday": 40, "RecentGoodCpuTime": 3600.0,
             "AvgTurnaround": 300.0, "BlackHole": False, "Reliable": False}
     bag = {"Name": "sweep", "Tail": False, "JobsTotal": 1000, "JobsLeft": 600, "JobsDone": 400, "JobsFailed": 0,

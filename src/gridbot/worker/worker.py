@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import os
 import platform
 import random
@@ -28,7 +29,7 @@ import msgspec
 from gridbot.model.records import Assignment, HostInfo, InstanceReport, Outcome
 from gridbot.protocol import MSGPACK, ExchangeRequest, ExchangeResponse
 from gridbot.worker import hostid
-from gridbot.worker.executor import group_cpu_seconds, run_instance
+from gridbot.worker.executor import KillSwitch, group_cpu_seconds, run_instance
 
 log = logging.getLogger("gridbot.worker")
 _encoder = msgspec.msgpack.Encoder()
@@ -60,12 +61,20 @@ class WorkerConfig:
     min_cpu: float = 0.0
     """A job using less than this fraction of a CPU over `cpu_window` makes the worker leave (0: never)."""
     cpu_window: float = 600.0
+    prefetch_seconds: float = 0.0
+    """Hold enough instances beyond `slots` for this many seconds of work, from the wall time of the
+    instances done so far (0: `prefetch` only). Short jobs then come in bundles of many, one round trip
+    each, and long ones one at a time, so the tail is not held up by a host sitting on queued work."""
     executor: str = "shell"
     """"shell" runs each command; "noop" reports each instance done at once without running it, so a
     benchmark or a test measures the server, the protocol and the store alone (issue 6)."""
 
 
 EXECUTORS = ("shell", "noop")
+PREFETCH_MAX = 500
+"""Most instances held beyond the slots, whatever `prefetch_seconds` asks for."""
+REPORT_DELAY = 1.0
+"""Seconds a result may wait for company while the worker still holds work (reports travel in bundles)."""
 
 
 class ProtocolError(Exception):
@@ -85,7 +94,16 @@ class Worker:
         self.waiting: deque[Assignment] = deque()
         self.running: dict[int, asyncio.Task[InstanceReport]] = {}
         self.reports: list[InstanceReport] = []
-        self.kill: dict[int, asyncio.Event] = {}
+        self.kill: dict[int, KillSwitch] = {}
+        self.workdir = config.workdir.resolve()
+        """Absolute: the executor changes the worker's directory around each spawn."""
+        self.free_slots = list(range(config.slots - 1, -1, -1))
+        """Job directories reused from one instance to the next (unless keep_dirs)."""
+        self.slot_of: dict[int, int] = {}
+        self.base_env = dict(os.environ)
+        self.avg_wall = 0.0
+        """Moving average of the wall seconds of the instances this worker ran (0: none yet)."""
+        self.reports_since = 0.0
         self.wake = asyncio.Event()
         self.stopping = asyncio.Event()
         self.max_result_bytes = 16 << 20
@@ -107,7 +125,7 @@ class Worker:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop)
         timeout = aiohttp.ClientTimeout(total=120, connect=10)
-        self.config.workdir.mkdir(parents=True, exist_ok=True)
+        self.workdir.mkdir(parents=True, exist_ok=True)
         log.info("worker %s (%s) with %d slots pulling from %s", self.host.name, self.host.host_id,
                  self.config.slots, self.config.server)
         try:
@@ -140,15 +158,20 @@ class Worker:
             if self.config.min_cpu and self._starving(now):
                 self.stop()
                 break
-            want = max(0, self.config.slots + self.config.prefetch - self.held)
+            prefetch = self.prefetch()
+            want = max(0, self.config.slots + prefetch - self.held)
             if self.held or self.reports:
                 last_work = now
             elif self.config.idle_timeout and now - last_work > self.config.idle_timeout:
                 log.info("no work for %.0f s; exiting", self.config.idle_timeout)
                 return 0
-            if not (self.reports or (want and now >= next_talk) or now >= next_heartbeat):
+            # ask when a slot is idle or half the held work is gone; report then, or after REPORT_DELAY
+            hungry = want > 0 and (len(self.running) < self.config.slots or 2 * want >= prefetch)
+            report_at = self.reports_since + REPORT_DELAY if self.reports else math.inf
+            if not ((self.reports and (hungry or now >= report_at)) or (hungry and now >= next_talk)
+                    or now >= next_heartbeat):
                 self.wake.clear()
-                delay = min(next_heartbeat, next_talk if want else next_heartbeat) - now
+                delay = min(next_heartbeat, next_talk if hungry else next_heartbeat, report_at) - now
                 if self.config.lifetime:
                     delay = min(delay, started + self.config.lifetime - now)
                 with contextlib.suppress(TimeoutError):
@@ -172,6 +195,9 @@ class Worker:
         while True:
             batch = self._batch()
             running = sorted([a.instance_id for a in self.waiting] + list(self.running))
+            prefetch = self.prefetch()
+            if prefetch != self.host.prefetch:
+                self.host = msgspec.structs.replace(self.host, prefetch=prefetch)
             req = ExchangeRequest(self.host, 0 if self.stopping.is_set() else want, running, batch)
             try:
                 resp = await self._post(req)
@@ -221,6 +247,13 @@ class Worker:
                 return True
         return False
 
+    def prefetch(self) -> int:
+        """Instances to hold beyond the slots now (see `WorkerConfig.prefetch_seconds`)."""
+        cfg = self.config
+        if not cfg.prefetch_seconds or not self.avg_wall:
+            return cfg.prefetch
+        return max(cfg.prefetch, min(PREFETCH_MAX, int(cfg.slots * cfg.prefetch_seconds / self.avg_wall)))
+
     def _batch(self) -> list[InstanceReport]:
         """Take pending reports up to one result-size limit's worth per request."""
         size, n = 0, 0
@@ -256,19 +289,25 @@ class Worker:
     def _start_ready(self) -> None:
         if self.config.executor == "noop":
             if not self.stopping.is_set():
+                if not self.reports:
+                    self.reports_since = time.monotonic()
                 self.reports.extend(InstanceReport(a.instance_id, Outcome.SUCCESS, 0) for a in self.waiting)
                 self.waiting.clear()
                 self.wake.set()
             return
         while self.waiting and len(self.running) < self.config.slots and not self.stopping.is_set():
             a = self.waiting.popleft()
-            stop = self.kill[a.instance_id] = asyncio.Event()
-            jobdir = self.config.workdir / f"{a.bag_name}" / f"{a.index}-{a.instance_id}"
+            stop = self.kill[a.instance_id] = KillSwitch()
             iid = a.instance_id
+            if self.config.keep_dirs:
+                jobdir = self.workdir / f"{a.bag_name}" / f"{a.index}-{a.instance_id}"
+            else:
+                slot = self.slot_of[iid] = self.free_slots.pop()
+                jobdir = self.workdir / ".slots" / str(slot)
             task = asyncio.ensure_future(run_instance(
                 a, jobdir, self._fetch_input, self.max_result_bytes, stop, self.config.keep_dirs,
                 started=functools.partial(self._started, iid),
-                stop_reason=functools.partial(self._stop_reason, iid)))
+                stop_reason=functools.partial(self._stop_reason, iid), base_env=self.base_env))
             self.running[a.instance_id] = task
             task.add_done_callback(functools.partial(self._finished, a.instance_id))
 
@@ -284,6 +323,8 @@ class Worker:
         self.running.pop(iid, None)
         self.pids.pop(iid, None)
         killed = self.kill.pop(iid)
+        if iid in self.slot_of:
+            self.free_slots.append(self.slot_of.pop(iid))
         if task.cancelled():
             return
         exc = task.exception()
@@ -294,6 +335,9 @@ class Worker:
             report = task.result()
         if killed.is_set() and not self.stopping.is_set():
             return
+        self.avg_wall = report.wall_s if not self.avg_wall else 0.9 * self.avg_wall + 0.1 * report.wall_s
+        if not self.reports:
+            self.reports_since = time.monotonic()
         self.reports.append(report)
         self.wake.set()
         self._start_ready()
@@ -307,7 +351,7 @@ class Worker:
 
     async def _download(self, bag_id: int, name: str) -> Path:
         assert self._session is not None
-        path = self.config.workdir / ".inputs" / str(bag_id) / name
+        path = self.workdir / ".inputs" / str(bag_id) / name
         path.parent.mkdir(parents=True, exist_ok=True)
         async with self._session.get(f"{self.config.server}/v1/bags/{bag_id}/inputs/{name}") as r:
             if r.status != 200:
