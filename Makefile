@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint unit integration bench bench-sim experiments docs clean
+.PHONY: demo test lint unit integration bench bench-run bench-sim experiments docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,11 @@ docs: $(STAMP)
 	$(PY) -c 'from gridbot.policy.reference import markdown; print(markdown(), end="")' > docs/policies.md
 
 bench: $(STAMP)
+	bench/peers/setup.sh .venv-peers
+	mkdir -p results
+	. scripts/ensure-postgres.sh && $(PY) bench/suite.py --out results/bench.md
+
+bench-run: $(STAMP)
 	$(PY) bench/throughput.py
 
 bench-sim: $(STAMP)
@@ -41,4 +46,4 @@ experiments: $(STAMP)
 	$(PY) experiments/run.py
 
 clean:
-	rm -rf $(VENV) .gridbot results
+	rm -rf $(VENV) .venv-peers .gridbot results

@@ -104,3 +104,24 @@ def test_durations():
     for bad in ("-1", "0", "1w", True, None):
         with pytest.raises(ValueError):
             parse_duration(bad)
+
+
+@pytest.mark.parametrize("text", [
+    'command = "true"\n[parameters]\ni = { from = 1, to = 50 }\n',
+    'command = "run {i} > out"\n[parameters]\ni = { from = 0, to = 90, step = 3 }\n',
+    'command = "x {a}-{b}"\nenv = { A = "{a}", C = "c" }\noutputs = ["o{b}.txt"]\n'
+    '[parameters]\na = ["p", "q", "r"]\nb = { from = 0.5, to = 2.0, step = 0.25 }\n',
+    'command = "lit {{i}} {i}"\n[parameters]\ni = { from = -5, to = 5 }\n',
+    'command = "no params"\n',
+])
+def test_the_per_bag_renderer_renders_every_job_as_render_did(text):
+    """The dispatcher's renderer (made once per bag, with fast paths) against the parameter-by-parameter
+    definition: the command with every placeholder filled, the env templates, GRIDBOT_PARAM_* and outputs."""
+    spec = parse_spec(text, "t.toml", "t")
+    fast = spec.renderer()
+    for index in range(spec.sweep_size):
+        values = spec.params(index)
+        env = {k: v.format_map(values) for k, v in spec.env.items()}
+        env.update({f"GRIDBOT_PARAM_{k.upper()}": v for k, v in values.items()})
+        expected = (spec.command.format_map(values), env, [o.format_map(values) for o in spec.outputs])
+        assert fast(index, None) == expected, index

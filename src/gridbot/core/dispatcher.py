@@ -696,7 +696,11 @@ class Dispatcher:
             else:
                 self._move(inst, InstanceState.DONE, now, "", r, changes)
                 self._finish_job(job, JobState.DONE, "", now, changes, result=inst.instance_id, winner=inst.host_id)
-            self._good = [(now, inst.host_id), *[g for g in self._good if g[1] != inst.host_id][:1]]
+            good = self._good
+            if good and good[0][1] == inst.host_id:
+                good[0] = (now, inst.host_id)
+            else:
+                self._good = [(now, inst.host_id), *[g for g in good if g[1] != inst.host_id][:1]]
             if host is not None:
                 host.stats.good(now, r.cpu_s, now - inst.sent_at)
         elif r.outcome is Outcome.INTERRUPTED and was_running:

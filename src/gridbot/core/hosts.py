@@ -70,8 +70,8 @@ class HostStats(msgspec.Struct):
 
     def cpu_at(self, now: float) -> float:
         """Good CPU seconds decayed to `now` with a half-life of one day."""
-        if self.recent_cpu == 0.0:
-            return 0.0
+        if self.recent_cpu == 0.0 or now == self.recent_at:
+            return self.recent_cpu
         return self.recent_cpu * math.pow(0.5, max(0.0, now - self.recent_at) / CPU_HALF_LIFE)
 
     @property

@@ -81,12 +81,15 @@ class Parameter(msgspec.Struct, frozen=True):
 
 
 def _plain_template(command: str) -> tuple[str, str, str] | None:
-    """(text before, field name, text after) when `command` has exactly one plain `{name}` field."""
+    """(text before, field name, text after) when `command` has exactly one plain `{name}` field, or
+    (command, "", "") when it has none and no escaped braces."""
     try:
         parts = list(string.Formatter().parse(command))
     except ValueError:
         return None
     fields = [p for p in parts if p[1] is not None]
+    if not fields and "{" not in command and "}" not in command:
+        return command, "", ""
     if len(fields) != 1 or fields[0][2] or fields[0][3] or not fields[0][1] or not fields[0][1].isidentifier():
         return None
     if any(("{" in p[0] or "}" in p[0]) for p in parts):
@@ -161,14 +164,14 @@ class BagSpec(msgspec.Struct, frozen=True):
         sizes = [n for _, _, n, _ in axes]
         command, env_t, outputs_t = self.command, self.env, self.outputs
         plain = _plain_template(command)
-        if len(axes) == 1 and not env_t and not outputs_t and plain is not None and plain[1] == axes[0][0]:
-            # the common sweep: one parameter in the command and nothing else to fill in
-            head, _, tail = plain
+        if len(axes) == 1 and not env_t and not outputs_t and plain is not None and plain[1] in ("", axes[0][0]):
+            # the common sweep: one parameter, in the command or only in the environment, nothing else
+            head, field, tail = plain
             key, value = axes[0][1], axes[0][3]
 
             def render_one(index: int, line: str | None = None) -> tuple[str, dict[str, str], list[str]]:
                 v = value(index)
-                return head + v + tail, {key: v}, []
+                return (head + v + tail if field else command), {key: v}, []
 
             return render_one
 

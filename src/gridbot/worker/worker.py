@@ -104,6 +104,8 @@ class Worker:
         self.avg_wall = 0.0
         """Moving average of the wall seconds of the instances this worker ran (0: none yet)."""
         self.reports_since = 0.0
+        self.exchanges = 0
+        """Round trips made (each carries the reports and requests of that moment)."""
         self.wake = asyncio.Event()
         self.stopping = asyncio.Event()
         self.max_result_bytes = 16 << 20
@@ -267,6 +269,7 @@ class Worker:
 
     async def _post(self, req: ExchangeRequest) -> ExchangeResponse:
         assert self._session is not None
+        self.exchanges += 1
         async with self._session.post(f"{self.config.server}/v1/exchange", data=_encoder.encode(req),
                                       headers={"Content-Type": MSGPACK, "Accept": MSGPACK}) as r:
             body = await r.read()

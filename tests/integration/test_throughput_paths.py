@@ -1,0 +1,176 @@
+"""The paths issue 6 made fast, checked for what they must keep doing: the noop executor, prefetch sized
+from the jobs' run time, idle hosts' requests held until work comes, and the store's writer thread."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from gridbot.client import Client
+from gridbot.errors import ServerUnavailable
+from gridbot.model.records import HostInfo
+from gridbot.model.spec import parse_spec
+from gridbot.model.states import InstanceState, JobState
+from gridbot.protocol import MSGPACK, ExchangeRequest, ExchangeResponse
+from gridbot.server.app import EmbeddedServer
+from gridbot.server.service import Service
+from gridbot.store.sql import SQLiteStore
+from gridbot.worker.worker import PREFETCH_MAX, Worker, WorkerConfig
+from tests.integration.harness import Cluster
+
+
+def sweep(name: str, jobs: int, command: str = "true") -> str:
+    return f'name = "{name}"\ncommand = "{command}"\n[parameters]\ni = {{ from = 1, to = {jobs} }}\n'
+
+
+def service(tmp_path: Path) -> Service:
+    store = SQLiteStore(tmp_path / "g.db")
+    store.migrate()
+    return Service(store)
+
+
+def run_worker(config: WorkerConfig) -> Worker:
+    worker = Worker(config)
+    asyncio.run(worker.run())
+    return worker
+
+
+def test_the_noop_executor_completes_a_bag_without_running_anything(tmp_path):
+    svc = service(tmp_path)
+    marker = tmp_path / "ran"
+    svc.submit(parse_spec(sweep("n", 500, f"touch {marker}"), "n.toml", "n"), None, {}, time.time())
+    with EmbeddedServer(svc, tick_interval=0.2) as srv:
+        run_worker(WorkerConfig(srv.url, slots=100, executor="noop", idle_timeout=1, state_dir=tmp_path / "s",
+                                workdir=tmp_path / "w"))
+        with Client(srv.url) as c:
+            info = c.bag("n")
+    assert info.state == "completed" and info.counts.done == 500 and info.counts.instances == 500
+    assert not marker.exists(), "noop reports success without running the command"
+    assert len(svc.store.jobs(1, JobState.DONE, limit=1000)) == 500
+
+
+def test_an_unknown_executor_is_refused_by_name(tmp_path):
+    with pytest.raises(ValueError, match=r"unknown executor 'fast'.*shell, noop"):
+        Worker(WorkerConfig("http://127.0.0.1:1", executor="fast", state_dir=tmp_path))
+
+
+def test_prefetch_follows_the_jobs_run_time_within_bounds(tmp_path):
+    w = Worker(WorkerConfig("http://127.0.0.1:1", slots=2, prefetch=1, prefetch_seconds=1.0, state_dir=tmp_path))
+    try:
+        assert w.prefetch() == 1, "nothing run yet: the configured prefetch"
+        w.avg_wall = 0.1
+        assert w.prefetch() == 20, "two slots, 1 s of work of 0.1 s jobs"
+        w.avg_wall = 0.0001
+        assert w.prefetch() == PREFETCH_MAX
+        w.avg_wall = 600.0
+        assert w.prefetch() == 1, "long jobs: one at a time beyond the slots, never less than asked"
+    finally:
+        w.identity.release()
+
+
+def test_short_jobs_travel_in_bundles(tmp_path):
+    """With prefetch from the run time, 400 jobs of `true` take far fewer round trips than jobs; without,
+    about one per job."""
+    counts = {}
+    for name, extra in (("plain", {}), ("bundled", {"prefetch_seconds": 1.0})):
+        svc = service(tmp_path / name)
+        svc.submit(parse_spec(sweep(name, 400), f"{name}.toml", name), None, {}, time.time())
+        with EmbeddedServer(svc, tick_interval=0.2) as srv:
+            worker = run_worker(WorkerConfig(srv.url, slots=1, prefetch=1, idle_timeout=1,
+                                             state_dir=tmp_path / name / "s", workdir=tmp_path / name / "w", **extra))
+            with Client(srv.url) as c:
+                assert c.bag(name).counts.done == 400
+        counts[name] = worker.exchanges
+    print("round trips:", counts)
+    assert counts["bundled"] * 4 < counts["plain"], counts
+    assert counts["plain"] >= 400
+
+
+def test_an_idle_worker_hears_of_a_new_bag_at_once(tmp_path):
+    """A worker that found no work is held by the server instead of sleeping its backoff (10 s with no
+    bag at all), so the first result of a bag submitted later comes within a fraction of that."""
+    cluster = Cluster(tmp_path)
+    try:
+        cluster.start_server()
+        cluster.start_worker("--slots", "1")
+        time.sleep(2.0)  # the worker has asked, found nothing and is waiting
+        spec = tmp_path / "one.toml"
+        spec.write_text(sweep("one", 1))
+        with cluster.client() as c:
+            start = time.monotonic()
+            c.submit_file(spec)
+            info = c.wait("one", poll=0.05, timeout=30)
+            took = time.monotonic() - start
+    finally:
+        cluster.stop()
+    assert info.state == "completed"
+    assert took < 3.0, f"the first result took {took:.1f} s; an idle worker sleeping its backoff takes ~10 s"
+
+
+def test_a_held_request_still_answers_after_its_backoff(tmp_path):
+    """With no bag at all, a held request is answered (with nothing) once the backoff has passed."""
+    svc = service(tmp_path)
+    with EmbeddedServer(svc) as srv:
+        body = msgspec.msgpack.encode(ExchangeRequest(HostInfo("h", "h"), 1, []))
+        req = urllib.request.Request(f"{srv.url}/v1/exchange", body, {"Content-Type": MSGPACK})
+        start = time.monotonic()
+        with urllib.request.urlopen(req, timeout=60) as r:
+            resp = msgspec.msgpack.decode(r.read(), type=ExchangeResponse)
+        held = time.monotonic() - start
+    assert resp.assignments == [] and resp.backoff == 0.0
+    assert 5.0 < held < 20.0, f"held {held:.1f} s; the empty backoff is 10 s"
+
+
+def test_the_writer_thread_batch_lands_before_a_flush_and_a_failure_fails_later_exchanges_too(tmp_path,
+                                                                                              monkeypatch):
+    svc = service(tmp_path)
+    svc.submit(parse_spec(sweep("w", 40), "w.toml", "w"), None, {}, 0.0)
+    told: list[BaseException | None] = []
+    posted: list = []
+    _, changes = svc.decide(ExchangeRequest(HostInfo("h1", "h1"), 2, []), 1.0)
+    svc.stage(changes, told.append)
+    svc.flush_async(posted.append)
+    _, changes = svc.decide(ExchangeRequest(HostInfo("h2", "h2"), 2, []), 1.0)
+    svc.stage(changes, told.append)
+    assert told == [], "nothing is answered before its batch is durable"
+    svc.flush()  # lands the batch in flight first, then the later one
+    assert told == [None, None]
+    for cb in posted:  # the writer's late notice changes nothing
+        cb()
+    assert told == [None, None] and len(svc.store.jobs(1, JobState.RUNNING)) == 4
+
+    def broken(changes):
+        raise OSError("disk full")
+
+    release = threading.Event()
+
+    def slow_broken(changes):
+        release.wait(10)
+        broken(changes)
+
+    monkeypatch.setattr(svc.store, "apply", slow_broken)
+    told.clear()
+    posted.clear()
+    _, changes = svc.decide(ExchangeRequest(HostInfo("h3", "h3"), 2, []), 2.0)
+    svc.stage(changes, told.append)
+    svc.flush_async(posted.append)
+    _, changes = svc.decide(ExchangeRequest(HostInfo("h4", "h4"), 2, []), 2.0)
+    svc.stage(changes, told.append)  # decided on the state the failing batch assumed
+    release.set()
+    deadline = time.monotonic() + 10
+    while not posted and time.monotonic() < deadline:
+        time.sleep(0.01)
+    monkeypatch.undo()
+    for cb in posted:
+        cb()
+    assert len(told) == 2 and all(isinstance(e, ServerUnavailable) for e in told)
+    assert len(svc.store.jobs(1, JobState.RUNNING)) == 4, "nothing of the failed batch reached the store"
+    resp = svc.exchange(ExchangeRequest(HostInfo("h5", "h5"), 2, []), 3.0)
+    assert len(resp.assignments) == 2, "the dispatcher was rebuilt from the store and goes on"
+    assert {i.state for i in svc.store.instances_of(resp.assignments[0].job_id)} >= {InstanceState.RUNNING}
