@@ -47,6 +47,11 @@ class JobUpdate(msgspec.Struct, frozen=True):
     attempts: int
     reason: str = ""
     result_instance: int | None = None
+    sent: bool = False
+    """The only change is that a queued job was sent (running, one more attempt). The new instance's row
+    says as much, so a store may skip this update; the store then shows the job as queued with a
+    running instance, which its listings and `Snapshot` read as running (issue 6: one row write less
+    per job)."""
 
 
 class BagCounts(msgspec.Struct):
@@ -109,7 +114,8 @@ class Changes:
         for job_id, j in other.jobs.items():
             prior = self.jobs.get(job_id)
             if prior is not None and ((j.result_instance is None and prior.result_instance is not None)
-                                      or (not j.reason and prior.reason)):
+                                      or (not j.reason and prior.reason) or j.sent):
+                # a send after another change of the job in the same batch must be written with it
                 j = JobUpdate(j.job_id, j.state, j.failures, j.attempts, j.reason or prior.reason,
                               j.result_instance if j.result_instance is not None else prior.result_instance)
             self.jobs[job_id] = j

@@ -676,7 +676,7 @@ class Dispatcher:
         host.running.add(iid)
         heapq.heappush(self._deadlines, (deadline, iid))
         bag.counts.instances += 1
-        self._set_job(job, JobState.RUNNING, changes)
+        self._set_job(job, JobState.RUNNING, changes, sent=True)
         changes.new_instances.append(NewInstance(iid, job.job_id, bag.bag_id, host.info.host_id, now, deadline))
         assert bag.render is not None
         command, env, outputs = bag.render(job.index, job.line)
@@ -809,7 +809,9 @@ class Dispatcher:
         changes.bags[bag.bag_id] = BagUpdate(bag.bag_id, state, _copy(bag.counts), now)
         del self.bags[bag.bag_id]
 
-    def _set_job(self, job: _Job, state: JobState, changes: Changes, result: int | None = None) -> None:
+    def _set_job(self, job: _Job, state: JobState, changes: Changes, result: int | None = None,
+                 sent: bool = False) -> None:
+        sent = sent and job.state is JobState.QUEUED
         if state is not job.state:
             check_transition(JOB_TRANSITIONS, job.state, state)
             counts = self.bags[job.bag_id].counts
@@ -817,13 +819,16 @@ class Dispatcher:
             setattr(counts, old, getattr(counts, old) - 1)
             setattr(counts, new, getattr(counts, new) + 1)
             job.state = state
-        self._emit_job(job, changes, result)
+        self._emit_job(job, changes, result, sent)
 
-    def _emit_job(self, job: _Job, changes: Changes, result: int | None = None) -> None:
+    def _emit_job(self, job: _Job, changes: Changes, result: int | None = None, sent: bool = False) -> None:
         prior = changes.jobs.get(job.job_id)
-        if result is None and prior is not None:
-            result = prior.result_instance
-        changes.jobs[job.job_id] = JobUpdate(job.job_id, job.state, job.failures, job.attempts, job.reason, result)
+        if prior is not None:
+            sent = False  # the job changed otherwise in this event: the update must be written
+            if result is None:
+                result = prior.result_instance
+        changes.jobs[job.job_id] = JobUpdate(job.job_id, job.state, job.failures, job.attempts, job.reason, result,
+                                             sent)
         bag = self.bags.get(job.bag_id)
         if bag is not None:
             self._emit_bag(bag)

@@ -36,6 +36,12 @@ from gridbot.store.migrations import LATEST, MIGRATIONS
 _BAG_COLS = ("id, name, spec, spec_hash, state, queued, running, done, failed, cancelled, instances, wasted, overdue, "
              "reruns, replicas, total, created_at, finished_at")
 _JOB_COLS = "id, bag_id, idx, line, state, failures, attempts, reason, result_instance"
+_SENT = "EXISTS (SELECT 1 FROM instances i WHERE i.job_id = j.id AND i.state = 'running')"
+"""A job stored as queued whose send was not written (JobUpdate.sent): it runs."""
+_JOB_SHOWN = (f"id, bag_id, idx, line, CASE WHEN state = 'queued' AND {_SENT} THEN 'running' ELSE state END, "
+              f"failures, attempts + CASE WHEN state = 'queued' AND {_SENT} THEN 1 ELSE 0 END, reason, "
+              "result_instance")
+"""Job columns as listings show them: a job whose send was not written shows as running, with the attempt."""
 _INST_COLS = ("id, job_id, host_id, state, sent_at, ended_at, reason, exit_code, wall_s, cpu_s, stdout_tail, "
               "stderr_tail")
 
@@ -49,7 +55,10 @@ SQL = {
     "insert_job": "INSERT INTO jobs (bag_id, idx, line) VALUES (?, ?, ?)",
     "insert_input": "INSERT INTO bag_inputs (bag_id, name, data) VALUES (?, ?, ?)",
     "live_instances": "SELECT i.id, i.job_id, i.bag_id, i.host_id, i.state, i.sent_at, i.instance_deadline, "
-                      "j.idx, j.line, j.state, j.failures, j.attempts FROM instances i "
+                      "j.idx, j.line, CASE WHEN j.state = 'queued' AND i.state = 'running' THEN 'running' "
+                      "ELSE j.state END, j.failures, "
+                      "j.attempts + CASE WHEN j.state = 'queued' AND i.state = 'running' THEN 1 ELSE 0 END "
+                      "FROM instances i "
                       "JOIN jobs j ON j.id = i.job_id JOIN bags b ON b.id = i.bag_id "
                       "WHERE i.state IN ('running', 'overdue') AND b.state = 'active' ORDER BY i.id",
     "max_instance": "SELECT COALESCE(MAX(id), 0) FROM instances",
@@ -75,8 +84,12 @@ SQL = {
                    "memory_mb = excluded.memory_mb, slots = excluded.slots, pool = excluded.pool, "
                    "last_seen = excluded.last_seen, done = excluded.done, failed = excluded.failed, "
                    "stats = excluded.stats",
-    "jobs": f"SELECT {_JOB_COLS} FROM jobs WHERE bag_id = ? AND id > ? ORDER BY id LIMIT ?",
-    "jobs_in_state": f"SELECT {_JOB_COLS} FROM jobs WHERE bag_id = ? AND state = ? AND id > ? ORDER BY id LIMIT ?",
+    "jobs": f"SELECT {_JOB_SHOWN} FROM jobs j WHERE bag_id = ? AND id > ? ORDER BY id LIMIT ?",
+    "jobs_in_state": f"SELECT {_JOB_SHOWN} FROM jobs j WHERE bag_id = ? AND state = ? AND id > ? ORDER BY id LIMIT ?",
+    "jobs_queued": f"SELECT {_JOB_SHOWN} FROM jobs j WHERE bag_id = ? AND state = 'queued' AND NOT {_SENT} "
+                   "AND id > ? ORDER BY id LIMIT ?",
+    "jobs_running": f"SELECT {_JOB_SHOWN} FROM jobs j WHERE bag_id = ? AND (state = 'running' OR "
+                    f"(state = 'queued' AND {_SENT})) AND id > ? ORDER BY id LIMIT ?",
     "instances_of": f"SELECT {_INST_COLS} FROM instances WHERE job_id = ? ORDER BY id",
     "results": f"SELECT {', '.join('j.' + c.strip() for c in _JOB_COLS.split(','))}, "
                f"{', '.join('i.' + c.strip() for c in _INST_COLS.split(','))} FROM jobs j "
@@ -113,7 +126,7 @@ class _Rows:
             if r.outputs and u.state is InstanceState.DONE:
                 self.outputs.extend((u.instance_id, k, v) for k, v in r.outputs.items())
         self.jobs = [(_NAMES[j.state], j.failures, j.attempts, j.reason or None, j.result_instance, j.job_id)
-                     for j in changes.jobs.values()]
+                     for j in changes.jobs.values() if not j.sent]
 
 
 def _from_json(columns: str) -> str:
@@ -288,6 +301,8 @@ class SqlStore(Store):
         with self._tx(write=False) as cur:
             if state is None:
                 cur.execute(self._sql("jobs"), (bag_id, after, limit))
+            elif state in (JobState.QUEUED, JobState.RUNNING):
+                cur.execute(self._sql(f"jobs_{state.value}"), (bag_id, after, limit))
             else:
                 cur.execute(self._sql("jobs_in_state"), (bag_id, state.value, after, limit))
             return [_job(r) for r in cur.fetchall()]

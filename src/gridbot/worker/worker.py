@@ -169,9 +169,10 @@ class Worker:
                 return 0
             # ask when a slot is idle or half the held work is gone; report then, or after REPORT_DELAY
             hungry = want > 0 and (len(self.running) < self.config.slots or 2 * want >= prefetch)
-            report_at = self.reports_since + REPORT_DELAY if self.reports else math.inf
-            if not ((self.reports and (hungry or now >= report_at)) or (hungry and now >= next_talk)
-                    or now >= next_heartbeat):
+            report_at = math.inf
+            if self.reports:  # held results go at once when nothing waits here to run (the tail)
+                report_at = self.reports_since + REPORT_DELAY if self.waiting else now
+            if not (now >= report_at or (hungry and now >= next_talk) or now >= next_heartbeat):
                 self.wake.clear()
                 delay = min(next_heartbeat, next_talk if hungry else next_heartbeat, report_at) - now
                 if self.config.lifetime:
