@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +25,8 @@ from typing import Any
 
 
 def shell_task(_: int) -> int:
+    import subprocess  # here: Parsl ships the function by value, without this module's imports
+
     return subprocess.run("true", shell=True).returncode
 
 

@@ -126,3 +126,16 @@ def test_only_one_server_may_own_a_store(tmp_path, pg_url):
         first.close()
         second.claim()  # free again once the owner is gone
         second.close()
+
+
+def test_a_sweep_of_thousands_is_stored_in_index_order_with_ascending_ids(store):
+    """The feeder reads a bag's queued jobs by id: the ids must ascend with the index (SQLite counts a
+    sweep's jobs out itself, PostgreSQL copies them in)."""
+    spec = parse_spec('command = "echo {i}"\n[parameters]\ni = { from = 1, to = 5000 }\n', "t", "big")
+    row = store.create_bag(spec, None, {}, 1.0)
+    other = store.create_bag(SPEC, None, {}, 1.0)
+    jobs = store.queued_jobs(row.bag_id, 0, 10_000)
+    assert [j.index for j in jobs] == list(range(5000))
+    assert all(b.job_id > a.job_id for a, b in zip(jobs, jobs[1:], strict=False))
+    assert [j.index for j in store.queued_jobs(other.bag_id, 0, 100)] == list(range(10))
+    assert store.bag(row.bag_id).counts.queued == 5000

@@ -386,6 +386,15 @@ class SQLiteStore(SqlStore):
         self._depth = 0
         self._lock: Any = None
 
+    def _insert_jobs(self, cur: Any, bag_id: int, total: int, lines: Sequence[str] | None) -> None:
+        if lines is not None:
+            super()._insert_jobs(cur, bag_id, total, lines)
+            return
+        # a sweep's jobs are only their indices: SQLite counts them out itself, 2.5x faster than binding
+        # ten million rows from Python (issue 6); ids ascend with the index, as the feeder reads them
+        cur.execute("WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?) "
+                    "INSERT INTO jobs (bag_id, idx) SELECT ?, i FROM n", (total, bag_id))
+
     def _write(self, cur: Any, name: str, rows: list[tuple[Any, ...]]) -> None:
         if len(rows) > 1 and name in SQLITE_BATCH:
             cur.execute(SQLITE_BATCH[name], (_json.encode(rows),))
