@@ -1,5 +1,7 @@
 """One conformance suite for every store: memory, SQLite and a real PostgreSQL."""
 
+import itertools
+
 import pytest
 
 from gridbot.core.changes import BagSnapshot, Changes, NewInstance
@@ -136,6 +138,6 @@ def test_a_sweep_of_thousands_is_stored_in_index_order_with_ascending_ids(store)
     other = store.create_bag(SPEC, None, {}, 1.0)
     jobs = store.queued_jobs(row.bag_id, 0, 10_000)
     assert [j.index for j in jobs] == list(range(5000))
-    assert all(b.job_id > a.job_id for a, b in zip(jobs, jobs[1:], strict=False))
+    assert all(b.job_id > a.job_id for a, b in itertools.pairwise(jobs))
     assert [j.index for j in store.queued_jobs(other.bag_id, 0, 100)] == list(range(10))
     assert store.bag(row.bag_id).counts.queued == 5000
