@@ -183,7 +183,7 @@ def table(title: str, rows: Sequence[Row], versus: str | None = None, higher_is_
                          f"{len(r.values)} | {'-' if ratio != ratio else f'{ratio:.2f}x'} | {r.note} |")
         else:
             lines.append(f"| {r.name} | {r.unit} | - | - | - | 0 | - | {r.note} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n\n"
 
 
 def machine() -> str:
