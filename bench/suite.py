@@ -96,6 +96,22 @@ def peer(system: str, task: str, jobs: int) -> tuple[float, float, str]:
     return float(out["rate"]), float(out["first"]), str(out["version"])
 
 
+def peer_runs(system: str, task: str, jobs: int, runs: int, label: str) -> tuple[Row, Row]:
+    """`runs` measurements of one peer: its jobs/s row and its seconds-to-first-result row."""
+    rate, first = Row(label), Row(label, unit="s")
+    for _ in range(runs):
+        try:
+            r, f, version = peer(system, task, jobs)
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            last = [ln for ln in str(e).splitlines() if ln.strip()]
+            rate.note = f"failed: {(last[-1] if last else str(e))[:160]}"
+            break
+        rate.values.append(r)
+        first.values.append(f)
+        rate.note = first.note = version
+    return rate, first
+
+
 def scenario_1(jobs: int, runs: int, peers: list[str]) -> str:
     rate, first = Row("gridbot"), Row("gridbot", unit="s")
     for _ in range(runs):
@@ -104,16 +120,7 @@ def scenario_1(jobs: int, runs: int, peers: list[str]) -> str:
         first.values.append(f)
     rows, firsts = [rate], [first]
     for p in peers:
-        pr, pf = Row(PEER_NAMES[p]), Row(PEER_NAMES[p], unit="s")
-        for _ in range(runs):
-            try:
-                r, f, version = peer(p, "shell", jobs)
-            except (RuntimeError, subprocess.TimeoutExpired) as e:
-                pr.note = f"failed: {str(e).splitlines()[0][:120]}"
-                break
-            pr.values.append(r)
-            pf.values.append(f)
-            pr.note = pf.note = version
+        pr, pf = peer_runs(p, "shell", jobs, runs, PEER_NAMES[p])
         rows.append(pr)
         firsts.append(pf)
     best = max((r for r in rows[1:] if r.values and r.name != PEER_NAMES["ppe"]), key=lambda r: r.median,
@@ -167,15 +174,9 @@ def scenario_2(jobs: int, runs: int, peers: list[str], pg: bool) -> tuple[str, R
     rows = [sqlite_row] + ([pg_row] if pg else [])
     peer_jobs = min(jobs, 20_000)
     for p in peers:
-        row = Row(PEER_NAMES[p] + " (no-op Python tasks)")
-        for _ in range(runs):
-            try:
-                r, _, version = peer(p, "noop", peer_jobs)
-            except (RuntimeError, subprocess.TimeoutExpired) as e:
-                row.note = f"failed: {str(e).splitlines()[0][:120]}"
-                break
-            row.values.append(r)
-            row.note = f"{version}, {peer_jobs:,} tasks"
+        row, _ = peer_runs(p, "noop", peer_jobs, runs, PEER_NAMES[p] + " (no-op Python tasks)")
+        if row.values:
+            row.note = f"{row.note}, {peer_jobs:,} tasks"
         rows.append(row)
     return table(f"2. Dispatch capacity: {jobs:,} jobs, 2 noop workers of 1,000 slots (target: 20,000 jobs/s "
                  "on SQLite)", rows, versus="gridbot, SQLite"), sqlite_row
