@@ -4,6 +4,7 @@ from the jobs' run time, idle hosts' requests held until work comes, and the sto
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 import time
 import urllib.request
@@ -111,6 +112,22 @@ def test_an_idle_worker_hears_of_a_new_bag_at_once(tmp_path):
         cluster.stop()
     assert info.state == "completed"
     assert took < 3.0, f"the first result took {took:.1f} s; an idle worker sleeping its backoff takes ~10 s"
+
+
+def test_an_idle_worker_stops_at_once_though_its_request_is_held(tmp_path):
+    cluster = Cluster(tmp_path)
+    try:
+        cluster.start_server()
+        worker = cluster.start_worker("--slots", "1")
+        time.sleep(2.0)  # its request is held: no bag at all, so up to the 10 s empty backoff
+        start = time.monotonic()
+        worker.signal(signal.SIGTERM)
+        code = worker.wait(30)
+        took = time.monotonic() - start
+    finally:
+        cluster.stop()
+    assert code == 0
+    assert took < 5.0, f"the worker took {took:.1f} s to stop; it waited for its held request"
 
 
 def test_a_held_request_still_answers_after_its_backoff(tmp_path):

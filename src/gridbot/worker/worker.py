@@ -106,6 +106,7 @@ class Worker:
         self.reports_since = 0.0
         self.exchanges = 0
         """Round trips made (each carries the reports and requests of that moment)."""
+        self.dropped_answer = False
         self.wake = asyncio.Event()
         self.stopping = asyncio.Event()
         self.max_result_bytes = 16 << 20
@@ -203,7 +204,13 @@ class Worker:
                 self.host = msgspec.structs.replace(self.host, prefetch=prefetch)
             req = ExchangeRequest(self.host, 0 if self.stopping.is_set() else want, running, batch)
             try:
-                resp = await self._post(req)
+                if batch or not req.want:
+                    resp = await self._post(req)
+                else:
+                    held = await self._post_unless_stopped(req)
+                    if held is None:
+                        return ExchangeResponse([], [], 0.0, self.heartbeat, self.max_result_bytes)
+                    resp = held
             except ProtocolError as e:
                 if len(batch) > 1 or not batch:
                     log.error("server refused the exchange: %s", e)
@@ -236,6 +243,24 @@ class Worker:
                 log.debug("acknowledged reports %s", [r.instance_id for r in batch])
             self._accept(resp)
             return resp
+
+    async def _post_unless_stopped(self, req: ExchangeRequest) -> ExchangeResponse | None:
+        """An idle host's request, which the server may hold until work comes: a stop does not wait for
+        it (None). The goodbye then tells the server this host holds nothing, in case the answer it
+        dropped carried work."""
+        post = asyncio.ensure_future(self._post(req))
+        stop = asyncio.ensure_future(self.stopping.wait())
+        try:
+            await asyncio.wait({post, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if post.done():
+            return post.result()
+        post.cancel()
+        with contextlib.suppress(asyncio.CancelledError, aiohttp.ClientError, OSError):
+            await post
+        self.dropped_answer = True
+        return None
 
     def _starving(self, now: float) -> bool:
         """GridBot's pilot suicide: a job that gets almost no CPU means this host is no place to run."""
@@ -375,7 +400,7 @@ class Worker:
         for a in self.waiting:
             self.reports.append(InstanceReport(a.instance_id, Outcome.INTERRUPTED, reason="the worker stopped"))
         self.waiting.clear()
-        if not self.reports:
+        if not self.reports and not self.dropped_answer:
             return
         assert self._session is not None
         for _ in range(3):
