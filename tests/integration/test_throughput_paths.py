@@ -114,6 +114,32 @@ def test_an_idle_worker_hears_of_a_new_bag_at_once(tmp_path):
     assert took < 3.0, f"the first result took {took:.1f} s; an idle worker sleeping its backoff takes ~10 s"
 
 
+def test_workers_sharing_a_workdir_keep_their_jobs_apart(tmp_path):
+    """Job directories are reused per slot: two workers in one workdir (as `gridbot run` starts them)
+    must not run in each other's, or outputs vanish and inputs go missing."""
+    (tmp_path / "data.txt").write_text("x" * 100)
+    spec = tmp_path / "io.toml"
+    spec.write_text('name = "io"\ncommand = "cat data.txt > out.txt; sleep 0.05; echo {i} >> out.txt"\n'
+                    'inputs = ["data.txt"]\noutputs = ["out.txt"]\n[parameters]\ni = { from = 1, to = 200 }\n')
+    cluster = Cluster(tmp_path)
+    try:
+        cluster.start_server()
+        shared = str(tmp_path / "shared-work")
+        for n in range(2):
+            cluster.start_worker("--slots", "2", "--prefetch-seconds", "1", "--workdir", shared, name=f"s{n}")
+        with cluster.client() as c:
+            c.submit_file(spec)
+            info = c.wait("io", poll=0.2, timeout=120)
+            results = c.download_results("io", tmp_path / "results")
+    finally:
+        cluster.stop()
+    assert info.state == "completed" and info.counts.done == 200 and info.counts.failed == 0, info.counts
+    assert results == 200
+    for d in sorted(p for p in (tmp_path / "results").iterdir() if p.is_dir()):
+        text = (d / "out.txt").read_text()
+        assert text == "x" * 100 + str(int(d.name) + 1) + "\n", (d.name, text)
+
+
 def test_an_idle_worker_stops_at_once_though_its_request_is_held(tmp_path):
     cluster = Cluster(tmp_path)
     try:

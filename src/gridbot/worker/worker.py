@@ -332,7 +332,8 @@ class Worker:
                 jobdir = self.workdir / f"{a.bag_name}" / f"{a.index}-{a.instance_id}"
             else:
                 slot = self.slot_of[iid] = self.free_slots.pop()
-                jobdir = self.workdir / ".slots" / str(slot)
+                # per host id: workers started side by side (gridbot run) may share a workdir
+                jobdir = self.workdir / ".slots" / self.host.host_id / str(slot)
             task = asyncio.ensure_future(run_instance(
                 a, jobdir, self._fetch_input, self.max_result_bytes, stop, self.config.keep_dirs,
                 started=functools.partial(self._started, iid),
