@@ -10,13 +10,14 @@ import msgspec
 import pytest
 
 from gridbot.core.changes import Changes, JobUpdate
+from gridbot.core.dispatcher import DispatchConfig
 from gridbot.errors import ServerUnavailable
 from gridbot.model.records import HostInfo, InstanceReport, Outcome
 from gridbot.model.spec import parse_spec
 from gridbot.model.states import JobState
 from gridbot.protocol import MSGPACK, ExchangeRequest, ExchangeResponse
 from gridbot.server.app import EmbeddedServer
-from gridbot.server.service import Service
+from gridbot.server.service import Service, ServiceConfig
 from gridbot.store.sql import SQLiteStore
 
 SPEC = 'command = "true"\n[parameters]\ni = { from = 1, to = 40 }\n'
@@ -24,6 +25,9 @@ SPEC = 'command = "true"\n[parameters]\ni = { from = 1, to = 40 }\n'
 
 def host(n: int) -> HostInfo:
     return HostInfo(f"h{n}", f"h{n}", "Linux", 1, 0, 1, "local")
+
+
+THREE_SLOTS = HostInfo("h3", "h3", "Linux", 3, 0, 3, "local")
 
 
 def test_merge_keeps_a_result_that_a_later_update_leaves_out():
@@ -51,6 +55,41 @@ def test_staged_exchanges_share_one_transaction_and_are_durable_after_it(tmp_pat
     sent = [a.assignments[0].instance_id for a in answers]
     assert all(store.instances_of(a.assignments[0].job_id)[0].instance_id == i for a, i in zip(answers, sent,
                                                                                                  strict=True))
+
+
+def test_a_window_refills_from_committed_rows_without_flushing_staged_exchanges(tmp_path):
+    store = SQLiteStore(tmp_path / "g.db")
+    store.migrate()
+    service = Service(store, ServiceConfig(dispatch=DispatchConfig(buffer_size=4)))
+    service.submit(parse_spec(SPEC, "s.toml", "s"), None, {}, 0.0)
+    told: list[BaseException | None] = []
+    resp, changes = service.decide(ExchangeRequest(THREE_SLOTS, 3, []), 1.0)
+    service.stage(changes, told.append)
+    assert [a.index for a in resp.assignments] == [0, 1, 2]
+    service.feed()
+    assert told == [], "the refill reads after the window's cursor: the staged batch need not land first"
+    [bag] = service.dispatcher.bags.values()
+    assert [j.index for j in bag.buffer] == [3, 4, 5, 6], "the sent jobs, not yet stored as such, are not re-read"
+    service.flush()
+    assert told == [None] and store.bag("s").counts.running == 3
+
+
+def test_a_window_read_again_from_its_start_waits_for_staged_exchanges(tmp_path):
+    store = SQLiteStore(tmp_path / "g.db")
+    store.migrate()
+    service = Service(store, ServiceConfig(dispatch=DispatchConfig(buffer_size=4)))
+    service.submit(parse_spec(SPEC, "s.toml", "s"), None, {}, 0.0)
+    _, changes = service.decide(ExchangeRequest(THREE_SLOTS, 3, []), 1.0)
+    told: list[BaseException | None] = []
+    service.stage(changes, told.append)
+    [bag] = service.dispatcher.bags.values()
+    for job in bag.buffer:
+        job.in_buffer = False
+    bag.buffer.clear()
+    bag.cursor = 0  # what parking a window does
+    service.feed()
+    assert told == [None], "read over jobs already sent: the staged batch landed first"
+    assert [j.index for j in bag.buffer] == [3], "no sent job came back into the window"
 
 
 def test_a_failed_transaction_fails_every_exchange_in_it_and_stores_none(tmp_path, monkeypatch):

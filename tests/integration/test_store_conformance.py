@@ -1,6 +1,7 @@
 """One conformance suite for every store: memory, SQLite and a real PostgreSQL."""
 
 import itertools
+import threading
 
 import pytest
 
@@ -10,6 +11,7 @@ from gridbot.model.records import HostInfo, InstanceReport, Outcome
 from gridbot.model.spec import each_line_spec, parse_spec
 from gridbot.model.states import BagState, InstanceState, JobState
 from gridbot.store.base import BagExists
+from gridbot.store.memory import MemoryStore
 
 SPEC = parse_spec('command = "echo {i}"\noutputs = ["o"]\n[parameters]\ni = { from = 0, to = 9 }\n', "t", "ten")
 H = HostInfo("h1", "host-1", "Linux-x86_64", 4, 1024, 8, "local")
@@ -141,3 +143,38 @@ def test_a_sweep_of_thousands_is_stored_in_index_order_with_ascending_ids(store)
     assert all(b.job_id > a.job_id for a, b in itertools.pairwise(jobs))
     assert [j.index for j in store.queued_jobs(other.bag_id, 0, 100)] == list(range(10))
     assert store.bag(row.bag_id).counts.queued == 5000
+
+
+def test_a_read_sees_the_last_commit_without_waiting_for_a_write_in_progress(store):
+    if isinstance(store, MemoryStore):
+        pytest.skip("the memory store is used from one thread: there is no write in progress to wait for")
+    row = store.create_bag(SPEC, None, {}, 1.0)
+    d = Dispatcher(DispatchConfig(check_invariants=True))
+    d.restore(store.snapshot())
+    for req in d.needs_feed():
+        d.feed(req.bag_id, store.queued_jobs(req.bag_id, req.after, req.limit), req.limit)
+    answer, changes = d.request_work(H, 3, [], 2.0)
+    inside, release = threading.Event(), threading.Event()
+    seen_by_writer: list[int] = []
+
+    def write() -> None:
+        with store._tx():
+            store.apply(changes)
+            seen_by_writer.append(store.bag(row.bag_id).counts.running)
+            inside.set()
+            release.wait(30)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        assert inside.wait(30)
+        seen: list[int] = []
+        reader = threading.Thread(target=lambda: seen.append(store.bag(row.bag_id).counts.running))
+        reader.start()
+        reader.join(10)
+        assert seen == [0], "the read went on during the write, and saw the last commit only"
+        assert seen_by_writer == [3], "the writing thread reads its own writes"
+    finally:
+        release.set()
+        writer.join(30)
+    assert store.bag(row.bag_id).counts.running == 3 and len(answer.assignments) == 3

@@ -304,6 +304,25 @@ def test_a_bag_that_matches_nobody_gives_its_window_up_after_its_time_to_live():
     assert sim.store.bag(stuck).counts.queued == 1000, "nothing was lost from the store"
 
 
+def test_a_window_is_stale_only_once_its_cursor_went_back_over_jobs_it_changed():
+    sim = Sim(buffer_size=100, buffer_ttl=600)
+    picky = sim.bag("picky", 1000, {"JobRequirements": 'Host.Pool == "a"'})
+    busy = sim.bag("busy", 1000, {"Concurrency": "1"})
+    sim.ask(host("ha", "a"), 1, 0)
+    got = sim.ask(host("hb", "b"), 1, 0)
+    assert sim.d.bags[picky].counts.running == 1 and sim.d.bags[busy].counts.running == 1
+    sim.d.bags[busy].buffer.clear()  # as if 50 results had come back: the busy window wants a refill
+    [req] = sim.d.needs_feed()
+    assert req.bag_id == busy and not req.stale, "its cursor is past every job it sent: nothing to flush"
+    sim.feed()
+    sim.tick(601)
+    assert sim.d.bags[picky].parked_until == 1201, "no pool-a host came back: the window was given up"
+    sim.ask(host("hb", "b"), 1, 602, [ok(got[0])])
+    sim.tick(1202)
+    stale = {r.bag_id: r.stale for r in sim.d.needs_feed()}
+    assert stale == {picky: True}, "read from the start again, over a job already sent: flush first"
+
+
 def test_a_bag_alone_keeps_its_window_however_long_it_waits():
     sim = Sim(buffer_size=100, buffer_ttl=600)
     stuck = sim.bag("stuck", 1000, {"JobRequirements": 'Host.Pool == "nowhere"'})

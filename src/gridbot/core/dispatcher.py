@@ -153,6 +153,9 @@ class _Bag:
     """Running jobs chosen for one more instance (Algorithm 2), served after the queued jobs."""
     cursor: int = 0
     exhausted: bool = False
+    touched: int = 0
+    """The highest job id whose state the dispatcher changed: while the cursor is past it, what the store
+    lists after the cursor is untouched here, so the feeder needs no flush of staged changes first."""
     input_names: list[str] = field(default_factory=list)
     """File names of the spec's inputs, as every assignment carries them."""
     render: Callable[[int, str | None], tuple[str, dict[str, str], list[str]]] | None = None
@@ -183,6 +186,9 @@ class FeedRequest:
     bag_id: int
     after: int
     limit: int
+    stale: bool = False
+    """Jobs above `after` have changed here (after a restore or a parked window): the store must have every
+    staged change before it is read, or it could list as queued a job already sent or ended."""
 
 
 @dataclass(frozen=True)
@@ -291,7 +297,7 @@ class Dispatcher:
             return []
         share = max(1, self.config.buffer_size // len(active))
         return [
-            FeedRequest(b.bag_id, b.cursor, share - len(b.buffer))
+            FeedRequest(b.bag_id, b.cursor, share - len(b.buffer), b.touched > b.cursor)
             for b in active
             if not b.exhausted and len(b.buffer) < share // 2
         ]
@@ -831,6 +837,8 @@ class Dispatcher:
                                              sent)
         bag = self.bags.get(job.bag_id)
         if bag is not None:
+            if job.job_id > bag.touched:
+                bag.touched = job.job_id
             self._emit_bag(bag)
 
     def _emit_bag(self, bag: _Bag) -> None:

@@ -193,10 +193,11 @@ class Service:
     def feed(self) -> None:
         """Refill the dispatcher's windows from the store (the paper's feeder).
 
-        Staged changes are flushed first: the store must not offer as queued a job the dispatcher has
-        already sent or finished."""
+        Where the dispatcher changed jobs beyond a window's cursor (`FeedRequest.stale`), staged changes
+        are flushed first: the store must not offer as queued a job the dispatcher has already sent or
+        finished. Otherwise the read needs only what is committed, and the writer's batch goes on."""
         requests = self.dispatcher.needs_feed()
-        if requests and (self._pending or self._flight is not None):
+        if any(r.stale for r in requests) and (self._pending or self._flight is not None):
             self.flush()
             requests = self.dispatcher.needs_feed()
         for req in requests:

@@ -162,10 +162,24 @@ class SqlStore(Store):
 
     threaded_writes = True
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: Any, reader: Any = None) -> None:
         self.conn = conn
         self._mutex = threading.RLock()
         """One transaction at a time on the connection, whichever thread asks (the writer or the server's)."""
+        self.reader = reader
+        """A second connection for reads, or None: a read then need not wait for the batch the writer thread
+        is committing (a feed or a listing waited for an fsync; issue 6). Reads see committed data only."""
+        self._rmutex = threading.Lock()
+        self._writing: int | None = None
+        """The thread inside a write transaction: its reads go to the writing connection, to see its writes."""
+
+    @contextlib.contextmanager
+    def _read(self) -> Iterator[Any]:
+        """A read transaction on the reader connection."""
+        raise NotImplementedError
+
+    def _reads_apart(self, write: bool) -> bool:
+        return not write and self.reader is not None and self._writing != threading.get_ident()
 
     # -- dialect hooks --------------------------------------------------------------------------------
 
@@ -381,7 +395,10 @@ class SQLiteStore(SqlStore):
             raise StoreError(f"cannot open the SQLite database {path}: {e}; check the path and its permissions") from e
         conn.execute(f"PRAGMA synchronous={synchronous.upper()}")
         conn.execute("PRAGMA foreign_keys=ON")
-        super().__init__(conn)
+        # WAL lets this connection read the last commit while the writer's transaction is open
+        reader = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+        reader.execute("PRAGMA query_only=ON")
+        super().__init__(conn, reader)
         self.path = path
         self._depth = 0
         self._lock: Any = None
@@ -413,6 +430,10 @@ class SQLiteStore(SqlStore):
 
     @contextlib.contextmanager
     def _tx(self, write: bool = True) -> Iterator[Any]:
+        if self._reads_apart(write):
+            with self._read() as cur:
+                yield cur
+            return
         with self._mutex:
             if self._depth:
                 yield self.conn.cursor()
@@ -420,6 +441,7 @@ class SQLiteStore(SqlStore):
             cur = self.conn.cursor()
             cur.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             self._depth += 1
+            self._writing = threading.get_ident()
             try:
                 yield cur
             except BaseException:
@@ -429,8 +451,21 @@ class SQLiteStore(SqlStore):
                 self.conn.commit()
             finally:
                 self._depth -= 1
+                self._writing = None
+
+    @contextlib.contextmanager
+    def _read(self) -> Iterator[Any]:
+        with self._rmutex:
+            cur = self.reader.cursor()
+            cur.execute("BEGIN")
+            try:
+                yield cur
+            finally:
+                self.reader.rollback()
 
     def close(self) -> None:
+        with self._rmutex:
+            self.reader.close()
         with self._mutex:
             self.conn.close()
         if self._lock is not None:
@@ -453,11 +488,30 @@ class PostgresStore(SqlStore):
         except psycopg.Error as e:
             raise StoreError(f"cannot connect to PostgreSQL at {_redact(url)}: {str(e).strip()}; "
                              "check that the server runs and the URL names an existing database") from e
-        super().__init__(conn)
+        try:
+            reader = psycopg.connect(url, autocommit=True, connect_timeout=10)
+        except psycopg.Error as e:
+            conn.close()
+            raise StoreError(f"cannot open a second connection to PostgreSQL at {_redact(url)}: {str(e).strip()}; "
+                             "the server takes two (check max_connections)") from e
+        super().__init__(conn, reader)
 
     @contextlib.contextmanager
     def _tx(self, write: bool = True) -> Iterator[Any]:
+        if self._reads_apart(write):
+            with self._read() as cur:
+                yield cur
+            return
         with self._mutex, self.conn.transaction(), self.conn.cursor() as cur:
+            previous, self._writing = self._writing, threading.get_ident()
+            try:
+                yield cur
+            finally:
+                self._writing = previous
+
+    @contextlib.contextmanager
+    def _read(self) -> Iterator[Any]:
+        with self._rmutex, self.reader.transaction(), self.reader.cursor() as cur:
             yield cur
 
     def _lock_schema(self, cur: Any) -> None:
@@ -486,6 +540,8 @@ class PostgresStore(SqlStore):
             self.conn.execute("SELECT pg_advisory_unlock_all()")
             self.conn.commit()
         self.conn.close()
+        with self._rmutex:
+            self.reader.close()
 
 
 def _redact(url: str) -> str:
