@@ -73,6 +73,17 @@ def test_a_whole_bag_through_the_store(store):
     assert host.stats.jobs_today == 9 and host.stats.recent_cpu == pytest.approx(9 * 0.25)
 
 
+def test_instances_past_their_deadline_are_marked_overdue_together(store):
+    row = store.create_bag(SPEC, None, {}, 1.0)
+    d, answer = drive(store, 3, 2.0)
+    store.apply(d.tick(3.0 + SPEC.instance_deadline))
+    marked = [store.instances_of(a.job_id)[0] for a in answer.assignments]
+    assert {i.state for i in marked} == {InstanceState.OVERDUE}
+    assert all(i.reason.startswith("instance deadline passed") and i.ended_at == 3.0 + SPEC.instance_deadline
+               for i in marked)
+    assert store.bag(row.bag_id).counts.overdue == 3
+
+
 def test_snapshot_restores_a_dispatcher_mid_bag(store):
     row = store.create_bag(SPEC, None, {}, 1.0)
     _, answer = drive(store, 3, 2.0)
@@ -178,3 +189,26 @@ def test_a_read_sees_the_last_commit_without_waiting_for_a_write_in_progress(sto
         release.set()
         writer.join(30)
     assert store.bag(row.bag_id).counts.running == 3 and len(answer.assignments) == 3
+
+
+@pytest.mark.parametrize("reports", [1, 3], ids=["one report", "a batch"])
+def test_a_nul_character_in_a_report_is_stored_not_refused(store, reports):
+    """A job may print a NUL byte; PostgreSQL's text cannot hold one, so it keeps U+FFFD in its place."""
+    row = store.create_bag(SPEC, None, {}, 1.0)
+    nul_host = HostInfo("h\x00", "host\x00", "Linux", 4, 1024, 8, "local")
+    d = Dispatcher(DispatchConfig(check_invariants=True))
+    d.restore(store.snapshot())
+    for req in d.needs_feed():
+        d.feed(req.bag_id, store.queued_jobs(req.bag_id, req.after, req.limit), req.limit)
+    answer, changes = d.request_work(nul_host, reports, [], 2.0)
+    store.apply(changes)
+    ended = [InstanceReport(a.instance_id, Outcome.SUCCESS, 0, 0.5, 0.25, "", "a\x00b", "\x00",
+                            {"o\x00": b"\x00"}) for a in answer.assignments]
+    _, changes = d.request_work(nul_host, 0, [], 3.0, ended)
+    store.apply(changes)
+    assert store.bag(row.bag_id).counts.done == reports
+    nul = "\x00" if isinstance(store, MemoryStore) else "\ufffd"  # the SQL stores keep U+FFFD, whole strings
+    result = store.results(row.bag_id)[0]
+    assert (result.instance.stdout_tail, result.instance.stderr_tail) == (f"a{nul}b", nul)
+    assert result.outputs == {f"o{nul}": b"\x00"} and result.instance.host_id == f"h{nul}"
+    assert [(h.info.host_id, h.info.name) for h in store.hosts()] == [(f"h{nul}", f"host{nul}")]

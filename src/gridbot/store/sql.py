@@ -154,6 +154,33 @@ the interpreter lock, where `executemany` took the lock back for every row (issu
 _json = msgspec.json.Encoder()
 
 
+def _from_json_rows(columns: str) -> str:
+    """PostgreSQL's row source over a JSON array of arrays bound as one parameter, `name:type` a column."""
+    pairs = [c.strip().split(":") for c in columns.split(",")]
+    return ("(SELECT " + ", ".join(f"(v->>{i})::{t} AS {n}" for i, (n, t) in enumerate(pairs))
+            + " FROM json_array_elements(%s::json) AS v) AS u")
+
+
+PG_BATCH = {
+    "new_instance": "INSERT INTO instances (id, job_id, bag_id, host_id, state, sent_at, instance_deadline) "
+                    "SELECT id, job, bag, host, 'running', sent, deadline FROM "
+                    + _from_json_rows("id:bigint, job:bigint, bag:bigint, host:text, sent:float8, deadline:float8"),
+    "end_instance": "UPDATE instances SET state = u.s, ended_at = u.at, reason = u.r, exit_code = u.x, wall_s = u.w, "
+                    "cpu_s = u.c, stdout_tail = u.o, stderr_tail = u.e FROM "
+                    + _from_json_rows("s:text, at:float8, r:text, x:integer, w:float8, c:float8, o:text, e:text, "
+                                   "id:bigint") + " WHERE instances.id = u.id",
+    "mark_instance": "UPDATE instances SET state = u.s, ended_at = u.at, reason = u.r FROM "
+                     + _from_json_rows("s:text, at:float8, r:text, id:bigint") + " WHERE instances.id = u.id",
+    "update_job": "UPDATE jobs SET state = u.s, failures = u.f, attempts = u.a, reason = COALESCE(u.r, jobs.reason), "
+                  "result_instance = COALESCE(u.ri, jobs.result_instance) FROM "
+                  + _from_json_rows("s:text, f:integer, a:integer, r:text, ri:bigint, id:bigint")
+                  + " WHERE jobs.id = u.id",
+}
+"""PostgreSQL's statements for a whole batch, its rows in one JSON parameter: the server runs one statement
+where `executemany` had it execute one per row, and the rows are encoded in C (psycopg's array dumper
+is Python code, and cost as much as it saved; issue 6)."""
+
+
 class SqlStore(Store):
     """A store over a DB-API connection; subclasses set the dialect and the transaction boundaries."""
 
@@ -284,7 +311,7 @@ class SqlStore(Store):
             self._write(cur, "end_instance", rows.ended)
             self._write(cur, "mark_instance", rows.marked)
             if rows.outputs:
-                cur.executemany(self._sql("insert_output"), rows.outputs)
+                self._write_many(cur, "insert_output", rows.outputs)
             for bag_id in changes.cancelled_bags:
                 cur.execute(self._sql("cancel_queued"), (bag_id,))
             self._write(cur, "update_job", rows.jobs)
@@ -295,6 +322,17 @@ class SqlStore(Store):
         if rows:
             cur.executemany(self._sql(name), rows)
 
+    def _write_many(self, cur: Any, name: str, rows: list[tuple[Any, ...]]) -> None:
+        """Run statement `name` once per row."""
+        if any("\x00" in v for r in rows for v in r if isinstance(v, str)):
+            rows = _no_nul(rows)
+        cur.executemany(self._sql(name), rows)
+
+    def _json_rows(self, rows: list[tuple[Any, ...]]) -> str:
+        """`rows` as one JSON parameter of the batch statements."""
+        text = _json.encode(rows).decode()
+        return text if "\\u0000" not in text else _json.encode(_no_nul(rows)).decode()
+
     def _write_rest(self, cur: Any, changes: Changes) -> None:
         """Bags and hosts: a few rows per batch."""
         if changes.bags:
@@ -304,7 +342,7 @@ class SqlStore(Store):
                  b.counts.replicas, b.finished_at,
                  b.bag_id) for b in changes.bags.values()])
         if changes.hosts:
-            cur.executemany(self._sql("upsert_host"), [
+            self._write_many(cur, "upsert_host", [
                 (h.info.host_id, h.info.name, h.info.platform, h.info.ncpus, h.info.memory_mb, h.info.slots,
                  h.info.pool, h.first_seen, h.last_seen, h.stats.done, h.stats.failed, _stats_enc.encode(h.stats))
                 for h in changes.hosts.values()])
@@ -414,9 +452,9 @@ class SQLiteStore(SqlStore):
 
     def _write(self, cur: Any, name: str, rows: list[tuple[Any, ...]]) -> None:
         if len(rows) > 1 and name in SQLITE_BATCH:
-            cur.execute(SQLITE_BATCH[name], (_json.encode(rows),))
+            cur.execute(SQLITE_BATCH[name], (self._json_rows(rows),))
         elif rows:
-            cur.execute(self._sql(name), rows[0])
+            self._write_many(cur, name, rows)
 
     def claim(self) -> None:
         lock = open(f"{self.path}.lock", "w")  # noqa: SIM115 - held open as the claim
@@ -527,6 +565,12 @@ class PostgresStore(SqlStore):
     def _execute_script(self, cur: Any, script: str) -> None:
         cur.execute(script)
 
+    def _write(self, cur: Any, name: str, rows: list[tuple[Any, ...]]) -> None:
+        if len(rows) > 1 and name in PG_BATCH:
+            cur.execute(PG_BATCH[name], (self._json_rows(rows),))
+        elif rows:
+            self._write_many(cur, name, rows)
+
     def _insert_jobs(self, cur: Any, bag_id: int, total: int, lines: Sequence[str] | None) -> None:
         with cur.copy("COPY jobs (bag_id, idx, line) FROM STDIN") as copy:
             for i in range(total):
@@ -542,6 +586,13 @@ class PostgresStore(SqlStore):
         self.conn.close()
         with self._rmutex:
             self.reader.close()
+
+
+def _no_nul(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """A NUL character, which a job's output tail (or a worker's report) may carry, becomes U+FFFD, the
+    replacement character: PostgreSQL's text cannot hold one (the batch failed again at every retry) and
+    SQLite's JSON functions cut a string at one (a tail lost what followed)."""
+    return [tuple(v.replace("\x00", "\ufffd") if isinstance(v, str) else v for v in r) for r in rows]
 
 
 def _redact(url: str) -> str:
