@@ -92,6 +92,17 @@ def test_undefined_at_run_time_is_no_match_and_leaves_a_diagnostic():
     assert "JobRequirements evaluated to UNDEFINED 1 time(s) (last on host bare)" in message
 
 
+@pytest.mark.parametrize(("policy", "value"), [("Concurrency", 'real("INF")'), ("Deadline", 'real("NaN")'),
+                                               ("Rank", 'real("NaN")'), ("Deadline", "-5")])
+def test_a_number_out_of_range_counts_as_the_default_and_leaves_a_diagnostic(policy, value):
+    b = bag({policy: value})
+    d, plain = b.decide(host(Name="h1")), bag({}).decide(host(Name="h1"))
+    assert d.matches and d.deadline == 3600.0 and d.rank == 0.0
+    assert d.concurrency == (1 if policy == "Concurrency" else plain.concurrency), "one at a time: the safe side"
+    [message] = b.messages()
+    assert message.startswith(f"{policy} evaluated to not a ") and "(last on host h1)" in message
+
+
 def test_policies_may_name_each_other_and_bag_attributes_bare():
     b = bag({"Concurrency": "JobsLeft > 5 ? 4 : 1", "Deadline": "Concurrency * 10"})
     d = b.decide(host())

@@ -9,6 +9,7 @@ policy's default), and the bag keeps a diagnostic its owner can read.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -102,7 +103,11 @@ class BagPolicies:
 
     def bundle(self, host: HostAd) -> tuple[int, float]:
         """Concurrency and Deadline on this host, for the host set by the last `matches`."""
-        return int(self._number("Concurrency", host, 1.0)), self._number("Deadline", host, self.default_deadline)
+        deadline = self._number("Deadline", host, self.default_deadline)
+        if deadline <= 0:
+            self._note("Deadline", f"not a positive number of seconds: {deadline:g}", host)
+            deadline = self.default_deadline
+        return int(self._number("Concurrency", host, 1.0)), deadline
 
     def job_matches(self, host: HostAd, job: Mapping[str, Any]) -> tuple[bool, Decision]:
         """The same decision for one job with replicas out (its ad differs from the bag's generic one)."""
@@ -149,6 +154,9 @@ class BagPolicies:
         if isinstance(value, bool) or not isinstance(value, int | float):
             if not isinstance(value, Value):
                 self._note(name, f"not a number: {value!r}", host)
+            return default
+        if not math.isfinite(value):
+            self._note(name, f"not a finite number: {value!r}", host)
             return default
         return float(value)
 
