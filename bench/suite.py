@@ -245,7 +245,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=20_000, help="jobs of scenario 1")
     parser.add_argument("--capacity-jobs", type=int, default=200_000, help="jobs of scenarios 2 and 4")
     parser.add_argument("--scale-jobs", type=int, default=10_000_000)
-    parser.add_argument("--scale-runs", type=int, default=1, help="repetitions of scenario 3 (minutes each)")
+    parser.add_argument("--scale-runs", type=int, default=3, help="repetitions of scenario 3 (about a minute each)")
     parser.add_argument("--scale-window", type=int, default=200_000, help="results measured in scenario 3")
     parser.add_argument("--bags", type=int, default=50)
     parser.add_argument("--peers", nargs="*", default=list(PEERS), choices=PEERS)
