@@ -1,8 +1,9 @@
 """Running one instance: its own directory, staged inputs, a shell command, and a report of how it went.
 
-The command runs under `/bin/sh -c` in a new session (so a timeout or an interruption kills its whole
-process tree), with stdout and stderr written to files in its directory. The child is reaped with
-`wait4` so the report carries the CPU time of the command itself.
+The command runs under `/bin/sh -c` (or directly, when the shell would only split it into words) in a
+new session (so a timeout or an interruption kills its whole process tree), with stdout and stderr
+written to files in its directory. The child is reaped with `wait4` so the report carries the CPU time
+of the command itself.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shutil
 import signal
 import time
@@ -82,8 +84,35 @@ def _killpg(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
 
 
+_SHELL_WORDS = frozenset((
+    "!", ".", ":", "[", "[[", "{", "}", "alias", "bg", "break", "case", "cd", "command", "continue", "declare", "do",
+    "done", "elif", "else", "esac", "eval", "exec", "exit", "export", "fc", "fg", "fi", "for", "function", "getopts",
+    "hash", "if", "in", "jobs", "let", "local", "login", "logout", "read", "readonly", "return", "select", "set",
+    "shift", "source", "test", "then", "time", "times", "trap", "type", "typeset", "ulimit", "umask", "unalias",
+    "unset", "until", "wait", "while"))
+"""Reserved words and builtins that have no program of the same behaviour (GNU make's list, widened)."""
+_PLAIN = re.compile(r"[\w./=:,+@%-]+(?: [\w./=:,+@%-]+)*", re.ASCII)
+
+
+def plain_argv(command: str) -> list[str] | None:
+    """The words of a command in which the shell would do nothing but split at spaces (no quoting,
+    expansion, redirection, operator, assignment or builtin), so it can be executed without a shell, as
+    GNU make does; None when it needs `/bin/sh -c`."""
+    if not _PLAIN.fullmatch(command):
+        return None
+    words = command.split(" ")
+    if words[0] in _SHELL_WORDS or "=" in words[0]:
+        return None
+    return words
+
+
 def _spawn(command: str, jobdir: Path, out: str, err: str, env: dict[str, str]) -> int:
-    """Start `/bin/sh -c command` in `jobdir`, in a session of its own, output to the job's files.
+    """Start the command in `jobdir`, in a session of its own, output to the job's files.
+
+    A plain command (`plain_argv`) is executed directly, found on the job's PATH as the shell would:
+    that saves starting a shell, a seventh of the cost of a short job (issue 6). Anything else, and a
+    plain command that cannot be executed (not found, not permitted, a script without `#!`), goes to
+    `/bin/sh -c`, which runs it or fails it with the shell's own message and exit code.
 
     `posix_spawn` costs a third of `subprocess.Popen` here (issue 6), but it cannot change directory in
     the child, so the worker changes its own for the call: this runs on the event loop's thread, and
@@ -97,6 +126,15 @@ def _spawn(command: str, jobdir: Path, out: str, err: str, env: dict[str, str]) 
     home = os.getcwd()
     os.chdir(jobdir)
     try:
+        argv = plain_argv(command)
+        if argv is not None:
+            with contextlib.suppress(OSError):
+                path = env.get("PATH")
+                if "/" in argv[0] or path == os.environ.get("PATH"):  # the C library searches the same PATH
+                    return os.posix_spawnp(argv[0], argv, env, file_actions=actions, setsid=True)
+                found = shutil.which(argv[0], path=path if path is not None else os.defpath)
+                if found is not None:
+                    return os.posix_spawn(found, argv, env, file_actions=actions, setsid=True)
         return os.posix_spawn("/bin/sh", ["/bin/sh", "-c", command], env, file_actions=actions, setsid=True)
     finally:
         os.chdir(home)

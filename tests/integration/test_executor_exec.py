@@ -1,0 +1,80 @@
+"""The executor runs a plain command without a shell (as GNU make does) and everything else under
+`/bin/sh -c`; a user sees the same outputs, exit codes and messages either way. Real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from gridbot.model.records import Assignment, InstanceReport, Outcome
+from gridbot.worker.executor import KillSwitch, plain_argv, run_instance
+
+
+def run(tmp_path: Path, command: str, env: dict[str, str] | None = None) -> InstanceReport:
+    a = Assignment(1, 1, 1, "b", 0, command, env or {}, [], [], 60.0)
+
+    async def no_inputs(bag_id: int, name: str) -> Path:
+        raise AssertionError("no inputs")
+
+    return asyncio.run(run_instance(a, tmp_path / "job", no_inputs, 1 << 20, KillSwitch()))
+
+
+@pytest.mark.parametrize(("command", "plain"), [
+    ("true", ["true"]),
+    ("python3 work.py 5 --out=r.txt", ["python3", "work.py", "5", "--out=r.txt"]),
+    ("./prog -n 3", ["./prog", "-n", "3"]),
+    ("echo $HOME", None), ("a && b", None), ("FOO=1 env", None), ("cd /tmp", None), ("x > y", None),
+    ('echo "a b"', None), ("sleep 1;", None), ("exit 3", None), ("echo  two", None), ("ls *.txt", None),
+    ("echo ~", None), ("true # comment", None), ("printf a\tb", None),
+])
+def test_only_commands_the_shell_would_just_split_skip_it(command, plain):
+    assert plain_argv(command) == plain
+
+
+def test_a_plain_command_runs_without_a_shell(tmp_path):
+    def parent(report: InstanceReport) -> int:
+        assert report.outcome is Outcome.SUCCESS, report
+        return int(report.stdout_tail.rsplit(")", 1)[1].split()[1])
+
+    assert parent(run(tmp_path, "cat /proc/self/stat")) == os.getpid(), "started by the worker itself"
+    assert parent(run(tmp_path, "cat /proc/self/stat && true")) != os.getpid(), "started by /bin/sh"
+
+
+def test_a_plain_command_finds_programs_on_the_jobs_own_path(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    prog = bin_dir / "hello-gridbot"
+    prog.write_text("#!/bin/sh\necho hello from $0 \"$@\"\n")
+    prog.chmod(prog.stat().st_mode | stat.S_IXUSR)
+    r = run(tmp_path, "hello-gridbot a b", {"PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert (r.outcome, r.stdout_tail) == (Outcome.SUCCESS, "hello from /tmp/x a b\n".replace("/tmp/x", str(prog)))
+
+
+def test_what_cannot_be_executed_fails_as_the_shell_fails_it(tmp_path):
+    r = run(tmp_path, "no-such-program-gridbot 1")
+    assert (r.outcome, r.exit_code) == (Outcome.FAILURE, 127) and "not found" in r.stderr_tail
+    script = tmp_path / "job" / "noshebang"
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text("echo ran by the shell; exit 4\n")
+    script.chmod(0o755)
+    r = run(tmp_path, "./noshebang")
+    assert (r.exit_code, r.stdout_tail) == (4, "ran by the shell\n"), "a script without #! is the shell's"
+    unreadable = tmp_path / "job" / "notexec"
+    unreadable.write_text("echo x\n")
+    r = run(tmp_path, "./notexec")
+    assert r.exit_code == 126 and "Permission denied" in r.stderr_tail
+
+
+def test_exit_codes_and_outputs_are_the_programs(tmp_path):
+    r = run(tmp_path, "ls /no/such/gridbot/dir")
+    assert (r.outcome, r.exit_code) == (Outcome.FAILURE, 2) and "No such file" in r.stderr_tail
+    r = run(tmp_path, "exit 3")
+    assert r.exit_code == 3, "a builtin: under the shell"
+    r = run(tmp_path, "false")
+    assert (r.outcome, r.exit_code) == (Outcome.FAILURE, 1)
+    r = run(tmp_path, "echo plain words")
+    assert (r.outcome, r.stdout_tail) == (Outcome.SUCCESS, "plain words\n")
