@@ -1,0 +1,148 @@
+"""`gridbot access`: show, hand out, rotate and revoke the server's keys.
+
+These commands edit the server's key registry and access file directly (on the server's machine); a
+running server picks the change up within a second, so a revoked key is refused at its next request.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+import msgspec
+
+from gridbot.cli import render
+from gridbot.security.access import ACCESS_NAME, REGISTRY_NAME, Access, read_access, write_access
+from gridbot.security.keys import AccessError, Registry, Role, load_registry, save_registry
+
+access_file_option = click.option("--access-file", type=click.Path(dir_okay=False, path_type=Path),
+                                  default=Path(ACCESS_NAME), show_default=True,
+                                  help="The server's access file (as `gridbot server` made it).")
+keys_file_option = click.option("--keys-file", type=click.Path(dir_okay=False, path_type=Path),
+                                help="The server's key registry [default: gridbot-keys.json beside the access file].")
+
+
+def _files(access_file: Path, keys_file: Path | None) -> tuple[Path, Path, Registry, Access]:
+    registry_path = keys_file or access_file.with_name(REGISTRY_NAME)
+    if not registry_path.exists():
+        raise AccessError(f"no key registry at {registry_path}: run this on the server's machine, in the folder "
+                          "of its access file, or pass --access-file/--keys-file")
+    return access_file, registry_path, load_registry(registry_path), read_access(access_file)
+
+
+@click.group()
+def access() -> None:
+    """Keys: list them, hand out a submitter's or a pool's, rotate or revoke them."""
+
+
+@access.command("show")
+@access_file_option
+@keys_file_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def show(access_file: Path, keys_file: Path | None, as_json: bool) -> None:
+    """Every key the server knows: id, role, name, when made, whether revoked (never the secrets)."""
+    _, _, registry, _ = _files(access_file, keys_file)
+    rows = [{"key_id": k.key_id, "role": k.role, "name": k.name, "created": k.created, "revoked": k.revoked}
+            for k in registry.keys]
+    if as_json:
+        render.print_json(rows)
+        return
+    for r in rows:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(str(r["created"]))))
+        click.echo(f"{r['key_id']}  {r['role']:<9} {r['name']:<20} {when}{'  revoked' if r['revoked'] else ''}")
+
+
+@access.command("add-submitter")
+@click.argument("name")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Where to write the new submitter's own access file (mode 0600).")
+@access_file_option
+@keys_file_option
+def add_submitter(name: str, out: Path, access_file: Path, keys_file: Path | None) -> None:
+    """A key for a new submitter NAME, who sees and changes only their own bags."""
+    _, registry_path, registry, grants = _files(access_file, keys_file)
+    if out.exists():
+        raise AccessError(f"{out} exists; choose another --out")
+    token = registry.add("submitter", name, time.time())
+    save_registry(registry_path, registry)
+    write_access(out, Access(server=grants.server, fingerprint=grants.fingerprint, submitter=token))
+    click.echo(f"wrote {out}: give it to {name} (gridbot submit --access {out.name} ...)")
+
+
+@access.command("export-worker")
+@click.argument("pool")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Where to write the pool's worker access file (mode 0600), for hosts started by hand.")
+@access_file_option
+@keys_file_option
+def export_worker(pool: str, out: Path, access_file: Path, keys_file: Path | None) -> None:
+    """An access file with only POOL's worker key: it lets a host pull work, and nothing else."""
+    _, _, _, grants = _files(access_file, keys_file)
+    if pool not in grants.workers:
+        raise AccessError(f"the access file has no worker key for pool '{pool}'; it has {sorted(grants.workers)}")
+    write_access(out, Access(server=grants.server, fingerprint=grants.fingerprint,
+                             workers={pool: grants.workers[pool]}))
+    click.echo(f"wrote {out}: gridbot worker --access {out.name} --pool {pool}")
+
+
+@access.command("rotate")
+@click.argument("role", type=click.Choice(["admin", "submitter", "worker", "all"]), default="all")
+@click.option("--pool", help="With ROLE worker: only this pool's key.")
+@access_file_option
+@keys_file_option
+def rotate(role: str, pool: str | None, access_file: Path, keys_file: Path | None) -> None:
+    """New keys for ROLE in the access file; the old ones are revoked at once.
+
+    Hosts registered with a rotated worker key are refused from their next exchange: start new ones
+    with the new access file (the server's own pilots get the new key by themselves).
+    """
+    access_path, registry_path, registry, grants = _files(access_file, keys_file)
+    now = time.time()
+    roles: list[Role] = ["admin", "submitter", "worker"] if role == "all" else [role]  # type: ignore[list-item]
+    changed = []
+    if "admin" in roles and grants.admin:
+        registry.revoke(key_id=grants.admin.split(".")[1])
+        grants.admin = registry.add("admin", "admin", now)
+        changed.append("admin")
+    if "submitter" in roles and grants.submitter:
+        old = grants.submitter.split(".")[1]
+        name = next((k.name for k in registry.keys if k.key_id == old), "default")
+        registry.revoke(key_id=old)
+        grants.submitter = registry.add("submitter", name, now)
+        changed.append(f"submitter {name}")
+    if "worker" in roles:
+        for name in [p for p in grants.workers if pool in (None, p)]:
+            registry.revoke(role="worker", name=name)
+            grants.workers[name] = registry.add("worker", name, now)
+            changed.append(f"worker of pool {name}")
+    if not changed:
+        raise AccessError("nothing to rotate: the access file has no such key")
+    save_registry(registry_path, registry)
+    write_access(access_path, grants)
+    click.echo(f"rotated: {', '.join(changed)}; new keys in {access_path}")
+
+
+@access.command("revoke")
+@click.argument("key_id", required=False)
+@click.option("--pool", help="Revoke the worker key of this pool (its hosts are refused at their next exchange).")
+@access_file_option
+@keys_file_option
+def revoke(key_id: str | None, pool: str | None, access_file: Path, keys_file: Path | None) -> None:
+    """Revoke one key by its id (see `gridbot access show`), or a pool's worker key."""
+    if (key_id is None) == (pool is None):
+        raise click.UsageError("give a KEY_ID or --pool POOL")
+    access_path, registry_path, registry, grants = _files(access_file, keys_file)
+    hit = registry.revoke(key_id=key_id) if key_id else registry.revoke(role="worker", name=pool)
+    if not hit:
+        raise AccessError(f"no live key {'with id ' + key_id if key_id else 'for pool ' + str(pool)}")
+    save_registry(registry_path, registry)
+    revoked = {k.key_id for k in hit}
+    kept = msgspec.structs.replace(grants, workers={p: t for p, t in grants.workers.items()
+                                                    if t.split(".")[1] not in revoked})
+    for field in ("admin", "submitter"):
+        token = getattr(kept, field)
+        if token and token.split(".")[1] in revoked:
+            kept = msgspec.structs.replace(kept, **{field: ""})
+    write_access(access_path, kept)
+    click.echo(f"revoked {', '.join(f'{k.role} key {k.key_id} ({k.name})' for k in hit)}")

@@ -1,0 +1,221 @@
+"""Keys and who holds them: the server's key registry, the tokens clients send, and host credentials.
+
+A key is `gb1.<key id>.<secret>`: the id finds the key, the 256-bit secret proves it. The server keeps
+only the SHA-256 of each secret (a key this long needs no slow hash: nothing can be guessed), and
+compares in constant time. Three roles hold keys: `admin` (sees and changes everything), `submitter`
+(owns the bags it submits) and `worker` (one per pool: may only register hosts).
+
+A host registers with its pool's worker key and gets a host credential,
+`gbh.<key id>.<host id>.<mac>`, where the MAC is an HMAC-SHA-256 of the key id and the host id under the
+registry's secret. The server issues the host id, so a worker cannot pick another host's; nothing is
+stored per host, the credential survives a server restart, and revoking the pool's worker key revokes
+every host registered with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import hashlib
+import hmac
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from gridbot.errors import GridbotError
+
+Role = Literal["admin", "submitter", "worker", "host"]
+ROLES: tuple[Role, ...] = ("admin", "submitter", "worker", "host")
+KEY_PREFIX = "gb1"
+HOST_PREFIX = "gbh"
+RELOAD_EVERY = 0.0
+"""Seconds between checks of the registry file for changes (rotation and revocation by `gridbot access`):
+a stat per request costs about a microsecond, and a revoked key is then refused at once."""
+
+
+class AccessError(GridbotError):
+    """A key, an access file or the registry is missing, malformed or refused."""
+
+
+class Key(msgspec.Struct):
+    """One key as the server keeps it: never the secret, only its digest."""
+
+    key_id: str
+    role: Role
+    name: str
+    """The submitter's name (bags are owned by it), the pool of a worker key, or the admin's name."""
+    digest: str
+    created: float
+    revoked: bool = False
+
+
+class Registry(msgspec.Struct):
+    """Every key the server knows, and the secret its host credentials are made with."""
+
+    secret: str
+    keys: list[Key] = msgspec.field(default_factory=list)
+    version: int = 1
+
+    def add(self, role: Role, name: str, now: float) -> str:
+        """A new key for `role` and `name`; returns the token to hand out (the only time it exists)."""
+        key_id = secrets.token_hex(6)
+        secret = secrets.token_urlsafe(32)
+        self.keys.append(Key(key_id, role, name, _digest(secret), now))
+        return f"{KEY_PREFIX}.{key_id}.{secret}"
+
+    def live(self, role: Role | None = None, name: str | None = None) -> list[Key]:
+        """Keys not revoked, of `role` and `name` when given."""
+        return [k for k in self.keys if not k.revoked and role in (None, k.role) and name in (None, k.name)]
+
+    def revoke(self, key_id: str | None = None, role: Role | None = None, name: str | None = None) -> list[Key]:
+        """Revoke one key by id, or every live key of a role (and name); returns what was revoked."""
+        hit = [k for k in self.keys if not k.revoked and (k.key_id == key_id if key_id is not None else
+                                                           k.role == role and name in (None, k.name))]
+        for k in hit:
+            k.revoked = True
+        return hit
+
+
+class Principal(msgspec.Struct, frozen=True):
+    """Who made a request: the role, the key's name (the owner of bags, or the pool), and for a host its id."""
+
+    role: Role
+    name: str
+    key_id: str
+    host_id: str = ""
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == "admin"
+
+
+def _digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def new_registry() -> Registry:
+    """An empty registry with a fresh host-credential secret."""
+    return Registry(secrets.token_hex(32))
+
+
+def default_user() -> str:
+    """The name a first submitter key gets: the login name of whoever started the server."""
+    with contextlib.suppress(Exception):
+        name = getpass.getuser()
+        if name:
+            return name
+    return "default"
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write `data` to `path` readable by its owner alone (mode 0600), atomically (temporary file, rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def load_registry(path: Path) -> Registry:
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=Registry)
+    except OSError as e:
+        raise AccessError(f"cannot read the key registry {path}: {e.strerror}") from e
+    except msgspec.DecodeError as e:
+        raise AccessError(f"the key registry {path} is damaged ({e}); restore it from a backup, or move it "
+                          "away and start the server to create new keys") from e
+
+
+def save_registry(path: Path, registry: Registry) -> None:
+    write_private(path, msgspec.json.format(msgspec.json.encode(registry), indent=2))
+
+
+class Authenticator:
+    """Checks the bearer tokens of requests against a registry (re-read when its file changes)."""
+
+    def __init__(self, registry: Registry, path: Path | None = None) -> None:
+        self.path = path
+        self._stamp = self._stat()
+        self._checked = time.monotonic()
+        self._use(registry)
+
+    @classmethod
+    def from_file(cls, path: Path) -> Authenticator:
+        return cls(load_registry(path), path)
+
+    def _use(self, registry: Registry) -> None:
+        self.registry = registry
+        self._secret = bytes.fromhex(registry.secret)
+        self._keys = {k.key_id: k for k in registry.keys if not k.revoked}
+        self._seen: dict[str, Principal] = {}
+
+    def _stat(self) -> tuple[int, int] | None:
+        if self.path is None:
+            return None
+        try:
+            st = self.path.stat()
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_ino
+
+    def refresh(self) -> None:
+        """Pick up a registry rewritten by `gridbot access` (at most once a second)."""
+        if self.path is None or time.monotonic() - self._checked < RELOAD_EVERY:
+            return
+        self._checked = time.monotonic()
+        stamp = self._stat()
+        if stamp == self._stamp:
+            return
+        try:
+            registry = load_registry(self.path)
+        except AccessError:
+            return  # a half-written file by hand: keep the keys in force
+        self._stamp = stamp
+        self._use(registry)
+
+    def save(self) -> None:
+        """Write the registry back to its file (after keys were added or revoked here)."""
+        if self.path is not None:
+            save_registry(self.path, self.registry)
+            self._stamp = self._stat()
+        self._use(self.registry)
+
+    def authenticate(self, token: str) -> Principal | None:
+        """The principal of a valid, unrevoked token; None otherwise."""
+        self.refresh()
+        known = self._seen.get(token)
+        if known is not None:
+            return known
+        parts = token.split(".")
+        principal: Principal | None = None
+        if len(parts) == 3 and parts[0] == KEY_PREFIX:
+            key = self._keys.get(parts[1])
+            if key is not None and hmac.compare_digest(key.digest, _digest(parts[2])):
+                principal = Principal(key.role, key.name, key.key_id)
+        elif len(parts) == 4 and parts[0] == HOST_PREFIX:
+            key = self._keys.get(parts[1])
+            mac = self._mac(parts[1], parts[2])
+            if key is not None and key.role == "worker" and hmac.compare_digest(parts[3], mac):
+                principal = Principal("host", key.name, key.key_id, parts[2])
+        if principal is not None and len(self._seen) < 100_000:
+            self._seen[token] = principal
+        return principal
+
+    def _mac(self, key_id: str, host_id: str) -> str:
+        return hmac.new(self._secret, f"{key_id}:{host_id}".encode(), hashlib.sha256).hexdigest()[:40]
+
+    def host_credential(self, worker: Principal) -> tuple[str, str]:
+        """A new host id and its credential, for a host registering with `worker`'s key."""
+        if worker.role != "worker":
+            raise AccessError("only a worker key registers hosts")
+        host_id = secrets.token_hex(10)
+        return host_id, f"{HOST_PREFIX}.{worker.key_id}.{host_id}.{self._mac(worker.key_id, host_id)}"
