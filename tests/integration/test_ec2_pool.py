@@ -23,6 +23,7 @@ image = "{image}"
 spot = {spot}
 cpus = 2
 walltime = "2h"
+run_as = "ec2-user"
 """
 
 
@@ -51,6 +52,7 @@ def test_start_list_and_terminate_pilots(ec2, spot):
     script = base64.b64decode(data).decode()
     assert "gridbot worker --server http://gridbot.example:8470 --slots 2 --pool cloud" in script
     assert "--lifetime 6480" in script and "shutdown -h now" in script
+    assert "--run-as ec2-user" in script, "the boot script runs as root: its worker runs jobs as the pool's user"
     pool.cancel(ids[:2])
     states = pool.status(ids)
     assert [states[i] for i in ids] == [PilotState.COMPLETED, PilotState.COMPLETED, PilotState.RUNNING]

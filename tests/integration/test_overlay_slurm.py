@@ -12,6 +12,7 @@ kind = "local"
 max_running = 1
 max_queued = 0
 idle_timeout = 3
+allow_root = true          # the tests run as root
 
 [pools.fast]
 kind = "slurm"
@@ -20,6 +21,7 @@ max_running = 2
 max_queued = 2
 walltime = "30m"
 idle_timeout = 3
+allow_root = true          # the tests run as root
 
 [pools.big]
 kind = "slurm"
@@ -28,6 +30,7 @@ max_running = 2
 max_queued = 2
 walltime = "30m"
 idle_timeout = 3
+allow_root = true          # the tests run as root
 """
 
 

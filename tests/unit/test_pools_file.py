@@ -29,6 +29,7 @@ image = "ami-12345678"
 spot = true
 price_per_cpu_hour = 0.05
 charging_period = "1h"
+run_as = "ec2-user"
 """
 
 
@@ -51,6 +52,9 @@ def test_a_good_pools_file():
     ('[pools.a]\nkind = "ec2"\nregion = "x"\n', 1, "has no instance_type"),
     ('[pools.a]\nkind = "local"\npartition = "x"\n', 3, "unknown key 'partition'"),
     ('[pools.a]\nkind = "local"\nmin_cpu = 5\n', 3, "fraction from 0 to 1"),
+    ('[pools.a]\nkind = "local"\nrun_as = "a b"\n', 3, "must be a user name"),
+    ('[pools.a]\nkind = "local"\nallow_root = "yes"\n', 3, "must be true or false"),
+    ('[pools.a]\nkind = "ec2"\nregion = "x"\ninstance_type = "t"\nimage = "i"\n', 1, "or allow_root = true"),
     ("[pool.a]\n", 1, "unknown key 'pool'"),
     ("", None, "no pools are defined"),
 ])
@@ -59,3 +63,16 @@ def test_bad_pools_files(text, line, needle):
         parse_pools(text, "pools.toml")
     found = [(p.line, p.message + " " + p.hint) for p in info.value.problems]
     assert any(needle in m and ln == line for ln, m in found), found
+
+
+def test_pilots_of_a_pool_get_its_run_as_and_allow_root():
+    """Issue "security", job isolation: a worker started as root refuses to run jobs without one of them."""
+    from gridbot.pools.base import PilotRequest
+
+    here, fast, cloud = parse_pools(GOOD.replace('max_queued = 0\n', 'max_queued = 0\nallow_root = true\n'),
+                                    "pools.toml")
+    assert (here.allow_root, here.run_as, cloud.run_as) == (True, "", "ec2-user")
+    assert PilotRequest("http://s:1").worker_args(here)[-1] == "--allow-root"
+    args = PilotRequest("http://s:1").worker_args(cloud)
+    assert args[args.index("--run-as") + 1] == "ec2-user" and "--allow-root" not in args
+    assert "--run-as" not in PilotRequest("http://s:1").worker_args(fast)

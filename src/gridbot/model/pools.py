@@ -30,7 +30,8 @@ KINDS = ("local", "slurm", "pbs", "lsf", "cobalt", "flux", "ec2", "static")
 BATCH_KINDS = frozenset({"slurm", "pbs", "lsf", "cobalt", "flux"})
 RELIABILITY = ("unreliable", "reliable", "volunteer")
 COMMON_KEYS = ("kind", "max_running", "max_queued", "cpus", "memory_mb", "walltime", "price_per_cpu_hour",
-               "charging_period", "reliability", "level", "attributes", "idle_timeout", "min_cpu", "cpu_window")
+               "charging_period", "reliability", "level", "attributes", "idle_timeout", "min_cpu", "cpu_window",
+               "run_as", "allow_root")
 KIND_KEYS: dict[str, tuple[str, ...]] = {
     "local": (),
     "static": (),
@@ -58,6 +59,10 @@ class PoolSpec(msgspec.Struct, frozen=True):
     min_cpu: float = 0.05
     """A pilot leaves when its job uses less than this fraction of a CPU over cpu_window (0: never)."""
     cpu_window: float = 600.0
+    run_as: str = ""
+    """The user a pilot's worker runs jobs as when it starts as root ("": its own user)."""
+    allow_root: bool = False
+    """Let a pilot's worker started as root run jobs as root (else it refuses to start without run_as)."""
     attributes: dict[str, str | int | float | bool] = msgspec.field(default_factory=dict)
     options: dict[str, str | int | float | bool] = msgspec.field(default_factory=dict)
     """The kind's own settings (partition, region, instance_type, ...)."""
@@ -144,6 +149,20 @@ def _pool(name: str, table: object, fail: Any) -> PoolSpec | None:
             ok = False
         else:
             values["price_per_cpu_hour"] = float(v)
+    if "run_as" in table:
+        v = table["run_as"]
+        if not isinstance(v, str) or not v or not v.replace("-", "").replace("_", "").replace(".", "").isalnum():
+            fail((*path, "run_as"), f"'run_as' of pool '{name}' must be a user name, not {v!r}",
+                 'write run_as = "gridbot" (a user on the pool\'s hosts)')
+            ok = False
+        else:
+            values["run_as"] = v
+    if "allow_root" in table:
+        if not isinstance(table["allow_root"], bool):
+            fail((*path, "allow_root"), f"'allow_root' of pool '{name}' must be true or false")
+            ok = False
+        else:
+            values["allow_root"] = table["allow_root"]
     if "reliability" in table:
         if table["reliability"] not in RELIABILITY:
             fail((*path, "reliability"), f"reliability {table['reliability']!r} of pool '{name}' is unknown",
@@ -165,6 +184,10 @@ def _pool(name: str, table: object, fail: Any) -> PoolSpec | None:
             if key not in table:
                 fail(path, f"pool '{name}' (kind ec2) has no {key}", f'add {key} = "..."')
                 ok = False
+        if "run_as" not in table and "allow_root" not in table:
+            fail(path, f"pool '{name}' (kind ec2) starts its pilots as root, which then refuse to run jobs",
+                 'add run_as = "USER" (a user of the image, e.g. "ec2-user") or allow_root = true')
+            ok = False
     if not ok:
         return None
     options = {k: table[k] for k in KIND_KEYS[kind] if k in table}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import subprocess
 import time
@@ -37,7 +38,8 @@ class LocalAdapter(PoolAdapter):
                 proc = subprocess.Popen([pilot.python, *pilot.worker_args(self.spec), "--workdir",
                                          str(self.workdir / "work"), "--name", f"{self.spec.name}-pilot",
                                          *self.extra_args],
-                                        stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+                                        stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+                                        env={**os.environ, **pilot.env})
             self.procs[f"local-{proc.pid}"] = proc
             ids.append(f"local-{proc.pid}")
         return ids
@@ -134,7 +136,7 @@ class BatchAdapter(PoolAdapter):
             spec = psij.JobSpec(executable=pilot.python, arguments=args, directory=self.workdir, attributes=attrs,
                 resources=psij.ResourceSpecV1(process_count=1, cpu_cores_per_process=self.spec.cpus),
                 stdout_path=self.workdir / "pilot.out", stderr_path=self.workdir / "pilot.err",
-                inherit_environment=True)
+                inherit_environment=True, environment=pilot.env)
             job = psij.Job(spec)
             try:
                 self.executor.submit(job)
@@ -200,8 +202,9 @@ class EC2Adapter(PoolAdapter):
     def user_data(self, pilot: PilotRequest) -> str:
         """The boot script: install gridbot and run one worker; the instance powers off when it exits."""
         worker = PilotRequest(pilot.server, "python3").command(self.spec)
+        exports = [f"export {k}={shlex.quote(v)}" for k, v in pilot.env.items()]
         return "\n".join([
-            "#!/bin/sh", "set -e",
+            "#!/bin/sh", "set -e", *exports,
             "python3 -m pip install --quiet gridbot || pip3 install --quiet gridbot",
             f"{worker} --workdir /var/tmp/gridbot --name {self.spec.name}-pilot || true",
             "shutdown -h now", ""])

@@ -16,7 +16,10 @@ from dataclasses import dataclass
 from gridbot.errors import GridbotError
 from gridbot.model.pools import PoolSpec
 from gridbot.model.states import PilotState
+from gridbot.security.access import ENV_FINGERPRINT, ENV_WORKER_KEY
 
+PILOT_PATIENCE = 86_400.0
+"""Seconds a pilot of a pool without walltime waits for an unreachable server before it gives up."""
 LIFETIME_MARGIN = 0.9
 """A pilot's worker stops taking work at this fraction of its walltime, and exits before it is killed."""
 
@@ -27,18 +30,40 @@ class PoolError(GridbotError):
 
 @dataclass(frozen=True)
 class PilotRequest:
-    """What a pilot needs to know: where the server is and how long it may live."""
+    """What a pilot needs to know: where the server is, how long it may live, and its pool's worker key.
+
+    The key and the server's TLS fingerprint travel in the pilot's environment (`env`), never on its
+    command line, which any user of the machine can read with `ps`.
+    """
 
     server: str
     python: str = sys.executable
+    key: str = ""
+    fingerprint: str = ""
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The variables a pilot's worker reads its key and the certificate pin from."""
+        env = {ENV_WORKER_KEY: self.key} if self.key else {}
+        if self.fingerprint:
+            env[ENV_FINGERPRINT] = self.fingerprint
+        return env
 
     def worker_args(self, pool: PoolSpec) -> list[str]:
-        """The worker command line a pilot of `pool` runs (walltime 0: no lifetime)."""
+        """The worker command line a pilot of `pool` runs (walltime 0: no lifetime).
+
+        A pilot waits for an unreachable server as long as its walltime allows (its lifetime ends it), and
+        a day where the pool has no walltime, holding its finished results meanwhile."""
+        give_up = 0.0 if pool.walltime else PILOT_PATIENCE
         args = ["-m", "gridbot", "worker", "--server", self.server, "--slots", str(pool.cpus), "--pool", pool.name,
-                "--idle-timeout", f"{pool.idle_timeout:g}", "--give-up-after", "600",
+                "--idle-timeout", f"{pool.idle_timeout:g}", "--give-up-after", f"{give_up:g}",
                 "--min-cpu", f"{pool.min_cpu:g}", "--cpu-window", f"{pool.cpu_window:g}"]
         if pool.walltime:
             args += ["--lifetime", f"{pool.walltime * LIFETIME_MARGIN:g}"]
+        if pool.run_as:
+            args += ["--run-as", pool.run_as]
+        if pool.allow_root:
+            args.append("--allow-root")
         return args
 
     def command(self, pool: PoolSpec) -> str:

@@ -3,7 +3,12 @@
 The command runs under `/bin/sh -c` (or directly, when the shell would only split it into words) in a
 new session (so a timeout or an interruption kills its whole process tree), with stdout and stderr
 written to files in its directory. The child is reaped with `wait4` so the report carries the CPU time
-of the command itself.
+of the command itself; its process group is killed first, whatever ended the job, so nothing the job
+started in it outlives it (what left the group is gridbot.worker.reaper's).
+
+With `--run-as`, the job's directory belongs to the job's user while the worker is root: every file the
+worker opens in it is opened without following symbolic links, so a link left there cannot point the
+worker at another file.
 """
 
 from __future__ import annotations
@@ -14,16 +19,22 @@ import os
 import re
 import shutil
 import signal
+import stat
+import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from gridbot.model.records import Assignment, InstanceReport, Outcome
+from gridbot.model.records import Assignment, InstanceReport, Limits, Outcome
+from gridbot.worker.isolation import RunAs, apply_limits
 
 TAIL_BYTES = 64 * 1024
 STDOUT, STDERR = ".gridbot-stdout", ".gridbot-stderr"
 FetchInput = Callable[[int, str], Awaitable[Path]]
 _TICKS = os.sysconf("SC_CLK_TCK")
+_DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)
+"""Python ignores these, and posix_spawn keeps what is ignored: a job gets them back at their defaults, as
+subprocess does (else `yes | head -1` says "Broken pipe", and a file over max_file_size is no signal)."""
 
 
 def group_cpu_seconds(pgid: int) -> float:
@@ -44,12 +55,13 @@ def group_cpu_seconds(pgid: int) -> float:
 
 def _tail(path: Path | str, limit: int = TAIL_BYTES) -> str:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return ""
     try:
-        size = os.fstat(fd).st_size
-        if not size:  # most jobs of a sweep write nothing: one system call less than reading
+        st = os.fstat(fd)
+        size = st.st_size
+        if not size or not stat.S_ISREG(st.st_mode):  # most jobs of a sweep write nothing: no read
             return ""
         return os.pread(fd, min(size, limit), max(0, size - limit)).decode("utf-8", errors="replace")
     except OSError:
@@ -77,6 +89,17 @@ def describe_exit(code: int, stderr: str) -> str:
     if code == 126:
         return f"command not executable (exit code 126): {last}" if last else "command not executable (exit code 126)"
     return f"exit code {code}: {last}" if last else f"exit code {code}"
+
+
+def limit_reason(code: int, limits: Limits | None) -> str:
+    """The reason for an exit status that says the job broke one of its bag's rlimits ("" if none)."""
+    if limits is None:
+        return ""
+    if limits.cpu_time is not None and code in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
+        return f"killed by SIGXCPU: a process used up the bag's cpu_time limit of {limits.cpu_time:g} s of CPU"
+    if limits.max_file_size is not None and code in (-signal.SIGXFSZ, 128 + signal.SIGXFSZ):
+        return f"killed by SIGXFSZ: a file reached the bag's max_file_size limit of {limits.max_file_size:,} bytes"
+    return ""
 
 
 def _killpg(pid: int, sig: int) -> None:
@@ -131,13 +154,61 @@ def _spawn(command: str, jobdir: Path, out: str, err: str, env: dict[str, str]) 
             with contextlib.suppress(OSError):
                 path = env.get("PATH")
                 if "/" in argv[0] or path == os.environ.get("PATH"):  # the C library searches the same PATH
-                    return os.posix_spawnp(argv[0], argv, env, file_actions=actions, setsid=True)
+                    return os.posix_spawnp(argv[0], argv, env, file_actions=actions, setsid=True,
+                                           setsigdef=_DEFAULT_SIGNALS)
                 found = shutil.which(argv[0], path=path if path is not None else os.defpath)
                 if found is not None:
-                    return os.posix_spawn(found, argv, env, file_actions=actions, setsid=True)
-        return os.posix_spawn("/bin/sh", ["/bin/sh", "-c", command], env, file_actions=actions, setsid=True)
+                    return os.posix_spawn(found, argv, env, file_actions=actions, setsid=True,
+                                          setsigdef=_DEFAULT_SIGNALS)
+        return os.posix_spawn("/bin/sh", ["/bin/sh", "-c", command], env, file_actions=actions, setsid=True,
+                              setsigdef=_DEFAULT_SIGNALS)
     finally:
         os.chdir(home)
+
+
+def _spawn_as(command: str, jobdir: Path, out: str, err: str, env: dict[str, str],
+              user: RunAs) -> subprocess.Popen[bytes]:
+    """Start the command as `user` (`--run-as`), under `/bin/sh -c`, in a session of its own.
+
+    subprocess changes the directory, groups and user in the child without running Python code there,
+    where posix_spawn cannot change users; it is slower, which matters little beside the switch.
+    """
+    fds = [_create(out, user), _create(err, user)]
+    try:
+        return subprocess.Popen(["/bin/sh", "-c", command], cwd=jobdir, env=env, stdin=subprocess.DEVNULL,
+                                stdout=fds[0], stderr=fds[1], user=user.uid, group=user.gid,
+                                extra_groups=list(user.groups), start_new_session=True)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _create(path: str, user: RunAs) -> int:
+    """A new file for the job's output, owned by its user; whatever the job left at `path` is replaced."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    os.fchown(fd, user.uid, user.gid)
+    return fd
+
+
+def _stage(src: Path, dest: Path, user: RunAs | None) -> None:
+    """Copy an input into the job's directory, as a new file (never written through a link left there)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(dest, flags, 0o644)
+    except FileExistsError:
+        os.unlink(dest)
+        fd = os.open(dest, flags, 0o644)
+    try:
+        if user is not None:
+            os.fchown(fd, user.uid, user.gid)
+        with open(src, "rb") as f:
+            size, offset = os.fstat(f.fileno()).st_size, 0
+            while offset < size and (sent := os.sendfile(fd, f.fileno(), offset, size - offset)):
+                offset += sent
+    finally:
+        os.close(fd)
 
 
 def clean_dir(jobdir: Path) -> None:
@@ -154,17 +225,20 @@ def clean_dir(jobdir: Path) -> None:
 
 
 class KillSwitch:
-    """Set by the worker to take an instance back (a cancel, or the worker stopping)."""
+    """Set by the worker to take an instance back (a cancel, or the worker stopping), or with a `reason`
+    to end it as the job's failure (it broke a limit the worker watches)."""
 
-    __slots__ = ("_callbacks", "_set")
+    __slots__ = ("_callbacks", "_set", "reason")
 
     def __init__(self) -> None:
         self._set = False
+        self.reason = ""
         self._callbacks: list[Callable[[], None]] = []
 
-    def set(self) -> None:
+    def set(self, reason: str = "") -> None:
         if not self._set:
             self._set = True
+            self.reason = reason
             for cb in self._callbacks:
                 cb()
 
@@ -181,14 +255,15 @@ async def run_instance(a: Assignment, jobdir: Path, fetch: FetchInput, max_resul
                        stop: KillSwitch, keep: bool = True,
                        started: Callable[[int], None] | None = None,
                        stop_reason: Callable[[], str] | None = None,
-                       base_env: dict[str, str] | None = None) -> InstanceReport:
-    """Run `a` in `jobdir`; return its report. `stop` set mid-run gives the instance back (INTERRUPTED).
+                       base_env: dict[str, str] | None = None, user: RunAs | None = None) -> InstanceReport:
+    """Run `a` in `jobdir` (as `user`, if given); return its report. `stop` set mid-run gives the
+    instance back (INTERRUPTED), or fails it with the switch's reason.
 
     Unless `keep`, the directory is a slot's, reused by the next instance: it is emptied afterwards
     (the report already holds the output tails).
     """
     try:
-        return await _run(a, jobdir, fetch, max_result_bytes, stop, started, stop_reason, base_env)
+        return await _run(a, jobdir, fetch, max_result_bytes, stop, started, stop_reason, base_env, user)
     finally:
         if not keep:
             clean_dir(jobdir)
@@ -196,7 +271,8 @@ async def run_instance(a: Assignment, jobdir: Path, fetch: FetchInput, max_resul
 
 async def _run(a: Assignment, jobdir: Path, fetch: FetchInput, max_result_bytes: int,
                stop: KillSwitch, started_cb: Callable[[int], None] | None,
-               stop_reason: Callable[[], str] | None, base_env: dict[str, str] | None) -> InstanceReport:
+               stop_reason: Callable[[], str] | None, base_env: dict[str, str] | None,
+               user: RunAs | None) -> InstanceReport:
     started = time.monotonic()
 
     out, err = f"{jobdir}/{STDOUT}", f"{jobdir}/{STDERR}"
@@ -209,18 +285,27 @@ async def _run(a: Assignment, jobdir: Path, fetch: FetchInput, max_result_bytes:
     try:
         if not os.path.isdir(jobdir):
             os.makedirs(jobdir, exist_ok=True)
+        if user is not None:
+            os.chown(jobdir, user.uid, user.gid, follow_symlinks=False)
         for name in a.inputs:
-            shutil.copyfile(await fetch(a.bag_id, name), jobdir / name)
+            _stage(await fetch(a.bag_id, name), jobdir / name, user)
     except Exception as e:  # staging is part of the job: its failure is reported, never a crash
         return report(Outcome.FAILURE, f"could not stage inputs: {e}")
     env = dict(base_env if base_env is not None else os.environ)
     env.update(a.env)
     env.update(GRIDBOT_JOB_INDEX=str(a.index), GRIDBOT_JOB_ID=str(a.job_id), GRIDBOT_INSTANCE=str(a.instance_id),
                GRIDBOT_BAG=a.bag_name)
+    proc = None
     try:
-        pid = _spawn(a.command, jobdir, out, err, env)
+        if user is None:
+            pid = _spawn(a.command, jobdir, out, err, env)
+        else:
+            proc = _spawn_as(a.command, jobdir, out, err, env, user)
+            pid = proc.pid
     except OSError as e:
         return report(Outcome.FAILURE, f"could not start the command: {e}")
+    if a.limits is not None:
+        apply_limits(pid, a.limits)
     if started_cb is not None:
         started_cb(pid)
     loop = asyncio.get_running_loop()
@@ -229,10 +314,14 @@ async def _run(a: Assignment, jobdir: Path, fetch: FetchInput, max_result_bytes:
     timers: list[asyncio.TimerHandle] = []
 
     def end(cause: str) -> None:
-        """Take the instance back: SIGTERM to its process group, SIGKILL five seconds later."""
+        """Take the instance back: SIGTERM to its process group, SIGKILL five seconds later (at once for
+        a broken limit)."""
         if why or exited.done():
             return
         why.append(cause)
+        if stop.reason:
+            _killpg(pid, signal.SIGKILL)
+            return
         _killpg(pid, signal.SIGTERM)
         timers.append(loop.call_later(5, _killpg, pid, signal.SIGKILL))
 
@@ -263,18 +352,22 @@ async def _run(a: Assignment, jobdir: Path, fetch: FetchInput, max_result_bytes:
         if fd >= 0:
             loop.remove_reader(fd)
             os.close(fd)
+    _killpg(pid, signal.SIGKILL)  # before the reaping: the group's id cannot be reused while its leader is unreaped
     _, status, usage = os.wait4(pid, 0)
     code, cpu = os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime
+    if proc is not None:
+        proc.returncode = code  # reaped here: subprocess must not wait for the pid again
     if why == ["stop"]:
-        reason = stop_reason() if stop_reason is not None else ""
+        reason = stop.reason or (stop_reason() if stop_reason is not None else "")
         if reason:  # the worker stops because of this job: it counts against the job
             return report(Outcome.FAILURE, reason, code, cpu)
         return report(Outcome.INTERRUPTED, "the worker stopped", code, cpu)
     if why == ["timeout"]:
         return report(Outcome.FAILURE, f"timed out after {a.timeout:g} s (the bag's timeout)", code, cpu)
     if code != 0:
-        return report(Outcome.FAILURE, describe_exit(code, _tail(err, 4096)), code, cpu)
-    outputs, problem = _collect(jobdir, a.outputs, max_result_bytes)
+        return report(Outcome.FAILURE, limit_reason(code, a.limits) or describe_exit(code, _tail(err, 4096)), code,
+                      cpu)
+    outputs, problem = _collect(jobdir, a.outputs, max_result_bytes, follow=user is None)
     if problem:
         return report(Outcome.FAILURE, problem, code, cpu)
     result = report(Outcome.SUCCESS, "", code, cpu, outputs)
@@ -290,17 +383,43 @@ def _wait_any(pid: int) -> None:
     os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
 
 
-def _collect(jobdir: Path, names: list[str], limit: int) -> tuple[dict[str, bytes], str]:
-    """Read the declared outputs; a missing or oversized one is the job's failure."""
+def _collect(jobdir: Path, names: list[str], limit: int, follow: bool = True) -> tuple[dict[str, bytes], str]:
+    """Read the declared outputs; a missing or oversized one is the job's failure. Unless `follow`, an
+    output reached through a symbolic link counts as missing (`--run-as`: see the module's docstring)."""
     outputs: dict[str, bytes] = {}
     total = 0
     for name in names:
-        path = jobdir / name
-        if not path.is_file():
+        try:
+            fd = _open_inside(jobdir, name, follow)
+        except OSError:
             return {}, f"expected output '{name}' was not produced"
-        total += path.stat().st_size
-        if total > limit:
-            return {}, (f"outputs total over {total:,} bytes, over the server's limit of {limit:,} bytes "
-                        "(server option --max-result-size)")
-        outputs[name] = path.read_bytes()
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return {}, f"expected output '{name}' was not produced (it is not a regular file)"
+            total += st.st_size
+            if total > limit:
+                return {}, (f"outputs total over {total:,} bytes, over the server's limit of {limit:,} bytes "
+                            "(server option --max-result-size)")
+            with open(fd, "rb", closefd=False) as f:
+                outputs[name] = f.read()
+        finally:
+            os.close(fd)
     return outputs, ""
+
+
+def _open_inside(jobdir: Path, name: str, follow: bool) -> int:
+    """Open `jobdir/name` to read; unless `follow`, no part of `name` may be a symbolic link."""
+    if follow:
+        return os.open(jobdir / name, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    nofollow = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+    *folders, last = name.split("/")
+    fd = os.open(jobdir, nofollow | os.O_DIRECTORY)
+    try:
+        for folder in folders:
+            sub = os.open(folder, nofollow | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = sub
+        return os.open(last, nofollow | os.O_NONBLOCK, dir_fd=fd)
+    finally:
+        os.close(fd)
