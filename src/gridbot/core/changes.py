@@ -104,6 +104,9 @@ class Changes:
     hosts: dict[str, HostUpdate] = field(default_factory=dict)
     cancelled_bags: list[int] = field(default_factory=list)
     """Bags cancelled by their owner: the store cancels their queued jobs that the dispatcher never saw."""
+    reopened_bags: list[int] = field(default_factory=list)
+    """Ended bags made active again by their owner's retry: the store clears their end time and the mark of
+    their results having been downloaded (new results are coming)."""
 
     def merge(self, other: Changes) -> Changes:
         """Append `other` to this batch (later updates of the same job or bag win, but a result, a reason
@@ -126,11 +129,12 @@ class Changes:
             self.bags[bag_id] = b
         self.hosts.update(other.hosts)
         self.cancelled_bags.extend(other.cancelled_bags)
+        self.reopened_bags.extend(other.reopened_bags)
         return self
 
     def __bool__(self) -> bool:
         return bool(self.new_instances or self.instances or self.jobs or self.bags or self.hosts
-                    or self.cancelled_bags)
+                    or self.cancelled_bags or self.reopened_bags)
 
 
 class QueuedJob(msgspec.Struct, frozen=True):
@@ -167,6 +171,9 @@ class BagSnapshot(msgspec.Struct, frozen=True):
     spec: BagSpec
     counts: BagCounts
     created_at: float
+    revision: int = 1
+    """How many times its owner revised the spec (`gridbot run --retry-failed` with a changed spec); sent
+    with each assignment, so a worker fetches the inputs of the revision it runs."""
 
 
 class HostSnapshot(msgspec.Struct, frozen=True):

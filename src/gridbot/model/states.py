@@ -1,7 +1,9 @@
 """The state machines of bags, jobs and instances, each declared once.
 
 Every member is documented, each machine has an explicit terminal set, and the allowed transitions are
-listed so that code (and tests) can check that nothing moves backwards out of a terminal state.
+listed so that code (and tests) can check that nothing moves backwards out of a terminal state. The
+only ways back are the owner's, declared apart (`JOB_RETRY`, `BAG_REOPEN`): the dispatcher's own moves
+never leave a terminal state.
 """
 
 from __future__ import annotations
@@ -109,6 +111,27 @@ INSTANCE_TRANSITIONS: dict[InstanceState, frozenset[InstanceState]] = {
     InstanceState.INTERRUPTED: frozenset(),
     InstanceState.CANCELLED: frozenset(),
 }
+
+
+JOB_RETRY: dict[JobState, frozenset[JobState]] = {
+    JobState.QUEUED: frozenset(),
+    JobState.RUNNING: frozenset(),
+    JobState.DONE: frozenset(),
+    JobState.FAILED: frozenset({JobState.QUEUED}),
+    JobState.CANCELLED: frozenset(),
+}
+"""The one way out of a terminal job state, and only by its owner's act (`gridbot retry`, a revision): a
+job that failed for good is queued again, its failure count reset so `max_failures` applies afresh. The
+dispatcher never takes it by itself, so for it `failed` stays final (a late report of an instance of the
+job's earlier run is ignored). A done job keeps its result, and a cancelled job belongs to a cancelled bag."""
+BAG_REOPEN: dict[BagState, frozenset[BagState]] = {
+    BagState.ACTIVE: frozenset(),
+    BagState.COMPLETED: frozenset({BagState.ACTIVE}),
+    BagState.FAILED: frozenset({BagState.ACTIVE}),
+    BagState.CANCELLED: frozenset(),
+}
+"""An ended bag whose owner re-queues jobs (`JOB_RETRY`) is active again until they end; a cancelled bag
+stays cancelled (its owner gave it up: submit it again)."""
 
 
 class TransitionError(ValueError):

@@ -1,0 +1,174 @@
+"""A bag's results on the user's disk: one folder per job and `jobs.jsonl`, never half-written, never mixed.
+
+Every file is written under a temporary name beside it and renamed into place, so an interrupted or failed
+download leaves each file as it was or as it should be, never cut; `jobs.jsonl` is written the same way
+and renamed last, so an earlier index stays whole until the new one is complete. The folder is marked with
+the bag whose results it holds (`.gridbot-results.json`: its name, id, creation time, spec hash and
+revision). Writing into a folder that holds another bag's results, or files that are not results at all,
+is refused unless forced: it used to merge silently. A file-system error (a file where a folder should
+be, no permission, a folder that takes no files such as /proc) is a GridbotError naming the path, the
+cause and what to do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from gridbot.errors import GridbotError
+from gridbot.protocol import BagInfo, ResultInfo
+
+MARKER = ".gridbot-results.json"
+"""The file naming the bag whose results a folder holds."""
+INDEX = "jobs.jsonl"
+IDENTITY = ("bag", "bag_id", "created_at")
+"""What tells one bag from another across stores and servers: a bag deleted and submitted again under the
+same name, or the same name in another store, is another bag."""
+
+
+class ResultsFolder:
+    """The folder that takes one bag's results (`prepare`, then `write`)."""
+
+    def __init__(self, directory: str | Path, info: BagInfo, force: bool = False) -> None:
+        self.root = Path(directory)
+        self.info = info
+        self.force = force
+        self.width = len(str(max(0, info.total - 1)))
+        self.mark = {"bag": info.name, "bag_id": info.bag_id, "created_at": info.created_at,
+                     "spec_hash": info.spec_hash, "revision": info.revision}
+
+    def prepare(self) -> None:
+        """Make the folder and mark it as the bag's, or refuse (GridbotError) a folder holding anything else
+        (unless forced): a `gridbot run` checks this before the bag runs, not after."""
+        with _os_errors(self.root):
+            if self.root.exists() and not self.root.is_dir():
+                raise GridbotError(f"{self.root} is a file, not a folder; give a folder for the results")
+            self._check()
+            self.root.mkdir(parents=True, exist_ok=True)
+            _write_atomic(self.root / MARKER, (json.dumps(self.mark, indent=1) + "\n").encode(), sync=True)
+
+    def _check(self) -> None:
+        """Refuse a folder that holds another bag's results or files that are not results (unless forced)."""
+        if self.force or not self.root.is_dir():
+            return
+        marker = self.root / MARKER
+        if marker.is_file():
+            try:
+                theirs = json.loads(marker.read_text())
+            except (ValueError, UnicodeDecodeError):
+                theirs = {}
+            if isinstance(theirs, dict) and all(theirs.get(k) == self.mark[k] for k in IDENTITY):
+                return
+            raise GridbotError(f"{self.root} holds the results of another bag ({_describe(theirs)}), not of bag "
+                               f"'{self.info.name}' (id {self.info.bag_id}, {_when(self.info.created_at)}); give "
+                               "another folder, or --force to write these results over those")
+        if any(self.root.iterdir()):
+            what = "results of an unnamed bag (jobs.jsonl)" if (self.root / INDEX).exists() else "files"
+            raise GridbotError(f"{self.root} is not empty (it holds {what}) and holds no results of bag "
+                               f"'{self.info.name}'; give a new or empty folder, or --force to write into it")
+
+    def write(self, results: Iterable[ResultInfo]) -> int:
+        """Write each result's folder, then `jobs.jsonl` in one rename; return the number of jobs written."""
+        n = 0
+        index_path = self.root / INDEX
+        tmp = _temp(index_path)
+        with _os_errors(self.root), _removed_on_error(tmp), tmp.open("w") as index:
+            for r in results:
+                self._write_job(r)
+                _index_line(index, r)
+                n += 1
+            index.flush()
+            os.fsync(index.fileno())
+            os.replace(tmp, index_path)
+        return n
+
+    def _write_job(self, r: ResultInfo) -> None:
+        """One job's stdout, stderr and outputs in `<index>/`, each file replaced whole."""
+        jobdir = self.root / str(r.job.index).zfill(self.width)
+        jobdir.mkdir(exist_ok=True)
+        inside = jobdir.resolve()
+        if inside.parent != self.root.resolve():
+            raise GridbotError(f"{jobdir} leads out of the results folder (a link?); remove it, or give another "
+                               "folder")
+        files = {"stdout": r.stdout_tail.encode(), "stderr": r.stderr_tail.encode(), **r.outputs}
+        for name, data in files.items():
+            target = jobdir / name
+            if not target.resolve().is_relative_to(inside):
+                raise GridbotError(f"output name {name!r} of job {r.job.index} escapes the results folder")
+            if not data and name in ("stdout", "stderr"):
+                target.unlink(missing_ok=True)  # an earlier run's, which this result replaces
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)  # outputs may be paths: "out/a.txt"
+            _write_atomic(target, data)
+
+
+def _index_line(index: IO[str], r: ResultInfo) -> None:
+    index.write(json.dumps({
+        "index": r.job.index, "state": r.job.state, "command": r.job.command, "params": r.params,
+        "exit_code": r.exit_code, "wall_s": r.wall_s, "cpu_s": r.cpu_s, "host": r.host_id,
+        "attempts": r.job.attempts, "reason": r.job.reason if r.job.state != "done" else None,
+        "outputs": sorted(r.outputs), "revision": r.job.revision}) + "\n")
+
+
+def _temp(path: Path) -> Path:
+    """A temporary name beside `path`, hidden, that no other process picks."""
+    return path.with_name(f".{path.name[:180]}.{os.getpid()}.tmp")
+
+
+def _write_atomic(path: Path, data: bytes, sync: bool = False) -> None:
+    """Replace `path` with `data` whole: written beside it, then renamed over it."""
+    tmp = _temp(path)
+    with _removed_on_error(tmp):
+        with tmp.open("wb") as f:
+            f.write(data)
+            if sync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def _removed_on_error(tmp: Path) -> Iterator[None]:
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+@contextlib.contextmanager
+def _os_errors(root: Path) -> Iterator[None]:
+    """Turn the file system's errors into a GridbotError that says what is wrong and what to do."""
+    try:
+        yield
+    except OSError as e:
+        where = e.filename or root
+        if e.errno in (errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+            why = f"a file is in the way where a folder should be, or a folder where a file should ({e.strerror})"
+        elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            why = f"no permission to write there ({e.strerror})"
+        elif e.errno == errno.ENOSPC:
+            why = "the disk is full"
+        else:
+            why = e.strerror or str(e)
+        raise GridbotError(f"cannot write the results to {root}: {where}: {why}; give a folder you may write "
+                           "(or move what is in the way)") from None
+
+
+def _describe(mark: Any) -> str:
+    if not isinstance(mark, dict) or "bag" not in mark:
+        return "its marker cannot be read"
+    return f"'{mark.get('bag')}', id {mark.get('bag_id')}, {_when(mark.get('created_at'))}"
+
+
+def _when(t: Any) -> str:
+    if not isinstance(t, (int, float)):
+        return "submitted at an unknown time"
+    return "submitted " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
