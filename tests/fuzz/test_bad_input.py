@@ -1,0 +1,334 @@
+"""Issue 12, each item reproduced: bad input that was accepted, stalled the server, or answered 5xx. The server
+checks everything itself, with the command line's code, answers 4xx with the problem and the fix, and a
+refused request changes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from gridbot.cli import render
+from gridbot.core.changes import BagCounts
+from gridbot.model.records import HostInfo
+from gridbot.model.spec import (
+    HARD_MAX_JOBS,
+    MAX_COMMAND_BYTES,
+    BagSpec,
+    Parameter,
+    SpecError,
+    check_spec,
+    parse_lines,
+    parse_spec,
+)
+from gridbot.policy.policies import PolicyError, compile_policies, validate_policies
+from gridbot.protocol import BagInfo, ExchangeRequest, JobInfo
+from gridbot.server.service import Service, ServiceConfig
+from gridbot.store.base import Store
+from gridbot.store.memory import MemoryStore
+from gridbot.store.sql import PostgresStore, SQLiteStore
+from tests.fuzz.harness import MSGPACK, App, Reply
+from tests.fuzz.test_fuzz_api import BASE, CONFIG
+
+SWEEP = BagSpec("sweep", "echo {x}", [Parameter("x", start="1", stop="100", step="1")])
+
+
+def make_store(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Store:
+    store: Store = (MemoryStore() if kind == "memory" else SQLiteStore(tmp_path / "g.db") if kind == "sqlite"
+                    else PostgresStore(request.getfixturevalue("pg_url")))
+    store.migrate()
+    return store
+
+
+@pytest.fixture
+def app(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[App]:
+    a = App(make_store("sqlite", tmp_path, request), config=CONFIG)
+    yield a
+    a.close()
+    a.service.store.close()
+
+
+def refused(app: App, method: str, path: str, body: bytes | None = None, status: int = 400, **kw: Any) -> str:
+    """Send a request that must be refused with `status` and change nothing; its message."""
+    before = app.state()
+    reply = app.call(method, path, body, **kw)
+    assert reply.status == status, (reply.status, reply.body[:500])
+    assert reply.message and app.state() == before
+    return reply.message
+
+
+def submit_refused(app: App, spec: BagSpec, lines: list[str] | None = None) -> str:
+    from gridbot.protocol import SubmitRequest
+
+    return refused(app, "POST", "/v1/bags", msgspec.msgpack.encode(SubmitRequest(spec, lines)))
+
+
+# -- Concurrency of 0 or less ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["-5", "0", "0.5", "ifThenElse(true, -1, 4)"])
+def test_a_constant_concurrency_below_one_is_refused_in_a_spec_and_live(app, text):
+    message = submit_refused(app, msgspec.structs.replace(SWEEP, policy={"Concurrency": text}))
+    assert "Concurrency" in message and "on every host" in message and "at least 1" in message
+    assert app.submit(SWEEP).status == 201
+    message = refused(app, "POST", "/v1/bags/sweep/policy", json.dumps({"name": "Concurrency", "text": text}).encode(),
+                      content_type="application/json")
+    assert "Concurrency" in message and "at least 1" in message
+
+
+def test_the_command_line_refuses_it_with_the_same_code(tmp_path):
+    with pytest.raises(PolicyError, match="on every host"):
+        validate_policies({"Concurrency": "-5"}, 3600.0)
+    from gridbot.client import GridbotError, with_policies
+
+    with pytest.raises(GridbotError, match="at least 1"):
+        with_policies(SWEEP, ["Concurrency=0"])
+
+
+def test_a_concurrency_below_one_on_some_hosts_is_a_diagnostic_and_stalls_no_other_bag(app):
+    """`Host.Slots - 8` is -7 on a host of one slot: that bag gets none of it, and says why; another bag,
+    ranked lower, is still served there (the highest-ranked bag's 0 used to bound every bag to 0)."""
+    policy = {"Concurrency": "Host.Slots - 8", "Rank": "10"}
+    assert app.submit(msgspec.structs.replace(SWEEP, name="greedy", policy=policy)).status == 201
+    assert app.submit(BASE).status == 201
+    got = app.exchange(4, [])
+    bags = {a.bag_name for a in got.assignments}
+    assert bags == {"base"} and len(got.assignments) == 2  # two per slot, by the default Concurrency of base
+    info = msgspec.json.decode(app.call("GET", "/v1/bags/greedy").body, type=BagInfo)
+    assert any("Concurrency evaluated to -7 (less than one instance)" in d and "Host.Slots - 8" in d
+               for d in info.diagnostics), info.diagnostics
+
+
+def test_a_bag_stored_with_a_constant_concurrency_of_zero_still_loads_and_stalls_nothing(tmp_path):
+    """A bag stored before the check (its policies are compiled, not validated, when the server starts)."""
+    store = SQLiteStore(tmp_path / "g.db")
+    store.migrate()
+    store.create_bag(msgspec.structs.replace(SWEEP, name="old", policy={"Concurrency": "0", "Rank": "5"}), None, {},
+                     1.0, "someone")
+    compile_policies({"Concurrency": "0"}, 3600.0)  # what restoring it does: no error
+    app = App(store, config=CONFIG)
+    try:
+        assert app.submit(BASE).status == 201
+        assert {a.bag_name for a in app.exchange(2, []).assignments} == {"base"}
+        assert json.loads(app.call("GET", "/v1/bags/old/policy", token=app.access.admin).body)["Concurrency"] == "0"
+    finally:
+        app.close()
+
+
+# -- specs the server took without checking ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("spec", "needle"), [
+    (BagSpec("ph", "echo {y}", [Parameter("x", values=["1"])]), "placeholder {y} in 'command' names no parameter"),
+    (BagSpec("ph", "echo {x}"), "placeholder {x} in 'command' names no parameter"),
+    (BagSpec("ph", "true", env={"A": "{nope}"}), "placeholder {nope} in 'env'"),
+    (BagSpec("ph", "echo {x!r}", [Parameter("x", values=["1"])]), "is not a placeholder"),
+    (BagSpec("st", "echo {x}", [Parameter("x", start="1", stop="10", step="0")]), "has step 0"),
+    (BagSpec("st", "echo {x}", [Parameter("x", start="1", stop="10", step="NaN")]), "must be a number"),
+    (BagSpec("st", "echo {x}", [Parameter("x", start="1", stop="Infinity", step="1")]), "must be a number"),
+    (BagSpec("st", "echo {x}", [Parameter("x", start="0", stop="1e999999999", step="1")]), "at most 1e18"),
+    (BagSpec("st", "echo {x}", [Parameter("x", start="10", stop="1", step="1")]), "is empty"),
+    (BagSpec("st", "echo {x}", [Parameter("x")]), "either values or a range"),
+    (BagSpec("st", "echo {x}", [Parameter("x", values=[])]), "has no values"),
+    (BagSpec("st", "echo {x}", [Parameter("x", values=["1"]), Parameter("x", values=["2"])]), "defined twice"),
+    (BagSpec("st", "echo {a_b}", [Parameter("a-b", values=["1"])]), "parameter name 'a-b' is not allowed"),
+    (BagSpec("env", "true", env={"1X": "v"}), "not a variable name"),
+    (BagSpec("mf", "true", max_failures=0), "'max_failures' must be a whole number from 1"),
+    (BagSpec("d", "true", instance_deadline=float("nan")), "'instance_deadline': a duration must be positive"),
+    (BagSpec("d", "true", timeout=float("inf")), "'timeout': a duration must be at most"),
+    (BagSpec("d", "true", timeout=-1.0), "'timeout': a duration must be positive"),
+    (BagSpec("lim", "true", memory=0), "'memory': a size must be positive"),
+    (BagSpec("lim", "true", memory=1000), "less than 1,048,576"),
+    (BagSpec("lim", "true", cpu_time=float("nan")), "'cpu_time'"),
+    (BagSpec("lim", "true", max_file_size=-1), "'max_file_size'"),
+    (BagSpec("lim", "true", max_processes=0), "'max_processes'"),
+    (BagSpec("lim", "true", max_file_size=2**62), "at most 1 EiB"),
+])
+def test_a_spec_the_command_line_would_refuse_is_refused_by_the_server(app, spec, needle):
+    message = submit_refused(app, spec)
+    assert needle in message, message
+    assert check_spec(spec) and any(needle in p for p in check_spec(spec))
+
+
+@pytest.mark.parametrize("name", ["", "../../etc", "a/b", "x" * 100_000, "sweep\n", "-x", ".hidden", "a b", "é"])
+def test_bag_names_are_checked_by_the_server(app, name):
+    message = submit_refused(app, msgspec.structs.replace(SWEEP, name=name))
+    assert "is not allowed" in message and "use 1-64 letters" in message and len(message) < 500
+
+
+def test_a_spec_and_its_toml_are_refused_with_the_same_words(app):
+    """The server's check and the TOML validator share their code: the same problem, the same message."""
+    text = 'name = "s"\ncommand = "echo {y}"\n[parameters]\nx = { from = 1, to = 10, step = 0 }\n'
+    with pytest.raises(SpecError) as info:
+        parse_spec(text, "s.toml", "s")
+    toml = {p.message for p in info.value.problems}
+    api = submit_refused(app, BagSpec("s", "echo {y}", [Parameter("x", start="1", stop="10", step="0")]))
+    assert "range 'x' has step 0" in toml and "range 'x' has step 0" in api
+
+
+# -- decoding -----------------------------------------------------------------------------------------
+
+
+def _with_bad_utf8(msg: Any) -> bytes:
+    return msgspec.msgpack.encode(msg).replace(b"ZQZQ", b"\xff\xfe\xed\xa0")
+
+
+def test_invalid_utf8_in_a_msgpack_string_is_a_400(app):
+    assert app.submit(SWEEP).status == 201
+    body = _with_bad_utf8(ExchangeRequest(HostInfo(app.host_id, "ZQZQ"), 1, []))
+    assert "not valid UTF-8" in refused(app, "POST", "/v1/exchange", body, token=app.credential)
+    spec = _with_bad_utf8({"spec": {"name": "s", "command": "echo ZQZQ"}})
+    assert "not valid UTF-8" in refused(app, "POST", "/v1/bags", spec)
+    assert "not valid UTF-8" in refused(app, "POST", "/v1/register", _with_bad_utf8({"name": "ZQZQ"}),
+                                        token=app.access.workers["local"])
+
+
+def test_json_that_is_not_json_is_a_400(app):
+    assert app.submit(SWEEP).status == 201
+    for body in (b'{"name": "Rank", "text": "\\ud800"}', b"\xff", b'{"name": 1}', b""):
+        refused(app, "POST", "/v1/bags/sweep/policy", body, content_type="application/json")
+
+
+@pytest.mark.parametrize("value", [2**63, 2**64 - 1, -1])
+def test_integers_beyond_what_the_store_holds_are_a_400(app, value):
+    assert app.submit(SWEEP).status == 201
+    held = [a.instance_id for a in app.exchange(2, []).assignments]
+    host = {"host_id": app.host_id, "name": "h"}
+    for msg in ({"host": host, "want": value, "running": held},
+                {"host": host, "want": 0, "running": [*held, value]},
+                {"host": host, "want": 0, "running": held, "reports": [{"instance_id": value, "outcome": "success"}]},
+                {"host": host, "want": 0, "running": held[1:],
+                 "reports": [{"instance_id": held[0], "outcome": "success", "exit_code": 2**31}]},
+                {"host": {**host, "memory_mb": value}, "want": 0, "running": held}):
+        refused(app, "POST", "/v1/exchange", msgspec.msgpack.encode(msg), token=app.credential)
+
+
+@pytest.mark.parametrize("path", ["/v1/bags/99999999999999999999999", "/v1/bags/%C2%B2", "/v1/bags/%00",
+                                  f"/v1/bags/{2**63}", "/v1/bags/sweep/jobs/99999999999999999999999/instances",
+                                  "/v1/bags/sweep/logs/99999999999999999999999", "/v1/bags/sweep/logs/%D9%A1",
+                                  "/v1/bags/sweep/inputs/%00", "/v1/bags/" + "x" * 5000])
+def test_a_path_naming_nothing_is_a_404_not_a_500(app, path):
+    assert app.submit(SWEEP).status == 201
+    refused(app, "GET", path, status=404)
+
+
+@pytest.mark.parametrize("query", ["limit=99999999999999999999", "after=-1", "after=1_000", "limit=%D9%A1",
+                                   "state=nope", "after=" + "9" * 5000])
+def test_a_bad_query_parameter_is_a_400(app, query):
+    assert app.submit(SWEEP).status == 201
+    key, _, value = query.partition("=")
+    from urllib.parse import unquote
+
+    message = refused(app, "GET", "/v1/bags/sweep/jobs", params={key: unquote(value)})
+    assert key in message
+
+
+def test_a_route_that_does_not_exist_answers_json(app):
+    reply = app.call("GET", "/v1/bags/")
+    assert reply.status == 404 and "no such route" in reply.message
+    reply = app.call("PUT", "/v1/bags")
+    assert reply.status == 405 and "use GET, HEAD, POST" in reply.message
+
+
+# -- values that decode but cannot be stored ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_a_value_the_store_cannot_keep_fails_its_own_exchange_only(tmp_path, request, kind):
+    """An exit code of 2^31 (PostgreSQL's integer) or 2^63 (SQLite's), a 1 MB host name: a 400 for that
+    exchange, decided before the group commit, and the other exchanges of the same batch go through."""
+    app = App(make_store(kind, tmp_path, request), config=CONFIG)
+    try:
+        assert app.submit(BASE).status == 201
+        hosts = [app.new_host() for _ in range(4)]
+        held = {}
+        for host_id, credential in hosts:
+            app.host_id, app.credential = host_id, credential
+            held[host_id] = [a.instance_id for a in app.exchange(1, []).assignments]
+
+        def body(i: int, host_id: str, bad: dict[str, Any]) -> bytes:
+            (iid,) = held[host_id]
+            report = {"instance_id": iid, "outcome": "success", "exit_code": 0, **bad.get("report", {})}
+            return msgspec.msgpack.encode({"host": {"host_id": host_id, "name": "h", **bad.get("host", {})},
+                                           "want": 0, "running": [], "reports": [report]})
+
+        bad = [{"report": {"exit_code": 2**31}}, {"report": {"exit_code": 2**63}}, {"host": {"name": "n" * (1 << 20)}}]
+        for b in bad:
+            calls = [(token, body(i, host_id, b if i == 0 else {})) for i, (host_id, token) in enumerate(hosts)]
+            replies = app.loop.run_until_complete(_together(app, calls))
+            assert replies[0].status == 400, replies[0]
+            assert [r.status for r in replies[1:]] == [200, 200, 200], replies
+            for host_id, credential in hosts[1:]:  # they reported their instance: give them another
+                app.host_id, app.credential = host_id, credential
+                held[host_id] = [a.instance_id for a in app.exchange(1, []).assignments]
+        assert app.service.store.bag("base").counts.done == 9
+    finally:
+        app.close()
+        app.service.store.close()
+
+
+async def _together(app: App, calls: list[tuple[str, bytes]]) -> list[Reply]:
+    """Exchanges sent at once, so that the server decides them all before one commit."""
+    async def one(token: str, body: bytes) -> Reply:
+        async with app.client.post("/v1/exchange", data=body, headers={
+                "Authorization": f"Bearer {token}", "Content-Type": MSGPACK}) as r:
+            return Reply(r.status, await r.read())
+
+    return list(await asyncio.gather(*(one(t, b) for t, b in calls)))
+
+
+# -- a sweep too large to store, a command too long to run ----------------------------------------------
+
+
+def test_a_sweep_of_a_trillion_jobs_is_refused_at_once_whatever_max_jobs_says(app, tmp_path):
+    text = 'command = "echo {i}"\n[parameters]\ni = { from = 1, to = 1000000000000 }\n'
+    start = time.monotonic()
+    with pytest.raises(SpecError) as info:
+        parse_spec(text, "big.toml", "big", max_jobs=10**13)
+    (problem,) = info.value.problems
+    assert f"at most {HARD_MAX_JOBS:,} in one bag, whatever --max-jobs says" in problem.message
+    assert "writes every job into its database" in problem.message and "split" in problem.hint
+    big = Service(MemoryStore(), ServiceConfig(max_jobs=10**13))
+    spec = BagSpec("big", "echo {i}", [Parameter("i", start="1", stop="1000000000000", step="1")])
+    with pytest.raises(Exception, match="whatever --max-jobs says"):
+        big.submit(spec, None, {}, 1.0)
+    assert big.store.bags() == []
+    assert "whatever --max-jobs says" in submit_refused(app, spec)
+    assert time.monotonic() - start < 5
+
+
+def test_lines_over_the_hard_limit_are_refused(monkeypatch):
+    import gridbot.model.spec as spec_module
+
+    monkeypatch.setattr(spec_module, "HARD_MAX_JOBS", 2)
+    with pytest.raises(SpecError, match="whatever --max-jobs says"):
+        parse_lines("true\ntrue\ntrue\n", "lines.txt", max_jobs=10**13)
+
+
+def test_a_command_too_long_to_run_is_refused(app):
+    long = "echo " + "x" * (1 << 20)
+    with pytest.raises(SpecError, match="Linux refuses an argument"):
+        parse_spec(f'command = "{long}"\n', "s.toml", "s")
+    with pytest.raises(SpecError, match="over the limit of 100,000 for a command"):
+        parse_lines(f"true\n{long}\n", "lines.txt")
+    assert f"over the limit of {MAX_COMMAND_BYTES:,}" in submit_refused(app, BagSpec("long", long))
+    assert "line 2" in submit_refused(app, BagSpec("long", each_line=True), ["true", long])
+    # the filled-in command counts: a short template with long values
+    values = Parameter("v", values=["y" * 60_000])
+    assert "with the longest values filled in" in submit_refused(app, BagSpec("long", "{v} {v}", [values]))
+    assert "NUL" in submit_refused(app, BagSpec("nul", "a\0b"))
+    assert "no command" in submit_refused(app, BagSpec("blank", each_line=True), ["true", "   "])
+
+
+def test_the_summary_shows_a_long_command_cut_and_as_it_is(capsys):
+    job = JobInfo(0, 7, "failed", "echo [/x] " + "x" * 200_000, 3, 3, "exit code 1 [bold]")
+    info = BagInfo(1, "b", "done", 1, BagCounts(failed=1), 0.0, 1.0, "h")
+    render.summary(info, None, [job])
+    out = capsys.readouterr().out
+    assert len(out) < 5_000 and "echo [/x] xxx" in out and "more characters" in out and "[bold]" in out
