@@ -6,6 +6,7 @@ Nothing here is timed by a test; the scripts beside it print figures (issue 6).
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import signal
@@ -21,6 +22,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+NO_AUTH = os.environ.get("GRIDBOT_BENCH_NO_AUTH") == "1"
+"""Start servers with --no-auth, to measure what authentication costs (issue 11): run the suite both ways."""
 PG_ADMIN = os.environ.get("GRIDBOT_BENCH_PG", os.environ.get("GRIDBOT_TEST_PG",
                                                               "postgresql://postgres@127.0.0.1:5432/postgres"))
 
@@ -64,24 +67,38 @@ def server(db: str, workdir: Path, *args: str) -> Iterator[Server]:
     """Start `gridbot server` on `db` and wait until it answers; stop it afterwards."""
     port = free_port()
     log = workdir / f"server-{port}.log"
+    access = workdir / f"access-{port}.json"
+    keys = [] if NO_AUTH else ["--access-file", str(access)]
     with log.open("wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "gridbot", "--log-level", "warning", "server", "--db", db,
-                                 "--port", str(port), "--state-dir", str(workdir / "state"), *args],
+                                 "--port", str(port), "--state-dir", str(workdir / "state"), *keys,
+                                 *(["--no-auth"] if NO_AUTH else []), *args],
                                 stdout=out, stderr=subprocess.STDOUT)
     srv = Server(proc, f"http://127.0.0.1:{port}", log)
+    saved = os.environ.get("GRIDBOT_ACCESS")
     try:
         deadline = time.monotonic() + 60
         while True:
             try:
-                with urllib.request.urlopen(f"{srv.url}/v1/health", timeout=1):
+                headers = {}
+                if not NO_AUTH:
+                    token = json.loads(access.read_text())["admin"]
+                    headers["Authorization"] = f"Bearer {token}"
+                    os.environ["GRIDBOT_ACCESS"] = str(access)  # the clients and workers of this benchmark
+                with urllib.request.urlopen(urllib.request.Request(f"{srv.url}/v1/health", headers=headers),
+                                            timeout=1):
                     break
-            except OSError:
+            except (OSError, ValueError, KeyError):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit(f"the server did not start:\n{log.read_text()[-2000:]}") from None
                 time.sleep(0.05)
         yield srv
     finally:
         srv.stop()
+        if saved is None:
+            os.environ.pop("GRIDBOT_ACCESS", None)
+        else:
+            os.environ["GRIDBOT_ACCESS"] = saved
 
 
 @contextmanager
@@ -94,7 +111,7 @@ def workers(url: str, count: int, workdir: Path, *args: str) -> Iterator[list[su
         with (wd / "log").open("wb") as out:
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "gridbot", "--log-level", "warning", "worker", "--server", url,
-                 "--name", f"bench{n}", "--workdir", str(wd), "--idle-timeout", "3", *args],
+                 "--name", f"bench{n}", "--workdir", str(wd), "--idle-timeout", "3", "--allow-root", *args],
                 stdout=out, stderr=subprocess.STDOUT))
     try:
         yield procs

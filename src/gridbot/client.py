@@ -1,12 +1,14 @@
 """`gridbot.Client`: the Python API of a gridbot server, for scripts and workflow tools.
 
-    client = gridbot.Client("http://127.0.0.1:8470")
+    client = gridbot.Client("http://127.0.0.1:8470", access="gridbot-access.json")
     bag = client.submit_file("sweep.toml")
     client.wait(bag.name)
     client.download_results(bag.name, "results/")
 
 Every call is one HTTP request (results are paged); errors the server reports arrive as ApiError
-with the server's message, and an unreachable server as ServerUnavailable.
+with the server's message, and an unreachable server as ServerUnavailable. The key comes from the
+access file the server wrote (`access=`, or GRIDBOT_ACCESS, or ./gridbot-access.json); with a
+fingerprint in it, the connection accepts only the server's own certificate.
 """
 
 from __future__ import annotations
@@ -29,22 +31,31 @@ from gridbot.model.spec import (
     SpecError,
     each_line_spec,
     key_lines,
+    name_issue,
     parse_lines,
     parse_spec,
 )
-from gridbot.policy.policies import PolicyError, compile_policies
+from gridbot.policy.policies import PolicyError, validate_policies
 from gridbot.protocol import (
     DEFAULT_PORT,
     MSGPACK,
     BagInfo,
+    Deleted,
     HostInfoRow,
     InstanceInfo,
     JobInfo,
+    JobLog,
     PolicyChange,
     PoolInfo,
     ResultInfo,
+    RetryAnswer,
+    RetryRequest,
     SubmitRequest,
 )
+from gridbot.results import ResultsFolder
+from gridbot.security.access import Access, find_access
+from gridbot.security.keys import AccessError
+from gridbot.security.tls import PinnedHTTPSConnection, client_context
 
 T = TypeVar("T")
 TERMINAL_BAG_STATES = ("completed", "failed", "cancelled")
@@ -70,9 +81,9 @@ def load_spec_file(path: str | Path, name: str | None = None,
         raise GridbotError(f"cannot read spec {path}: {e}") from e
     spec = parse_spec(text, str(path), path.stem, max_jobs)
     if name:
-        spec = msgspec.structs.replace(spec, name=name)
+        spec = _named(msgspec.structs.replace(spec, name=name), str(path))
     try:
-        compile_policies(spec.policy, spec.instance_deadline)
+        validate_policies(spec.policy, spec.instance_deadline)
     except PolicyError as e:
         lines = key_lines(text)
         line = lines.get(("policy", e.policy)) or lines.get(("policy",))
@@ -97,7 +108,7 @@ def with_policies(spec: BagSpec, assignments: Sequence[str]) -> BagSpec:
             raise GridbotError(f"--policy {item!r} is not NAME=EXPRESSION; e.g. --policy 'Rank=Host.NumCpus'")
         written[name.strip()] = text.strip()
     try:
-        compile_policies(written, spec.instance_deadline)
+        validate_policies(written, spec.instance_deadline)
     except PolicyError as e:
         raise GridbotError(f"--policy: {e}") from None
     return msgspec.structs.replace(spec, policy=written)
@@ -112,13 +123,24 @@ def load_lines_file(path: str | Path, name: str | None = None,
     except (OSError, UnicodeDecodeError) as e:
         raise GridbotError(f"cannot read {path}: {e}") from e
     lines = parse_lines(text, str(path), max_jobs)
-    return each_line_spec(name or path.stem), lines
+    return _named(each_line_spec(name or path.stem), str(path)), lines
+
+
+def _named(spec: BagSpec, source: str) -> BagSpec:
+    """`spec`, unless its name (from --name, or a file's stem) is one the server refuses: then a SpecError."""
+    if issue := name_issue(spec.name):
+        raise SpecError(source, [Problem(issue[0], None, f"{issue[1]}; choose one with --name")])
+    return spec
 
 
 class Client:
-    """A connection to one gridbot server."""
+    """A connection to one gridbot server, as the submitter (or, with `admin=True`, the admin) of an
+    access file."""
 
-    def __init__(self, url: str = DEFAULT_SERVER, timeout: float = 60.0) -> None:
+    def __init__(self, url: str | None = None, timeout: float = 60.0, access: Access | str | Path | None = None,
+                 admin: bool = False) -> None:
+        self.access = access if isinstance(access, Access) else find_access(access)
+        url = url or self.access.server or DEFAULT_SERVER
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise GridbotError(f"server URL {url!r} is not http://host:port")
@@ -127,16 +149,36 @@ class Client:
         self._https = parsed.scheme == "https"
         self._timeout = timeout
         self._conn: http.client.HTTPConnection | None = None
+        key = self.access.user_key(admin)
+        self._headers = {"Accept": MSGPACK, **({"Authorization": f"Bearer {key}"} if key else {})}
 
     def _connection(self) -> http.client.HTTPConnection:
         if self._conn is None:
-            cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-            self._conn = cls(self._host, self._port, timeout=self._timeout)
+            fingerprint = self.access.fingerprint
+            if self._https and fingerprint:
+                self._conn = PinnedHTTPSConnection(self._host, self._port, fingerprint, self._timeout)
+            elif self._https:
+                self._conn = http.client.HTTPSConnection(self._host, self._port, timeout=self._timeout,
+                                                         context=client_context(None))
+            else:
+                self._conn = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
         return self._conn
 
     def _request(self, method: str, path: str, body: bytes | None = None, type_: type[T] | Any = None,
                  content_type: str = MSGPACK) -> Any:
-        headers = {"Accept": MSGPACK}
+        """One call; a read the server answers with 503 (its database briefly away) is tried again after the
+        server's Retry-After, a few times, before the error reaches the caller."""
+        for attempt in range(UNAVAILABLE_TRIES):
+            try:
+                return self._once(method, path, body, type_, content_type)
+            except _Retry as e:
+                if method != "GET" or attempt == UNAVAILABLE_TRIES - 1:
+                    raise ServerUnavailable(str(e)) from None
+                time.sleep(e.after)
+        raise AssertionError("unreachable")
+
+    def _once(self, method: str, path: str, body: bytes | None, type_: type[T] | Any, content_type: str) -> Any:
+        headers = dict(self._headers)
         if body is not None:
             headers["Content-Type"] = content_type
         for attempt in (1, 2):
@@ -146,6 +188,9 @@ class Client:
                 resp = conn.getresponse()
                 data = resp.read()
                 break
+            except AccessError:
+                self.close()
+                raise
             except (OSError, http.client.HTTPException) as e:
                 self.close()
                 if attempt == 2 or (method != "GET" and not isinstance(e, http.client.RemoteDisconnected)):
@@ -157,6 +202,8 @@ class Client:
                 message, kind = err.get("error", str(err)), err.get("kind", "error")
             except Exception:
                 message, kind = data[:300].decode(errors="replace"), "error"
+            if resp.status == 503:
+                raise _Retry(f"server error (HTTP {resp.status}): {message}", resp.getheader("Retry-After"))
             if resp.status >= 500:
                 raise ServerUnavailable(f"server error (HTTP {resp.status}): {message}")
             raise ApiError(resp.status, message, kind)
@@ -207,8 +254,9 @@ class Client:
         return self._request("GET", f"/v1/bags/{_q(ref)}/jobs?{query}", None,  # type: ignore[no-any-return]
                              list[JobInfo])
 
-    def instances(self, job_id: int) -> list[InstanceInfo]:
-        return self._request("GET", f"/v1/jobs/{job_id}/instances", None,  # type: ignore[no-any-return]
+    def instances(self, ref: str | int, job_id: int) -> list[InstanceInfo]:
+        """Every instance of one job of the bag: where it ran and how it ended."""
+        return self._request("GET", f"/v1/bags/{_q(ref)}/jobs/{job_id}/instances", None,  # type: ignore[no-any-return]
                              list[InstanceInfo])
 
     def pools(self) -> list[PoolInfo]:
@@ -254,39 +302,74 @@ class Client:
             rows: list[ResultInfo] = self._request(
                 "GET", f"/v1/bags/{_q(ref)}/results?after={after}&limit={page}", None, list[ResultInfo])
             yield from rows
-            if len(rows) < page:
+            if not rows:  # a page may come short of `page` when its outputs are large
                 return
             after = rows[-1].job.job_id
 
-    def download_results(self, ref: str | int, directory: str | Path) -> int:
+    def download_results(self, ref: str | int, directory: str | Path, force: bool = False) -> int:
         """Write each ended job's stdout, stderr and outputs under `directory/<index>/`, and `jobs.jsonl`.
 
-        Returns the number of jobs written. Output names that would escape the directory are refused.
+        Returns the number of jobs written. Each file is replaced whole (`gridbot.results`); a folder that
+        holds another bag's results, or other files, is refused unless `force`; output names that would
+        escape the directory are refused; a file-system error is a GridbotError that names it.
         """
-        root = Path(directory).resolve()
-        root.mkdir(parents=True, exist_ok=True)
         info = self.bag(ref)
-        width = len(str(max(0, info.total - 1)))
-        n = 0
-        with (root / "jobs.jsonl").open("w") as index:
-            for r in self.results(ref):
-                jobdir = root / str(r.job.index).zfill(width)
-                files = {"stdout": r.stdout_tail.encode(), "stderr": r.stderr_tail.encode(), **r.outputs}
-                for name, data in files.items():
-                    if not data and name in ("stdout", "stderr"):
-                        continue
-                    target = (jobdir / name).resolve()
-                    if not target.is_relative_to(jobdir.resolve()):
-                        raise GridbotError(f"output name {name!r} of job {r.job.index} escapes the results folder")
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    target.write_bytes(data)
-                index.write(json.dumps({
-                    "index": r.job.index, "state": r.job.state, "command": r.job.command, "params": r.params,
-                    "exit_code": r.exit_code, "wall_s": r.wall_s, "cpu_s": r.cpu_s, "host": r.host_id,
-                    "attempts": r.job.attempts, "reason": r.job.reason if r.job.state != "done" else None,
-                    "outputs": sorted(r.outputs)}) + "\n")
-                n += 1
-        return n
+        folder = ResultsFolder(directory, info, force)
+        folder.prepare()
+        return folder.write(self.results(info.bag_id))
+
+    def all_jobs(self, ref: str | int, state: str | None = None, limit: int | None = None) -> Iterator[JobInfo]:
+        """The bag's jobs (in `state`), up to `limit` (None: all), in pages of the server's largest."""
+        after, left = 0, limit
+        while left is None or left > 0:
+            page = self.jobs(ref, state, JOBS_PAGE if left is None else min(left, JOBS_PAGE), after)
+            yield from page
+            if not page:
+                return
+            after = page[-1].job_id
+            left = None if left is None else left - len(page)
+
+    def retry(self, ref: str | int, indices: Sequence[int] | None = None) -> RetryAnswer:
+        """Queue the bag's failed jobs again (those at `indices`, else all), re-opening it if it had ended."""
+        body = msgspec.msgpack.encode(RetryRequest(list(indices) if indices is not None else None))
+        return self._request("POST", f"/v1/bags/{_q(ref)}/retry", body, RetryAnswer)  # type: ignore[no-any-return]
+
+    def revise(self, spec: BagSpec, lines: Sequence[str] | None = None,
+               inputs: dict[str, bytes] | None = None) -> RetryAnswer:
+        """Make `spec` (its lines, its inputs) the next revision of the bag of its name and queue its failed
+        jobs again: done jobs keep their results, the others run the new command."""
+        revision = SubmitRequest(spec, list(lines) if lines is not None else None, inputs or {})
+        body = msgspec.msgpack.encode(RetryRequest(None, revision))
+        return self._request("POST", f"/v1/bags/{_q(spec.name)}/retry", body,  # type: ignore[no-any-return]
+                             RetryAnswer)
+
+    def delete(self, ref: str | int, force: bool = False) -> Deleted:
+        """Remove the bag from the server (cancelled first if active); refused (ApiError 409) if some of its
+        results were never downloaded, unless `force`."""
+        return self._request("DELETE", f"/v1/bags/{_q(ref)}{'?force=1' if force else ''}",  # type: ignore[no-any-return]
+                             None, Deleted)
+
+    def logs(self, ref: str | int, index: int) -> JobLog:
+        """The job at `index` of the bag with every instance of it: hosts, reasons, output tails."""
+        return self._request("GET", f"/v1/bags/{_q(ref)}/logs/{index}", None, JobLog)  # type: ignore[no-any-return]
+
+
+JOBS_PAGE = 10_000
+"""Most jobs the server returns in one listing (`server.app.MAX_PAGE`)."""
+
+
+UNAVAILABLE_TRIES = 5
+
+
+class _Retry(Exception):
+    """A 503 answer: the message, and how long the server asked to wait (at most 5 s is honoured)."""
+
+    def __init__(self, message: str, after: str | None) -> None:
+        super().__init__(message)
+        try:
+            self.after = min(5.0, max(0.1, float(after or 1)))
+        except ValueError:
+            self.after = 1.0
 
 
 def _q(ref: str | int) -> str:

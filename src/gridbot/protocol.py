@@ -9,7 +9,7 @@ from __future__ import annotations
 import msgspec
 
 from gridbot.core.changes import BagCounts
-from gridbot.model.records import Assignment, HostInfo, InstanceReport
+from gridbot.model.records import Assignment, HostInfo, InstanceReport, Int64, Label
 from gridbot.model.spec import BagSpec
 
 MSGPACK = "application/msgpack"
@@ -20,8 +20,8 @@ class ExchangeRequest(msgspec.Struct, frozen=True):
     """A worker's single round trip: reports, the instances it still holds, and how many more it wants."""
 
     host: HostInfo
-    want: int
-    running: list[int]
+    want: Int64
+    running: list[Int64]
     reports: list[InstanceReport] = msgspec.field(default_factory=list)
 
 
@@ -33,6 +33,20 @@ class ExchangeResponse(msgspec.Struct, frozen=True):
     backoff: float
     heartbeat: float
     max_result_bytes: int
+
+
+class RegisterRequest(msgspec.Struct, frozen=True):
+    """A host joining a pool with its pool's worker key: only its name for the log; the server picks its id."""
+
+    name: Label = ""
+
+
+class Registration(msgspec.Struct, frozen=True):
+    """The host id the server gave, the credential that proves it, and the pool the key belongs to."""
+
+    host_id: str
+    credential: str
+    pool: str
 
 
 class SubmitRequest(msgspec.Struct, frozen=True):
@@ -57,6 +71,8 @@ class BagInfo(msgspec.Struct, frozen=True):
     description: str = ""
     diagnostics: list[str] = msgspec.field(default_factory=list)
     """Policies that evaluated to UNDEFINED or ERROR (they count as no match)."""
+    revision: int = 1
+    """1 as submitted, one more at each revision of its spec (`gridbot run --retry-failed`)."""
 
 
 class JobInfo(msgspec.Struct, frozen=True):
@@ -69,6 +85,8 @@ class JobInfo(msgspec.Struct, frozen=True):
     failures: int
     attempts: int
     reason: str | None
+    revision: int = 1
+    """The bag's revision whose command the job runs, or ran for its result."""
 
 
 class InstanceInfo(msgspec.Struct, frozen=True):
@@ -113,6 +131,8 @@ class HostInfoRow(msgspec.Struct, frozen=True):
     error_rate: float = 0.0
     black_hole: bool = False
     """The host keeps failing jobs right after starting them: the default policy gives it no work."""
+    refused: int = 0
+    """Reports this host sent for instances it was not running (another host's, or forged): ignored."""
 
 
 class PoolInfo(msgspec.Struct, frozen=True):
@@ -140,6 +160,56 @@ class PolicyChange(msgspec.Struct, frozen=True):
 
     name: str
     text: str
+
+
+class RetryRequest(msgspec.Struct, frozen=True):
+    """Queue failed jobs of a bag again: those at `indices` (None: every failed job), and with `revision`,
+    first make its spec, inputs (and lines) the bag's next revision."""
+
+    indices: list[Int64] | None = None
+    revision: SubmitRequest | None = None
+
+
+class RetryAnswer(msgspec.Struct, frozen=True):
+    """The bag after a retry, and how many of its jobs were queued again."""
+
+    bag: BagInfo
+    requeued: int
+
+
+class InstanceLog(msgspec.Struct, frozen=True):
+    """One instance of a job with what its host reported; `kept` marks the one whose result the job keeps."""
+
+    instance_id: int
+    host_id: str
+    state: str
+    sent_at: float
+    ended_at: float | None
+    reason: str | None
+    exit_code: int | None
+    wall_s: float | None
+    cpu_s: float | None
+    stdout_tail: str
+    stderr_tail: str
+    kept: bool = False
+
+
+class JobLog(msgspec.Struct, frozen=True):
+    """A job's story (`gridbot logs BAG JOB`): what it runs and every instance of it, oldest first."""
+
+    bag: str
+    job: JobInfo
+    params: dict[str, str]
+    instances: list[InstanceLog]
+
+
+class Deleted(msgspec.Struct, frozen=True):
+    """A bag removed from the server, with the state it had (active ones were cancelled first)."""
+
+    bag_id: int
+    name: str
+    state: str
+    total: int
 
 
 class ErrorBody(msgspec.Struct, frozen=True):

@@ -83,16 +83,22 @@ class Cluster:
         self.url = f"http://127.0.0.1:{self.port}"
         self.db = db or f"sqlite:///{tmp}/server.db"
         self.server_args = server_args
+        self.access = tmp / "gridbot-access.json"
+        """The access file the server makes on its first start; the test's CLI calls and workers use it
+        (through GRIDBOT_ACCESS, set while the cluster runs)."""
+        self._saved_access = os.environ.get("GRIDBOT_ACCESS")
         self.server: Proc | None = None
         self.workers: list[Proc] = []
 
     def start_server(self) -> Proc:
         self.server = Proc(["--log-level", "info", "server", "--db", self.db, "--port", str(self.port),
-                            *self.server_args], self.tmp / "server.log", self.tmp).start()
+                            "--access-file", str(self.access), *self.server_args], self.tmp / "server.log",
+                           self.tmp).start()
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    os.environ["GRIDBOT_ACCESS"] = str(self.access)
                     return self.server
             except OSError:
                 if self.server.proc and self.server.proc.poll() is not None:
@@ -103,12 +109,29 @@ class Cluster:
     def start_worker(self, *args: str, name: str | None = None) -> Proc:
         n = len(self.workers)
         w = Proc(["--log-level", "debug", "worker", "--server", self.url, "--workdir", str(self.tmp / f"w{n}"),
-                  "--name", name or f"w{n}", *args], self.tmp / f"worker-{n}.log", self.tmp).start()
+                  "--name", name or f"w{n}", "--allow-root", *args], self.tmp / f"worker-{n}.log",
+                 self.tmp).start()
         self.workers.append(w)
         return w
 
-    def client(self) -> Client:
-        return Client(self.url)
+    def register(self, pool: str = "local") -> tuple[str, str]:
+        """Register a host with `pool`'s worker key, as a worker does: (host id, host credential)."""
+        import urllib.request
+
+        import msgspec
+
+        from gridbot.protocol import RegisterRequest, Registration
+        from gridbot.security.access import read_access
+
+        key = read_access(self.access).workers[pool]
+        req = urllib.request.Request(f"{self.url}/v1/register", msgspec.msgpack.encode(RegisterRequest("test")),
+                                     {"Authorization": f"Bearer {key}", "Content-Type": "application/msgpack"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            reg = msgspec.msgpack.decode(r.read(), type=Registration)
+        return reg.host_id, reg.credential
+
+    def client(self, admin: bool = False) -> Client:
+        return Client(self.url, access=self.access, admin=admin)
 
     def wait_bag(self, bag: str, timeout: float = 120) -> object:
         with self.client() as c:
@@ -119,3 +142,7 @@ class Cluster:
             w.stop()
         if self.server is not None:
             self.server.stop()
+        if self._saved_access is None:
+            os.environ.pop("GRIDBOT_ACCESS", None)
+        else:
+            os.environ["GRIDBOT_ACCESS"] = self._saved_access

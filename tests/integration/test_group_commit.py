@@ -124,10 +124,13 @@ def test_concurrent_exchanges_over_http_are_grouped(tmp_path):
     server.start()
     url = f"http://127.0.0.1:{server.port}/v1/exchange"
     enc, dec = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(ExchangeResponse)
+    hosts = [server.host_credential() for _ in range(20)]
 
     async def one(session: aiohttp.ClientSession, n: int, reports: list[InstanceReport], held: list[int]):
-        body = enc.encode(ExchangeRequest(host(n), 1, held, reports))
-        async with session.post(url, data=body, headers={"Content-Type": MSGPACK}) as r:
+        host_id, credential = hosts[n]
+        body = enc.encode(ExchangeRequest(HostInfo(host_id, f"h{n}", "Linux", 1, 0, 1, "local"), 1, held, reports))
+        async with session.post(url, data=body, headers={"Content-Type": MSGPACK,
+                                                         "Authorization": f"Bearer {credential}"}) as r:
             assert r.status == 200
             return dec.decode(await r.read())
 

@@ -26,7 +26,7 @@ def test_a_host_that_always_fails_is_detected_and_starved(tmp_path):
         time.sleep(0.5)
         os.environ["HOSTPOOL"] = "hole"
         try:
-            cluster.start_worker("--slots", "1", name="hole")
+            cluster.start_worker("--slots", "1", "--pass-env", "HOSTPOOL", name="hole")
         finally:
             del os.environ["HOSTPOOL"]
         info = cluster.wait_bag("b", timeout=120)

@@ -89,7 +89,7 @@ def test_python_api(cluster, tmp_path):
         assert final.state == "completed" and seen[-1] == final
         results = list(client.results("api", page=5))
         assert [r.stdout_tail for r in results] == [f"line {i}\n" for i in range(12)]
-        story = client.instances(results[0].job.job_id)
+        story = client.instances("api", results[0].job.job_id)
         assert [i.state for i in story] == ["done"]
     info = gridbot_json("submit", "--each-line", str(tmp_path / "lines.txt"), "--name", "cli-lines",
                         "--server", cluster.url)
@@ -156,7 +156,7 @@ def test_stopping_a_worker_gives_its_jobs_back(cluster, tmp_path):
         assert w.wait(30) == 0
         info = c.bag("s")
         assert (info.counts.queued, info.counts.running, info.counts.failed) == (2, 0, 0)
-        assert [i.state for i in c.instances(c.jobs("s")[0].job_id)] == ["interrupted"]
+        assert [i.state for i in c.instances("s", c.jobs("s")[0].job_id)] == ["interrupted"]
 
 
 def test_upload_over_the_limit_is_refused_with_a_clear_error(tmp_path):
@@ -178,8 +178,10 @@ def test_server_refuses_a_body_over_its_request_limit(cluster):
     import urllib.request
 
     cluster.start_server()
+    _, credential = cluster.register()
     req = urllib.request.Request(f"{cluster.url}/v1/exchange", data=b"x" * (40 << 20), method="POST",
-                                 headers={"Content-Type": "application/msgpack"})
+                                 headers={"Content-Type": "application/msgpack",
+                                          "Authorization": f"Bearer {credential}"})
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(req, timeout=30)
     assert err.value.code == 413 and "over the limit of 34,603,008 bytes" in json.loads(err.value.read())["error"]
@@ -189,7 +191,9 @@ def test_garbage_requests_get_400_not_a_crash(cluster):
     import urllib.request
 
     cluster.start_server()
-    req = urllib.request.Request(f"{cluster.url}/v1/exchange", data=b"\x93garbage", method="POST")
+    _, credential = cluster.register()
+    req = urllib.request.Request(f"{cluster.url}/v1/exchange", data=b"\x93garbage", method="POST",
+                                 headers={"Authorization": f"Bearer {credential}"})
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(req, timeout=10)
     assert err.value.code == 400 and "bad request" in json.loads(err.value.read())["error"]

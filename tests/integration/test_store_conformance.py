@@ -5,12 +5,12 @@ import threading
 
 import pytest
 
-from gridbot.core.changes import BagSnapshot, Changes, NewInstance
+from gridbot.core.changes import BagCounts, BagSnapshot, Changes, NewInstance, QueuedJob
 from gridbot.core.dispatcher import DispatchConfig, Dispatcher
 from gridbot.model.records import HostInfo, InstanceReport, Outcome
 from gridbot.model.spec import each_line_spec, parse_spec
 from gridbot.model.states import BagState, InstanceState, JobState
-from gridbot.store.base import BagExists
+from gridbot.store.base import BagExists, spec_hash
 from gridbot.store.memory import MemoryStore
 
 SPEC = parse_spec('command = "echo {i}"\noutputs = ["o"]\n[parameters]\ni = { from = 0, to = 9 }\n', "t", "ten")
@@ -203,12 +203,97 @@ def test_a_nul_character_in_a_report_is_stored_not_refused(store, reports):
     answer, changes = d.request_work(nul_host, reports, [], 2.0)
     store.apply(changes)
     ended = [InstanceReport(a.instance_id, Outcome.SUCCESS, 0, 0.5, 0.25, "", "a\x00b", "\x00",
-                            {"o\x00": b"\x00"}) for a in answer.assignments]
+                            {"o": b"\x00"}) for a in answer.assignments]
     _, changes = d.request_work(nul_host, 0, [], 3.0, ended)
     store.apply(changes)
     assert store.bag(row.bag_id).counts.done == reports
     nul = "\x00" if isinstance(store, MemoryStore) else "\ufffd"  # the SQL stores keep U+FFFD, whole strings
     result = store.results(row.bag_id)[0]
     assert (result.instance.stdout_tail, result.instance.stderr_tail) == (f"a{nul}b", nul)
-    assert result.outputs == {f"o{nul}": b"\x00"} and result.instance.host_id == f"h{nul}"
+    assert result.outputs == {"o": b"\x00"} and result.instance.host_id == f"h{nul}"
     assert [(h.info.host_id, h.info.name) for h in store.hosts()] == [(f"h{nul}", f"host{nul}")]
+
+
+def test_a_spec_hashes_as_it_did_before_the_limits_existed():
+    """Issue 11 added spec fields; a bag stored before them must still resume under `gridbot run`, which
+    compares this hash (value computed by the code before the change)."""
+    spec = parse_spec('command = "echo {i}"\n[parameters]\ni = [1,2]\n', "x", "x")
+    assert spec_hash(spec, None, {}) == "a0a748ef2beb8d07"
+
+
+# -- issue 12: retry, revisions, delete ----------------------------------------------------------------------
+
+
+def _ended(store, lines, outcomes):
+    """An each-line bag (a job fails for good at its first failure) whose jobs ended as `outcomes` say."""
+    row = store.create_bag(each_line_spec("life", max_failures=1), lines, {"in": b"1"}, 1.0)
+    d, answer = drive(store, len(outcomes), 2.0)
+    reports = [InstanceReport(a.instance_id, Outcome.SUCCESS if ok else Outcome.FAILURE, 0 if ok else 3,
+                              reason="" if ok else "exit code 3", stdout_tail=f"out {a.index}")
+               for a, ok in zip(answer.assignments, outcomes, strict=True)]
+    drive(store, 0, 3.0, reports, d)
+    return row
+
+
+def _retry(store, row, now):
+    """What the server does for `gridbot retry`: the failed jobs as stored, queued again by a dispatcher."""
+    row = store.bag(row.bag_id)
+    d = Dispatcher(DispatchConfig(check_invariants=True))
+    d.restore(store.snapshot())
+    failed = [QueuedJob(j.job_id, j.index, j.line, 0, j.attempts) for j in store.jobs(row.bag_id, JobState.FAILED)]
+    store.apply(d.retry(BagSnapshot(row.bag_id, row.spec, row.counts, row.created_at, row.revision), row.state,
+                        failed, now))
+    return d
+
+
+def test_a_retry_reopens_an_ended_bag_and_queues_its_failed_jobs(store):
+    row = _ended(store, ["echo a", "false", "echo c", "false"], [True, False, True, False])
+    ended = store.bag(row.bag_id)
+    assert (ended.state, ended.counts.failed, ended.finished_at, ended.downloaded_at) == (BagState.FAILED, 2, 3.0, None)
+    store.mark_downloaded(row.bag_id, 4.0)
+    assert store.bag(row.bag_id).downloaded_at == 4.0
+    d = _retry(store, row, 5.0)
+    bag = store.bag(row.bag_id)
+    assert (bag.state, bag.finished_at, bag.downloaded_at) == (BagState.ACTIVE, None, None)
+    assert (bag.counts.queued, bag.counts.failed, bag.counts.done) == (2, 0, 2)
+    assert [b.bag_id for b in store.snapshot().bags] == [row.bag_id]
+    again = [(j.index, j.state, j.failures, j.attempts, j.reason) for j in store.jobs(row.bag_id)]
+    assert again[1] == (1, JobState.QUEUED, 0, 1, "failed 1 times; last: exit code 3"), "the last reason is kept"
+    assert [j.index for j in store.queued_jobs(row.bag_id, 0, 10)] == [1, 3]
+    _, answer = drive(store, 5, 6.0, d=d)
+    assert sorted(a.index for a in answer.assignments) == [1, 3]
+    drive(store, 0, 7.0, [InstanceReport(a.instance_id, Outcome.SUCCESS, 0) for a in answer.assignments], d)
+    final = store.bag(row.bag_id)
+    assert (final.state, final.counts.done, final.finished_at) == (BagState.COMPLETED, 4, 7.0)
+
+
+def test_a_revision_keeps_done_jobs_and_the_earlier_spec(store):
+    row = _ended(store, ["echo a", "false", "echo c"], [True, False])
+    assert store.revisions(row.bag_id) == {}
+    spec = each_line_spec("life", max_failures=2)
+    lines = ["echo A", "echo B", "echo C"]
+    revised = store.revise(row.bag_id, spec, lines, {"in2": b"2"}, 4.0)
+    assert (revised.revision, revised.spec, revised.spec_hash) == (2, spec, spec_hash(spec, lines, {"in2": b"2"}))
+    assert store.bag(row.bag_id) == revised
+    assert store.revisions(row.bag_id) == {1: each_line_spec("life", max_failures=1)}
+    assert [(j.line, j.revision, j.state) for j in store.jobs(row.bag_id)] == [
+        ("echo a", 1, JobState.DONE), ("echo B", 2, JobState.FAILED), ("echo C", 2, JobState.QUEUED)]
+    assert store.input_file(row.bag_id, "in2") == b"2" and store.input_file(row.bag_id, "in") is None
+    assert [r.job.revision for r in store.results(row.bag_id)] == [1, 2]
+    assert store.bag(row.bag_id).counts == BagCounts(queued=1, done=1, failed=1, instances=2)
+
+
+def test_deleting_a_bag_removes_everything_of_it(store):
+    row = _ended(store, ["echo a", "false"], [True, False])
+    keep = store.create_bag(SPEC, None, {"k": b"k"}, 3.5)
+    store.revise(row.bag_id, each_line_spec("life", max_failures=2), ["echo a", "true"], {}, 4.0)
+    jobs = store.jobs(row.bag_id)
+    assert store.instances_of(jobs[0].job_id) and store.results(row.bag_id)[0].instance.stdout_tail == "out 0"
+    store.delete_bag(row.bag_id)
+    assert store.bag(row.bag_id) is None and store.bag("life") is None
+    assert [b.bag_id for b in store.bags()] == [keep.bag_id]
+    assert store.jobs(row.bag_id) == [] and store.results(row.bag_id) == [] and store.revisions(row.bag_id) == {}
+    assert store.instances_of(jobs[0].job_id) == [] and store.input_file(row.bag_id, "in") is None
+    assert store.input_file(keep.bag_id, "k") == b"k" and len(store.jobs(keep.bag_id)) == 10
+    assert store.create_bag(each_line_spec("life"), ["true"], {}, 5.0).name == "life", "the name is free again"
+

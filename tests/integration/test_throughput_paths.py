@@ -48,8 +48,9 @@ def test_the_noop_executor_completes_a_bag_without_running_anything(tmp_path):
     svc.submit(parse_spec(sweep("n", 500, f"touch {marker}"), "n.toml", "n"), None, {}, time.time())
     with EmbeddedServer(svc, tick_interval=0.2) as srv:
         run_worker(WorkerConfig(srv.url, slots=100, executor="noop", idle_timeout=1, state_dir=tmp_path / "s",
+                                key=srv.access.workers["local"],
                                 workdir=tmp_path / "w"))
-        with Client(srv.url) as c:
+        with Client(srv.url, access=srv.access, admin=True) as c:
             info = c.bag("n")
     assert info.state == "completed" and info.counts.done == 500 and info.counts.instances == 500
     assert not marker.exists(), "noop reports success without running the command"
@@ -62,7 +63,8 @@ def test_an_unknown_executor_is_refused_by_name(tmp_path):
 
 
 def test_prefetch_follows_the_jobs_run_time_within_bounds(tmp_path):
-    w = Worker(WorkerConfig("http://127.0.0.1:1", slots=2, prefetch=1, prefetch_seconds=1.0, state_dir=tmp_path))
+    w = Worker(WorkerConfig("http://127.0.0.1:1", slots=2, prefetch=1, prefetch_seconds=1.0, state_dir=tmp_path,
+                            allow_root=True))
     try:
         assert w.prefetch() == 1, "nothing run yet: the configured prefetch"
         w.avg_wall = 0.1
@@ -84,8 +86,10 @@ def test_short_jobs_travel_in_bundles(tmp_path):
         svc.submit(parse_spec(sweep(name, 400), f"{name}.toml", name), None, {}, time.time())
         with EmbeddedServer(svc, tick_interval=0.2) as srv:
             worker = run_worker(WorkerConfig(srv.url, slots=1, prefetch=1, idle_timeout=1,
-                                             state_dir=tmp_path / name / "s", workdir=tmp_path / name / "w", **extra))
-            with Client(srv.url) as c:
+                                             key=srv.access.workers["local"], state_dir=tmp_path / name / "s",
+                                             workdir=tmp_path / name / "w",
+                                             allow_root=True, **extra))
+            with Client(srv.url, access=srv.access, admin=True) as c:
                 assert c.bag(name).counts.done == 400
         counts[name] = worker.exchanges
     print("round trips:", counts)
@@ -160,8 +164,10 @@ def test_a_held_request_still_answers_after_its_backoff(tmp_path):
     """With no bag at all, a held request is answered (with nothing) once the backoff has passed."""
     svc = service(tmp_path)
     with EmbeddedServer(svc) as srv:
-        body = msgspec.msgpack.encode(ExchangeRequest(HostInfo("h", "h"), 1, []))
-        req = urllib.request.Request(f"{srv.url}/v1/exchange", body, {"Content-Type": MSGPACK})
+        host_id, credential = srv.host_credential()
+        body = msgspec.msgpack.encode(ExchangeRequest(HostInfo(host_id, "h"), 1, []))
+        req = urllib.request.Request(f"{srv.url}/v1/exchange", body, {"Content-Type": MSGPACK,
+                                                                      "Authorization": f"Bearer {credential}"})
         start = time.monotonic()
         with urllib.request.urlopen(req, timeout=60) as r:
             resp = msgspec.msgpack.decode(r.read(), type=ExchangeResponse)

@@ -217,7 +217,26 @@ def test_undefined_policy_counts_as_no_match_and_the_owner_is_told():
     sim = Sim()
     b = sim.bag("b", 3, {"JobRequirements": "Host.Pool == \"osg\" && Job.Replica1.RunTime > 0"})
     assert sim.ask(host("a"), 1, 0) == []
-    assert "JobRequirements evaluated to UNDEFINED" in sim.d.diagnostics(b)[0]
+    said = sim.d.diagnostics(b, 1.0)
+    assert any("JobRequirements evaluated to UNDEFINED" in m for m in said), said
+
+
+def test_a_bag_that_no_host_matches_says_why_with_the_closest_host_and_the_clause():
+    """Issue 12: a bag that is not moving tells its owner why."""
+    sim = Sim()
+    b = sim.bag("b", 3, {"JobRequirements": "Host.Memory > 0 && Host.Pool == \"gpu\""})
+    assert sim.d.diagnostics(b, 5.0) == [], "not stuck yet: just submitted"
+    assert sim.d.diagnostics(b, 20.0)[0].startswith("no worker is connected")
+    assert sim.ask(host("a"), 1, 20) == []
+    [message] = [m for m in sim.d.diagnostics(b, 21.0) if "connected hosts" in m]
+    assert "none of the 1 connected hosts matches" in message and '`Host.Pool == "gpu"`' in message
+    starve = {"Concurrency": "Host.Slots - Host.Slots"}
+    sim.d.set_policy(b, msgspec.structs.replace(sim.store.bag(b).spec, policy=starve))
+    assert sim.ask(host("a"), 1, 22) == []
+    assert any("Concurrency evaluates to 0 or less" in m for m in sim.d.diagnostics(b, 23.0))
+    sim.d.set_policy(b, msgspec.structs.replace(sim.store.bag(b).spec, policy={}))
+    assert len(sim.ask(host("a"), 1, 24)) == 1
+    assert not [m for m in sim.d.diagnostics(b, 25.0) if "connected" in m or "Concurrency" in m]
 
 
 @pytest.mark.parametrize("policy", [{"Rank": "ElapsedTime"}, {"Rank": "Queue.BagsInQueue + Bag.JobsLeft"}])

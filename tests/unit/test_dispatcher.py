@@ -4,6 +4,8 @@ Each test drives the pure core with a memory store standing in for durability, e
 does: every Changes batch is applied before the next event.
 """
 
+import msgspec
+
 from gridbot.core.dispatcher import DispatchConfig, Dispatcher
 from gridbot.model.records import HostInfo, InstanceReport, Outcome
 from gridbot.model.states import BagState, InstanceState, JobState
@@ -131,11 +133,26 @@ def test_interruption_gives_the_job_back_without_counting_a_failure():
 def test_instances_the_host_no_longer_has_are_lost():
     h = Harness(n=2)
     got = h.ask(A, 2, 0).assignments
+    h.ask(A, 0, 0.5)  # the host lists them as held: they reached it
     h.held["a"] = set()  # the worker restarted: it runs nothing
     answer = h.ask(A, 1, 1)
     assert h.counts().reruns == 1 and h.counts().failed == 0
     assert h.store.instances_of(got[0].job_id)[0].reason.startswith("lost by host host-a")
     assert answer.assignments[0].job_id == got[0].job_id
+
+
+def test_instances_whose_answer_never_reached_the_host_are_given_back_without_blame():
+    """Issue 12: a server killed after committing an answer, or an answer lost on the network, left the
+    host charged with a failure for instances it never received."""
+    h = Harness(n=2)
+    run = msgspec.structs.replace(A, session="run-1")
+    got = h.ask(run, 2, 0).assignments
+    h.held["a"] = set()  # the answer carrying them never arrived
+    answer = h.ask(run, 2, 1)
+    first = h.store.instances_of(got[0].job_id)[0]
+    assert first.state is InstanceState.INTERRUPTED and "never reached its host" in first.reason
+    assert h.d.hosts["a"].stats.failed == 0 and h.counts().failed == 0
+    assert sorted(a.job_id for a in answer.assignments) == sorted(a.job_id for a in got)
 
 
 def test_silent_host_loses_its_instances():
@@ -240,3 +257,40 @@ def test_an_idle_host_is_told_to_wait_longer_each_time_up_to_the_cap():
     waits = [h.exchange(idle, 1, 1.0 + i).backoff for i in range(5)]
     cfg = h.d.config
     assert waits == [cfg.backoff_idle, 2 * cfg.backoff_idle, cfg.backoff_max, cfg.backoff_max, cfg.backoff_max]
+
+
+def test_the_servers_own_absence_is_not_blamed_on_hosts():
+    """Issue 12: a pause of the server (SIGSTOP, a blocked loop) longer than the host timeout, or a restart
+    after it, must not charge hosts with silence nor instances with their deadline."""
+    sim = CoreSim(host_timeout=60)
+    sim.bag("b", 2, deadline=100)
+    h = HostInfo("h1", "h1", "Linux", 2, 0, 2, "local")
+    assert len(sim.ask(h, 2, 0.0)) == 2
+    sim.d.shift(500.0)  # the server was stopped from t=10 to t=510
+    sim.tick(510.0)
+    assert sim.d.bags[1].counts.running == 2 and sim.d.hosts["h1"].stats.failed == 0
+    sim.tick(570.0)  # 60 s after the pause ended, with no word from the host: now it is silent
+    assert sim.d.bags[1].counts.running == 0
+
+
+def test_a_restarted_server_gives_every_host_the_host_timeout_to_come_back():
+    sim = CoreSim(host_timeout=60)
+    sim.bag("b", 1, deadline=100)
+    h = HostInfo("h1", "h1", "Linux", 1, 0, 1, "local")
+    assert len(sim.ask(h, 1, 0.0)) == 1
+    restarted = Dispatcher(DispatchConfig(check_invariants=True, host_timeout=60))
+    restarted.restore(sim.store.snapshot())
+    restarted.grace(1_000.0)  # down from t=0 to t=1000: past the host timeout and the instance deadline
+    sim.store.apply(restarted.tick(1_001.0))
+    assert restarted.bags[1].counts.running == 1, "nobody is blamed for the server's downtime"
+    sim.store.apply(restarted.tick(1_061.0))
+    assert restarted.bags[1].counts.running == 0, "a host silent for the timeout after the restart is lost"
+
+
+def test_a_restarted_worker_that_did_not_list_its_instances_lost_them():
+    """The other side of the rule above: a new worker run (another session) lost what the old one held."""
+    h = Harness(n=2)
+    got = h.ask(msgspec.structs.replace(A, session="run-1"), 2, 0).assignments
+    h.held["a"] = set()
+    h.ask(msgspec.structs.replace(A, session="run-2"), 0, 1)
+    assert h.store.instances_of(got[0].job_id)[0].state is InstanceState.OVERDUE

@@ -15,20 +15,52 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+import msgspec
 
 from gridbot.cli import render
 from gridbot.client import DEFAULT_SERVER, ApiError, Client, load_lines_file, load_spec_file, with_policies
 from gridbot.errors import GridbotError, ServerUnavailable
-from gridbot.model.spec import DEFAULT_MAX_JOBS, SpecError
+from gridbot.model.spec import DEFAULT_MAX_JOBS, HARD_MAX_JOBS, BagSpec, SpecError, parse_duration
 
 F = TypeVar("F", bound=Callable[..., Any])
-server_option = click.option("--server", envvar="GRIDBOT_SERVER", default=DEFAULT_SERVER, show_default=True,
-                             help="URL of the gridbot server (or set GRIDBOT_SERVER).")
+server_option = click.option("--server", envvar="GRIDBOT_SERVER", default=None,
+                             help=f"URL of the gridbot server (or set GRIDBOT_SERVER) [default: the access file's, "
+                                  f"else {DEFAULT_SERVER}].")
+access_option = click.option("--access", type=click.Path(dir_okay=False, path_type=Path), envvar="GRIDBOT_ACCESS",
+                             help="Access file with your key (or set GRIDBOT_ACCESS) [default: ./gridbot-access.json "
+                                  "if there is one].")
+admin_option = click.option("--admin", is_flag=True, help="Use the access file's admin key: see every bag.")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 policy_option = click.option("--policy", "policies", multiple=True, metavar="NAME=EXPRESSION",
                               help="Set a ClassAd policy of the bag (repeatable); wins over the spec's [policy].")
 max_jobs_option = click.option("--max-jobs", type=click.IntRange(1), default=DEFAULT_MAX_JOBS, show_default=True,
-                               help="Refuse bags with more jobs than this.")
+                               help=f"Refuse bags with more jobs than this (never more than {HARD_MAX_JOBS:,}: "
+                                    "the server writes every job into its database when a bag is submitted).")
+max_failures_option = click.option("--max-failures", type=click.IntRange(1),
+                                   help="With --each-line: failed instances after which a job fails for good, as "
+                                        "a spec's max_failures [default: 3].")
+timeout_option = click.option("--timeout", metavar="DURATION",
+                              help="With --each-line: kill a job that runs longer than this (90, 10m, 2h), as a "
+                                   "spec's timeout [default: none].")
+
+
+def each_line_settings(bag_spec: BagSpec, from_spec: bool, max_failures: int | None, timeout: str | None) -> BagSpec:
+    """An each-line bag with what a spec would say of it (`--max-failures`, `--timeout`); a spec file says
+    them itself, so there they are refused rather than silently overriding it."""
+    if from_spec:
+        given = [o for o, v in (("--max-failures", max_failures), ("--timeout", timeout)) if v is not None]
+        if given:
+            raise click.UsageError(f"{' and '.join(given)} go with --each-line; a spec sets max_failures and "
+                                   "timeout itself")
+        return bag_spec
+    if max_failures is not None:
+        bag_spec = msgspec.structs.replace(bag_spec, max_failures=max_failures)
+    if timeout is not None:
+        try:
+            bag_spec = msgspec.structs.replace(bag_spec, timeout=parse_duration(timeout))
+        except ValueError as e:
+            raise click.BadParameter(f"{timeout!r}: {e}", param_hint="--timeout") from None
+    return bag_spec
 
 
 def friendly(fn: F) -> F:
@@ -78,10 +110,17 @@ def cli(log_level: str) -> None:
 @click.option("--name", help="Bag name [default: the spec's name, or the file's stem].")
 @max_jobs_option
 @policy_option
+@max_failures_option
+@timeout_option
 @click.option("--max-result-size", default="16M", show_default=True, help="Largest result a job may return.")
+@click.option("--retry-failed", is_flag=True,
+              help="Run the failed jobs of the stored bag again; with a changed spec or inputs, as the bag's next "
+                   "revision (done jobs keep their results, the others run the new command).")
+@click.option("--force", is_flag=True, help="Write the results even into a folder that holds other files.")
 @friendly
 def run(spec: Path | None, each_line: Path | None, workers: int, db: str, results_dir: Path | None,
-        name: str | None, max_jobs: int, policies: tuple[str, ...], max_result_size: str) -> None:
+        name: str | None, max_jobs: int, policies: tuple[str, ...], max_failures: int | None, timeout: str | None,
+        max_result_size: str, retry_failed: bool, force: bool) -> None:
     """Run a bag on this machine: embedded server, local workers, live progress, results collected."""
     from gridbot.cli.run import run_here
 
@@ -94,9 +133,9 @@ def run(spec: Path | None, each_line: Path | None, workers: int, db: str, result
         assert each_line is not None
         bag_spec, lines = load_lines_file(each_line, name, max_jobs)
         inputs = {}
-    bag_spec = with_policies(bag_spec, policies)
+    bag_spec = with_policies(each_line_settings(bag_spec, spec is not None, max_failures, timeout), policies)
     sys.exit(run_here(bag_spec, lines, inputs, workers, db, results_dir, render.parse_size(max_result_size),
-                      max_jobs))
+                      max_jobs, retry_failed=retry_failed, force=force))
 
 
 @cli.command()
@@ -129,44 +168,83 @@ def run(spec: Path | None, each_line: Path | None, workers: int, db: str, result
 @click.option("--public-url", help="URL pilots use to reach this server [default: http://HOST:PORT].")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("gridbot-state"),
               show_default=True, help="Where pilots' work and log files go.")
+@click.option("--access-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Where the access file (keys for clients, mode 0600) is made and kept [default: beside the "
+                   "SQLite store, else in --state-dir].")
+@click.option("--keys-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="The server's key registry (hashes only) [default: gridbot-keys.json beside the access file].")
+@click.option("--no-auth", is_flag=True, help="No keys at all: only with a loopback --host, for a quick test.")
+@click.option("--tls", "tls_mode", type=click.Choice(["self-signed"]),
+              help="Serve HTTPS with a certificate made here once; the access file pins its fingerprint.")
+@click.option("--tls-cert", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="Serve HTTPS with this PEM certificate (chain) ...")
+@click.option("--tls-key", type=click.Path(dir_okay=False, exists=True, path_type=Path), help="... and its key.")
+@click.option("--max-hosts-per-key", type=click.IntRange(1), default=10_000, show_default=True,
+              help="Hosts one pool's worker key may register while the server runs.")
+@click.option("--max-bags-per-submitter", type=click.IntRange(1), default=1_000, show_default=True,
+              help="Active bags one submitter may have at once.")
 @friendly
 def server(db: str, host: str, port: int, max_result_size: str, max_jobs: int, host_timeout: float,
            heartbeat: float, buffer_size: int, buffer_ttl: float, tail_threshold: int, tail_sticky: bool,
            max_replicas: int, reliable_pools: tuple[str, ...], failover_after: int, pools_file: Path | None,
-           public_url: str | None, state_dir: Path) -> None:
-    """Run the work-dispatch server that workers pull from and users submit to."""
+           public_url: str | None, state_dir: Path, access_file: Path | None, keys_file: Path | None,
+           no_auth: bool, tls_mode: str | None, tls_cert: Path | None, tls_key: Path | None,
+           max_hosts_per_key: int, max_bags_per_submitter: int) -> None:
+    """Run the work-dispatch server that workers pull from and users submit to.
+
+    On its first start it makes an access file (mode 0600) with an admin key, a submitter key and a
+    worker key per pool: `gridbot submit/status/...` and `gridbot worker` find it in the current folder,
+    or take it with --access. docs/security.md says who may do what.
+    """
     from aiohttp import web
 
     from gridbot.core.dispatcher import DispatchConfig
+    from gridbot.model.pools import PoolSpec, parse_pools
+    from gridbot.server import secure
     from gridbot.server.app import Server
     from gridbot.server.service import Service, ServiceConfig
     from gridbot.store.sql import open_store
 
     logging.getLogger("gridbot").setLevel(min(logging.INFO, logging.getLogger().level))
-    store = open_store(db)
+    pool_specs: list[PoolSpec] = []
+    if pools_file is not None:
+        try:
+            text = pools_file.read_text()
+        except OSError as e:
+            raise GridbotError(f"cannot read pools file {pools_file}: {e.strerror}") from e
+        pool_specs = parse_pools(text, str(pools_file))
+    secure.check_options(host, no_auth, tls_mode, tls_cert, tls_key)
+    store = open_store(db)  # a wrong --db is refused before any key or certificate is made
+    try:
+        security = secure.prepare(db, host, port, pool_specs, state_dir, access_file, keys_file, no_auth, tls_mode,
+                                  tls_cert, tls_key, public_url)
+    except GridbotError:
+        store.close()
+        raise
     if failover_after and not reliable_pools:
         raise click.UsageError("--failover-after needs at least one --reliable-pool to send the jobs to")
     dispatch = DispatchConfig(buffer_size=buffer_size, host_timeout=host_timeout,
                               max_result_bytes=render.parse_size(max_result_size), buffer_ttl=buffer_ttl,
                               tail_threshold=tail_threshold, tail_sticky=tail_sticky, max_replicas=max_replicas,
                               reliable_pools=frozenset(reliable_pools), failover_after=failover_after)
-    config = ServiceConfig(dispatch, max_jobs=max_jobs, heartbeat=heartbeat)
+    config = ServiceConfig(dispatch, max_jobs=max_jobs, heartbeat=heartbeat,
+                           max_bags_per_submitter=max_bags_per_submitter)
     service = Service(store, config)
     overlay = None
     if pools_file is not None:
-        from gridbot.model.pools import parse_pools
         from gridbot.server.overlay import Overlay
 
-        try:
-            text = pools_file.read_text()
-        except OSError as e:
-            raise GridbotError(f"cannot read pools file {pools_file}: {e.strerror}") from e
-        url = public_url or f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
-        overlay = Overlay(service, parse_pools(text, str(pools_file)), url, state_dir.resolve())
-    srv = Server(service, overlay=overlay)
-    click.echo(f"gridbot server on http://{host}:{port} with {db}", err=True)
+        overlay = Overlay(service, pool_specs, security.url, state_dir.resolve(), access=security.access,
+                          fingerprint=security.fingerprint)
+    srv = Server(service, overlay=overlay, access=security.access, max_hosts_per_key=max_hosts_per_key)
+    scheme = "https" if security.ssl is not None else "http"
+    click.echo(f"gridbot server on {scheme}://{host}:{port} with {db}", err=True)
+    if security.access is not None and security.access.access_path is not None:
+        made = "made" if security.access.created else "in"
+        click.echo(f"keys: {made} {security.access.access_path} (mode 0600; `gridbot access` hands out "
+                   "smaller ones)", err=True)
     try:
-        web.run_app(srv.app, host=host, port=port, print=None, access_log=None)
+        web.run_app(srv.app, host=host, port=port, print=None, access_log=None, ssl_context=security.ssl)
     except OSError as e:
         raise GridbotError(f"cannot listen on {host}:{port}: {e.strerror}; choose another --port") from e
     finally:
@@ -175,6 +253,7 @@ def server(db: str, host: str, port: int, max_result_size: str, max_jobs: int, h
 
 @cli.command()
 @server_option
+@access_option
 @click.option("--slots", type=click.IntRange(1), default=os.cpu_count() or 1, show_default=True,
               help="Instances run at once.")
 @click.option("--prefetch", type=click.IntRange(0), default=0, show_default=True,
@@ -200,19 +279,36 @@ def server(db: str, host: str, port: int, max_result_size: str, max_jobs: int, h
                    "(short jobs then come in bundles; 0: --prefetch only).")
 @click.option("--executor", type=click.Choice(["shell", "noop"]), default="shell", show_default=True,
               help="noop: report every instance done at once without running it, to measure the server.")
+@click.option("--pass-env", multiple=True, metavar="NAME",
+              help="Also give jobs this variable of the worker's environment (repeatable); they get only PATH, "
+                   "HOME, LANG, LC_ALL, LC_CTYPE, TMPDIR, USER, LOGNAME, TZ and SHELL otherwise.")
+@click.option("--run-as", metavar="USER", help="Run jobs as this user (the worker must start as root).")
+@click.option("--allow-root", is_flag=True,
+              help="Run jobs as root when the worker is root and --run-as is not given (refused otherwise).")
 @friendly
-def worker(server: str, slots: int, prefetch: int, slot_name: str, workdir: Path, idle_timeout: float,
-           give_up_after: float, pool: str, keep_dirs: bool, lifetime: float, min_cpu: float, cpu_window: float,
-           exit_with_parent: bool, prefetch_seconds: float, executor: str) -> None:
-    """Pull jobs from a server and run them (connects out only)."""
+def worker(server: str | None, access: Path | None, slots: int, prefetch: int, slot_name: str, workdir: Path,
+           idle_timeout: float, give_up_after: float, pool: str, keep_dirs: bool, lifetime: float, min_cpu: float,
+           cpu_window: float, exit_with_parent: bool, prefetch_seconds: float, executor: str,
+           pass_env: tuple[str, ...], run_as: str | None, allow_root: bool) -> None:
+    """Pull jobs from a server and run them (connects out only).
+
+    The worker key comes from GRIDBOT_WORKER_KEY (how pilots get it) or from the access file's key for
+    --pool; the host credential the server gives in exchange is kept under the worker's state folder.
+    """
+    from gridbot.security.access import ENV_WORKER_KEY, find_access
     from gridbot.worker.worker import WorkerConfig, run_worker
 
     logging.getLogger("gridbot").setLevel(min(logging.INFO, logging.getLogger().level))
-    Client(server)  # validates the URL
-    sys.exit(run_worker(WorkerConfig(server.rstrip("/"), slots, prefetch, slot_name, workdir, idle_timeout, pool,
+    grants = find_access(access)
+    key = os.environ.get(ENV_WORKER_KEY, "")
+    if not key:
+        pool, key = grants.worker_key(pool)
+    url = Client(server, access=grants).url  # validates the URL
+    sys.exit(run_worker(WorkerConfig(url, slots, prefetch, slot_name, workdir, idle_timeout, pool,
                                      keep_dirs, give_up_after=give_up_after, exit_with_parent=exit_with_parent,
                                      lifetime=lifetime, min_cpu=min_cpu, cpu_window=cpu_window,
-                                     prefetch_seconds=prefetch_seconds, executor=executor)))
+                                     prefetch_seconds=prefetch_seconds, key=key, fingerprint=grants.fingerprint,
+                                     executor=executor, pass_env=pass_env, run_as=run_as, allow_root=allow_root)))
 
 
 @cli.command()
@@ -221,12 +317,17 @@ def worker(server: str, slots: int, prefetch: int, slot_name: str, workdir: Path
               help="Submit one job per line of FILE, each line a shell command.")
 @click.option("--name", help="Bag name [default: the spec's name, or the file's stem].")
 @server_option
+@access_option
+@admin_option
 @max_jobs_option
 @policy_option
+@max_failures_option
+@timeout_option
 @json_option
 @friendly
-def submit(spec: Path | None, each_line: Path | None, name: str | None, server: str, max_jobs: int,
-           policies: tuple[str, ...], as_json: bool) -> None:
+def submit(spec: Path | None, each_line: Path | None, name: str | None, server: str | None,
+           access: Path | None, admin: bool, max_jobs: int,
+           policies: tuple[str, ...], max_failures: int | None, timeout: str | None, as_json: bool) -> None:
     """Submit a bag to a running server."""
     if (spec is None) == (each_line is None):
         raise click.UsageError("give either a SPEC file or --each-line FILE")
@@ -237,7 +338,8 @@ def submit(spec: Path | None, each_line: Path | None, name: str | None, server: 
     else:
         assert each_line is not None
         bag_spec, lines = load_lines_file(each_line, name, max_jobs)
-    with Client(server) as client:
+    bag_spec = each_line_settings(bag_spec, spec is not None, max_failures, timeout)
+    with Client(server, access=access, admin=admin) as client:
         info = client.submit(with_policies(bag_spec, policies), lines, inputs)
     if as_json:
         render.print_json(info)
@@ -247,11 +349,13 @@ def submit(spec: Path | None, each_line: Path | None, name: str | None, server: 
 
 @cli.command()
 @server_option
+@access_option
+@admin_option
 @json_option
 @friendly
-def status(server: str, as_json: bool) -> None:
+def status(server: str | None, access: Path | None, admin: bool, as_json: bool) -> None:
     """One line per bag with its jobs counted by state."""
-    with Client(server) as client:
+    with Client(server, access=access, admin=admin) as client:
         bags = client.bags()
     if as_json:
         render.print_json(bags)
@@ -268,20 +372,31 @@ def status(server: str, as_json: bool) -> None:
 @click.argument("bag")
 @click.option("--state", type=click.Choice(["queued", "running", "done", "failed", "cancelled"]),
               help="Only jobs in this state.")
-@click.option("--limit", type=click.IntRange(1), default=100, show_default=True)
+@click.option("--limit", type=click.IntRange(1), default=100, show_default=True, help="Show at most this many.")
+@click.option("--all", "show_all", is_flag=True, help="Show every job (fetched in pages).")
 @server_option
+@access_option
+@admin_option
 @json_option
 @friendly
-def jobs(bag: str, state: str | None, limit: int, server: str, as_json: bool) -> None:
+def jobs(bag: str, state: str | None, limit: int, show_all: bool, server: str | None, access: Path | None,
+         admin: bool, as_json: bool) -> None:
     """The jobs of a bag (by name or id), with the reason of each failure."""
-    with Client(server) as client:
-        rows = client.jobs(bag, state, limit)
+    total = None
+    with Client(server, access=access, admin=admin) as client:
+        rows = list(client.all_jobs(bag, state, None if show_all else limit))
+        if not show_all and len(rows) >= limit:
+            info = client.bag(bag)
+            total = info.total if state is None else getattr(info.counts, state)
     if as_json:
         render.print_json(rows)
     elif not rows:
         click.echo(f"no {state or ''} jobs".replace("  ", " "))
     else:
         render.console.print(render.jobs_table(rows))
+    if total is not None and total > len(rows):
+        render.err_console.print(f"showing the first {len(rows):,} of {total:,} {state or ''} jobs; --all shows "
+                                 "every one, --limit N the first N".replace("  ", " "), soft_wrap=True)
 
 
 @cli.command()
@@ -289,13 +404,16 @@ def jobs(bag: str, state: str | None, limit: int, server: str, as_json: bool) ->
 @click.argument("name", required=False)
 @click.argument("expression", required=False)
 @server_option
+@access_option
+@admin_option
 @json_option
 @friendly
-def policy(bag: str, name: str | None, expression: str | None, server: str, as_json: bool) -> None:
+def policy(bag: str, name: str | None, expression: str | None, server: str | None, access: Path | None,
+           admin: bool, as_json: bool) -> None:
     """Show a bag's policies, or change one while it runs: gridbot policy BAG NAME 'EXPRESSION'."""
     if (name is None) != (expression is None):
         raise click.UsageError("give both NAME and EXPRESSION to change a policy, or neither to show them")
-    with Client(server) as client:
+    with Client(server, access=access, admin=admin) as client:
         if name is not None and expression is not None:
             info = client.set_policy(bag, name, expression)
             if as_json:
@@ -314,11 +432,13 @@ def policy(bag: str, name: str | None, expression: str | None, server: str, as_j
 @cli.command()
 @click.argument("bag")
 @server_option
+@access_option
+@admin_option
 @json_option
 @friendly
-def cancel(bag: str, server: str, as_json: bool) -> None:
+def cancel(bag: str, server: str | None, access: Path | None, admin: bool, as_json: bool) -> None:
     """Cancel a bag: its queued jobs never run and its running ones are killed."""
-    with Client(server) as client:
+    with Client(server, access=access, admin=admin) as client:
         info = client.cancel(bag)
     if as_json:
         render.print_json(info)
@@ -328,14 +448,101 @@ def cancel(bag: str, server: str, as_json: bool) -> None:
 
 @cli.command()
 @click.argument("bag")
-@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--failed", "all_failed", is_flag=True, help="Every failed job (what is done without --jobs).")
+@click.option("--jobs", "indices", metavar="LIST", help="Only the failed jobs at these indices: 3,7-9.")
 @server_option
+@access_option
+@admin_option
 @json_option
 @friendly
-def results(bag: str, directory: Path, server: str, as_json: bool) -> None:
+def retry(bag: str, all_failed: bool, indices: str | None, server: str | None, access: Path | None, admin: bool,
+          as_json: bool) -> None:
+    """Run failed jobs of a bag again, their failure counts reset; an ended bag becomes active again.
+
+    Done jobs keep their results. To change the command or inputs first, run the changed spec with
+    `gridbot run SPEC --retry-failed` (a new revision of the bag).
+    """
+    if all_failed and indices is not None:
+        raise click.UsageError("give --failed (every failed job) or --jobs LIST, not both")
+    chosen = render.parse_indices(indices) if indices is not None else None
+    with Client(server, access=access, admin=admin) as client:
+        answer = client.retry(bag, chosen)
+    if as_json:
+        render.print_json(answer)
+    elif not answer.requeued:
+        click.echo(f"bag {answer.bag.name} has no failed jobs: nothing to retry (it is {answer.bag.state})")
+    else:
+        click.echo(f"bag {answer.bag.name}: {answer.requeued:,} failed job(s) queued again; it is {answer.bag.state}")
+
+
+@cli.command()
+@click.argument("bag")
+@click.option("--keep-results", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
+              help="Download the bag's results into DIR first (cancelling it first if it is active).")
+@click.option("--force", "--yes", "force", is_flag=True,
+              help="Delete even if its results were never downloaded (and write --keep-results over other files).")
+@server_option
+@access_option
+@admin_option
+@json_option
+@friendly
+def delete(bag: str, keep_results: Path | None, force: bool, server: str | None, access: Path | None, admin: bool,
+           as_json: bool) -> None:
+    """Remove a bag from the server: its jobs, results, inputs and history; an active bag is cancelled first.
+
+    Refused while some of its results were never downloaded (`gridbot results`), unless --keep-results DIR
+    (download them now) or --force (lose them). Its name is free again afterwards.
+    """
+    kept = None
+    with Client(server, access=access, admin=admin) as client:
+        if keep_results is not None:
+            if client.bag(bag).state == "active":
+                client.cancel(bag)
+            kept = client.download_results(bag, keep_results, force)
+        gone = client.delete(bag, force)
+    if as_json:
+        render.print_json({"deleted": gone, "results": str(keep_results) if kept is not None else None})
+    else:
+        where = f"; the results of {kept:,} jobs are in {keep_results}" if kept is not None else ""
+        click.echo(f"deleted bag {gone.bag_id} '{gone.name}' ({gone.state}, {gone.total:,} jobs){where}")
+
+
+@cli.command()
+@click.argument("bag")
+@click.argument("job", type=click.IntRange(0), metavar="JOB")
+@server_option
+@access_option
+@admin_option
+@json_option
+@friendly
+def logs(bag: str, job: int, server: str | None, access: Path | None, admin: bool, as_json: bool) -> None:
+    """A job's story: every instance with its host and reason, and the kept result's stdout and stderr.
+
+    JOB is the job's index in the bag, as in the results folder (0, 1, 2, ...).
+    """
+    with Client(server, access=access, admin=admin) as client:
+        story = client.logs(bag, job)
+    if as_json:
+        render.print_json(story)
+    else:
+        render.job_log(story)
+
+
+@cli.command()
+@click.argument("bag")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--force", is_flag=True,
+              help="Write into DIRECTORY even if it holds another bag's results or other files.")
+@server_option
+@access_option
+@admin_option
+@json_option
+@friendly
+def results(bag: str, directory: Path, force: bool, server: str | None, access: Path | None, admin: bool,
+            as_json: bool) -> None:
     """Write the results of a bag's ended jobs into DIRECTORY (one folder per job, and jobs.jsonl)."""
-    with Client(server) as client:
-        n = client.download_results(bag, directory)
+    with Client(server, access=access, admin=admin) as client:
+        n = client.download_results(bag, directory, force)
     if as_json:
         render.print_json({"bag": bag, "jobs": n, "directory": str(directory)})
     else:
@@ -344,11 +551,13 @@ def results(bag: str, directory: Path, server: str, as_json: bool) -> None:
 
 @cli.command()
 @server_option
+@access_option
+@admin_option
 @json_option
 @friendly
-def pools(server: str, as_json: bool) -> None:
+def pools(server: str | None, access: Path | None, admin: bool, as_json: bool) -> None:
     """Each pool: pilots queued, running and ended; hosts; jobs done; throughput."""
-    with Client(server) as client:
+    with Client(server, access=access, admin=admin) as client:
         rows = client.pools()
     if as_json:
         render.print_json(rows)
@@ -363,11 +572,13 @@ def pools(server: str, as_json: bool) -> None:
 
 @cli.command()
 @server_option
+@access_option
+@admin_option
 @json_option
 @friendly
-def hosts(server: str, as_json: bool) -> None:
+def hosts(server: str | None, access: Path | None, admin: bool, as_json: bool) -> None:
     """The hosts that have pulled work, with their statistics."""
-    with Client(server) as client:
+    with Client(server, access=access, admin=admin) as client:
         rows = client.hosts()
     if as_json:
         render.print_json(rows)
@@ -395,6 +606,18 @@ def simulate(scenario: Path, seed: int | None, out: Path | None, scale: float, n
     from gridbot.cli.simulate import run_simulation
 
     run_simulation(scenario, seed, out, quiet, as_json, not no_plots, scale)
+
+
+def _access_commands() -> None:
+    from gridbot.cli.access import access
+
+    for command in access.commands.values():
+        assert command.callback is not None
+        command.callback = friendly(command.callback)
+    cli.add_command(access)
+
+
+_access_commands()
 
 
 def main() -> None:

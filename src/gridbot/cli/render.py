@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import click
 import msgspec
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -21,7 +22,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from gridbot.protocol import BagInfo, HostInfoRow, JobInfo, PoolInfo
+from gridbot.protocol import BagInfo, HostInfoRow, JobInfo, JobLog, PoolInfo
 
 
 def _width(stream: object) -> int | None:
@@ -42,6 +43,22 @@ def parse_size(text: str) -> int:
     if not m:
         raise click.BadParameter(f"{text!r} is not a size; write e.g. 512K, 16M or 1G")
     return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2).upper()]
+
+
+def parse_indices(text: str) -> list[int]:
+    """Job indices from `3,7-9` (ranges inclusive); click.BadParameter names what cannot be read."""
+    out: list[int] = []
+    for part in text.split(","):
+        m = re.fullmatch(r"\s*(\d{1,12})\s*(?:-\s*(\d{1,12})\s*)?", part)
+        if not m or (m.group(2) is not None and int(m.group(2)) < int(m.group(1))):
+            raise click.BadParameter(f"{part.strip()!r} is not a job index or a range of them; write e.g. 3,7-9",
+                                     param_hint="--jobs")
+        first = int(m.group(1))
+        last = int(m.group(2)) if m.group(2) is not None else first
+        if last - first >= 10_000_000:
+            raise click.BadParameter(f"{part.strip()!r} names more jobs than a bag has", param_hint="--jobs")
+        out.extend(range(first, last + 1))
+    return out
 
 
 def print_json(value: object) -> None:
@@ -82,7 +99,8 @@ def bags_table(bags: Sequence[BagInfo]) -> Table:
     t = _table(*columns, right=tuple(c for c in columns if c not in ("NAME", "STATE")))
     for b in bags:
         c = b.counts
-        t.add_row(str(b.bag_id), b.name, b.state, f"{b.total:,}", f"{c.queued:,}", f"{c.running:,}", f"{c.done:,}",
+        name = b.name if b.revision <= 1 else f"{b.name} (revision {b.revision})"
+        t.add_row(str(b.bag_id), name, b.state, f"{b.total:,}", f"{c.queued:,}", f"{c.running:,}", f"{c.done:,}",
                   f"{c.failed:,}", f"{c.instances:,}", f"{c.replicas:,}", f"{c.wasted:,}", ago(b.created_at))
     return t
 
@@ -90,8 +108,14 @@ def bags_table(bags: Sequence[BagInfo]) -> Table:
 def jobs_table(jobs: Sequence[JobInfo]) -> Table:
     t = _table("INDEX", "STATE", "ATTEMPTS", "COMMAND", "REASON", fold=True)
     for j in jobs:
-        t.add_row(str(j.index), j.state, str(j.attempts), j.command, j.reason or "")
+        t.add_row(str(j.index), j.state, str(j.attempts), escape(cut(j.command)), escape(cut(j.reason or "")))
     return t
+
+
+def cut(text: str, width: int = 300) -> str:
+    """`text` for a line of a listing: at most `width` characters, with how much was left out (a command may
+    be 100 KB long, and the summary of a bag that failed printed all of it; issue 12)."""
+    return text if len(text) <= width else f"{text[:width]}... ({len(text) - width:,} more characters)"
 
 
 def pools_table(pools: Sequence[PoolInfo]) -> Table:
@@ -104,10 +128,10 @@ def pools_table(pools: Sequence[PoolInfo]) -> Table:
 
 
 def hosts_table(hosts: Sequence[HostInfoRow]) -> Table:
-    t = _table("HOST", "NAME", "POOL", "CPUS", "DONE", "FAILED", "ERROR RATE", "BLACK HOLE", "LAST SEEN")
+    t = _table("HOST", "NAME", "POOL", "CPUS", "DONE", "FAILED", "ERROR RATE", "BLACK HOLE", "REFUSED", "LAST SEEN")
     for h in hosts:
         t.add_row(h.host_id, h.name, h.pool, str(h.ncpus), f"{h.done:,}", f"{h.failed:,}", f"{h.error_rate:.1%}",
-                  "yes" if h.black_hole else "", ago(h.last_seen) + " ago")
+                  "yes" if h.black_hole else "", f"{h.refused:,}" if h.refused else "", ago(h.last_seen) + " ago")
     return t
 
 
@@ -169,4 +193,36 @@ def summary(info: BagInfo, results_dir: str | None, failed: Sequence[JobInfo]) -
     if failed:
         console.print(f"[bold red]{c.failed:,} job(s) failed[/]; first {len(failed)}:")
         for j in failed:
-            console.print(f"  job {j.index}: {j.reason}  [dim]({j.command})[/]", soft_wrap=True)
+            console.print(f"  job {j.index}: {escape(cut(j.reason or ''))}  [dim]({escape(cut(j.command))})[/]",
+                          soft_wrap=True)
+
+
+def job_log(log: JobLog) -> None:
+    """`gridbot logs`: the job, each instance on one line with its host and reason, then the kept result's
+    output tails (the last 64 KiB of each, as the server keeps them)."""
+    j = log.job
+    revision = f", revision {j.revision}" if j.revision > 1 else ""
+    console.print(f"[bold]job {j.index} of bag {log.bag}[/]: {j.state}, {j.attempts} attempt(s), {j.failures} "
+                  f"failure(s) counted{revision}", soft_wrap=True)
+    console.print(f"command: {j.command}", markup=False, soft_wrap=True)
+    if log.params:
+        console.print("parameters: " + ", ".join(f"{k}={v}" for k, v in log.params.items()), markup=False,
+                      soft_wrap=True)
+    if j.reason and j.state != "done":
+        console.print(f"reason: {j.reason}", markup=False, soft_wrap=True)
+    if not log.instances:
+        console.print("no instance of it has been sent yet")
+    for i in log.instances:
+        how = [f"exit code {i.exit_code}" if i.exit_code is not None else "",
+               duration(i.wall_s) if i.wall_s is not None else "", i.reason or ""]
+        kept = " (kept in the results)" if i.kept else ""
+        console.print(f"instance {i.instance_id} on host {i.host_id}: {i.state}{kept}"
+                      + "".join(f"; {h}" for h in how if h), markup=False, soft_wrap=True)
+    kept_one = next((i for i in log.instances if i.kept), None)
+    if kept_one is None:
+        return
+    for name, tail in (("stdout", kept_one.stdout_tail), ("stderr", kept_one.stderr_tail)):
+        console.print(f"[bold]--- {name} of instance {kept_one.instance_id}[/]" + (" (empty)" if not tail else ""))
+        if tail:
+            sys.stdout.write(tail if tail.endswith("\n") else tail + "\n")
+            sys.stdout.flush()

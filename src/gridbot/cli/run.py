@@ -1,7 +1,9 @@
 """`gridbot run`: an embedded server on a local store, local workers, a progress bar, and the results.
 
 Running the same spec again on the same store resumes the bag (jobs already done are not run again);
-a changed spec under the same name is refused rather than silently mixed with the old results.
+a changed spec under the same name is refused rather than silently mixed with the old results, unless
+`--retry-failed` makes it the bag's next revision (done jobs keep their results, failed ones run again
+under the new spec). The results folder is checked before the bag runs (`gridbot.results`).
 Ctrl-C stops the workers, which give their instances back, and leaves the bag ready to resume.
 """
 
@@ -18,12 +20,15 @@ from gridbot.core.dispatcher import DispatchConfig
 from gridbot.errors import GridbotError
 from gridbot.model.pools import PoolSpec
 from gridbot.model.spec import BagSpec
+from gridbot.model.states import BagState
 from gridbot.pools.adapters import LocalAdapter
 from gridbot.pools.base import PilotRequest
 from gridbot.protocol import BagInfo
+from gridbot.results import ResultsFolder
+from gridbot.security.access import ephemeral_keys
 from gridbot.server.app import EmbeddedServer
 from gridbot.server.service import Service, ServiceConfig
-from gridbot.store.base import spec_hash
+from gridbot.store.base import Store, spec_hash
 from gridbot.store.sql import open_store
 
 
@@ -37,42 +42,59 @@ def _state_dir(db: str) -> Path:
 
 
 def run_here(spec: BagSpec, lines: Sequence[str] | None, inputs: dict[str, bytes], workers: int, db: str,
-             results_dir: Path | None, max_result_bytes: int, max_jobs: int) -> int:
-    """Run one bag to its end on this machine; return the exit code (0 all done, 1 failures, 130 Ctrl-C)."""
+             results_dir: Path | None, max_result_bytes: int, max_jobs: int, retry_failed: bool = False,
+             force: bool = False) -> int:
+    """Run one bag to its end on this machine; return the exit code (0 all done, 1 failures, 130 Ctrl-C).
+
+    With `retry_failed`, a stored bag of the same name has its failed jobs run again, under this spec as its
+    next revision if the spec or inputs changed; `force` writes the results into a folder holding others."""
     store = open_store(db)
     try:
         existing = store.bag(spec.name)
-        if existing is not None and existing.spec_hash != spec_hash(spec, lines, inputs):
+        if existing is not None and existing.spec_hash != spec_hash(spec, lines, inputs) and not retry_failed:
             raise GridbotError(
                 f"the store {db} already has a bag named '{spec.name}' made from a different spec or inputs; "
-                f"give this one another --name, or use another --db")
+                f"to run its failed jobs again with this one (done jobs keep their results): --retry-failed; "
+                f"else give this one another --name, or use another --db")
         results_dir = results_dir or Path("results") / spec.name
         state = _state_dir(db)
         config = ServiceConfig(DispatchConfig(max_result_bytes=max_result_bytes), max_jobs=max_jobs, heartbeat=5.0)
-        service = Service(store, config)
-        with EmbeddedServer(service, tick_interval=0.5) as srv, Client(srv.url) as client:
+        _others(store, spec.name)
+        service = Service(store, config, only={existing.bag_id} if existing is not None else set())
+        keys = ephemeral_keys(user=existing.owner if existing is not None else None)
+        with EmbeddedServer(service, tick_interval=0.5, keys=keys) as srv, \
+                Client(srv.url, access=srv.access) as client:
             if existing is None:
                 info = client.submit(spec, lines, inputs)
+            elif retry_failed:
+                answer = client.revise(spec, lines, inputs)  # the same spec: its failed jobs run again
+                info = answer.bag
+                revised = f"revision {info.revision}: " if info.revision != existing.revision else ""
+                render.console.print(f"bag '{info.name}' {revised}{answer.requeued:,} failed job(s) queued again")
             else:
                 info = client.bag(existing.bag_id)
                 c = info.counts
                 render.console.print(f"resuming bag '{info.name}': {c.done:,} done, {c.failed:,} failed, "
                                      f"{info.total - c.done - c.failed - c.cancelled:,} to go")
+            ResultsFolder(results_dir, info, force).prepare()  # refused now, not after the bag ran
             if info.state not in TERMINAL_BAG_STATES:
-                local = PoolSpec("local", "local", max_running=workers, walltime=0, idle_timeout=0, min_cpu=0)
+                local = PoolSpec("local", "local", max_running=workers, walltime=0, idle_timeout=0, min_cpu=0,
+                                 allow_root=True)  # the user's own machine: no set-up, even as root
                 pool = LocalAdapter(local, state, ["--prefetch", "1", "--prefetch-seconds", "1", "--exit-with-parent"])
+                caught = _stop_on_signals()
                 try:
-                    pool.submit(workers, PilotRequest(srv.url))
+                    pool.submit(workers, PilotRequest(srv.url, key=srv.access.workers["local"]))
                     info = _watch(client, pool, info.name, info.total, state)
                 except KeyboardInterrupt:
                     render.err_console.print("interrupted: stopping workers; run the same command again to resume")
-                    signal.signal(signal.SIGINT, signal.SIG_IGN)
+                    for sig in STOP_SIGNALS:
+                        signal.signal(sig, signal.SIG_IGN)
+                    return 128 + (caught[-1] if caught else signal.SIGINT)
+                finally:
                     pool.close()
-                    return 130
-                pool.close()
             else:
                 render.console.print(f"bag '{info.name}' had already ended ({info.state}); collecting its results")
-            n = client.download_results(info.bag_id, results_dir)
+            n = client.download_results(info.bag_id, results_dir, force)
             failed = client.jobs(info.bag_id, "failed", limit=10) if info.counts.failed else []
             render.summary(info, f"{results_dir} ({n:,} jobs)", failed)
             return 0 if info.state == "completed" else 1
@@ -80,12 +102,43 @@ def run_here(spec: BagSpec, lines: Sequence[str] | None, inputs: dict[str, bytes
         store.close()
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _stop_on_signals() -> list[int]:
+    """SIGTERM and SIGHUP stop the run as Ctrl-C does (workers stopped, their instances given back),
+    instead of killing this process and leaving its workers to run on; returns the signals caught."""
+    caught: list[int] = []
+
+    def stop(signum: int, frame: object) -> None:
+        caught.append(signum)
+        raise KeyboardInterrupt
+
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, stop)
+    return caught
+
+
+def _others(store: Store, name: str) -> None:
+    """Say that other active bags of the store stay as they are: this run serves its own bag only."""
+    others = [b.name for b in store.bags() if b.state is BagState.ACTIVE and b.name != name]
+    if others:
+        shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+        render.err_console.print(f"note: the store also holds unfinished bags ({shown}); this run leaves them "
+                                 "as they are (resume one with `gridbot run` on its own spec)", soft_wrap=True)
+
+
 def _watch(client: Client, pool: LocalAdapter, name: str, total: int, state: Path) -> BagInfo:
     """Show progress until the bag ends; fail loudly if every worker died."""
+    said: set[str] = set()
     with render.BagProgress(name, total) as progress:
         while True:
             info = client.bag(name)
             progress.update(info)
+            for message in info.diagnostics:  # why the bag is not moving, once each
+                if message not in said:
+                    said.add(message)
+                    render.err_console.print(f"[yellow]{name}:[/] {message}", soft_wrap=True)
             if info.state in TERMINAL_BAG_STATES:
                 return info
             if pool.alive() == 0:

@@ -31,10 +31,12 @@ from gridbot.core.changes import (
     Snapshot,
 )
 from gridbot.core.hosts import QUICK_FAILURE_S, HostStats
-from gridbot.model.records import Assignment, HostInfo, InstanceReport, Outcome
-from gridbot.model.spec import BagSpec
+from gridbot.model.records import Assignment, HostInfo, InstanceReport, Limits, Outcome
+from gridbot.model.spec import BagSpec, output_name_problem
 from gridbot.model.states import (
+    BAG_REOPEN,
     INSTANCE_TRANSITIONS,
+    JOB_RETRY,
     JOB_TERMINAL,
     JOB_TRANSITIONS,
     BagState,
@@ -44,6 +46,13 @@ from gridbot.model.states import (
 )
 from gridbot.policy.evaluator import BagPolicies, HostAd, host_ad
 from gridbot.policy.policies import compile_policies
+
+MAX_TAIL = 64 * 1024
+"""Characters of a report's stdout and stderr tails the server keeps (what a worker sends by default)."""
+STUCK_AFTER = 10.0
+"""Seconds a bag with queued jobs waits with none running before it says why (`Dispatcher.diagnostics`)."""
+MAX_REASON = 2_000
+"""Characters of a failure reason the server keeps."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +152,8 @@ class _Bag:
     failover: deque[_Job] = field(default_factory=deque)
     """Jobs that failed `failover_after` times, for reliable hosts only."""
     last_match: float | None = None
+    last_sent: float = 0.0
+    """When an instance of the bag was last sent (a bag idle since long enough says why)."""
     parked_until: float | None = None
     pool_ok: dict[str, bool] = field(default_factory=dict)
     """GridPolicy's answer per pool, while the bag's ad is unchanged."""
@@ -151,6 +162,10 @@ class _Bag:
     """Re-queued jobs, oldest first; served before the window."""
     replicas: deque[_Job] = field(default_factory=deque)
     """Running jobs chosen for one more instance (Algorithm 2), served after the queued jobs."""
+    run_time_sum: float = 0.0
+    good_results: int = 0
+    """Seconds from send to result summed over the good results seen since the server started, and their
+    number: `Bag.MeanRunTime`, which the default replication policy compares a straggler with."""
     cursor: int = 0
     exhausted: bool = False
     touched: int = 0
@@ -160,6 +175,10 @@ class _Bag:
     """File names of the spec's inputs, as every assignment carries them."""
     render: Callable[[int, str | None], tuple[str, dict[str, str], list[str]]] | None = None
     """The spec's renderer (BagSpec.renderer), made once per spec."""
+    limits: Limits | None = None
+    """The spec's resource limits (BagSpec.limits), made once per spec and sent with every assignment."""
+    revision: int = 1
+    """The spec's revision (BagSnapshot.revision), sent with every assignment."""
 
 
 @dataclass
@@ -170,6 +189,10 @@ class _Host:
     stats: HostStats = field(default_factory=HostStats)
     running: set[int] = field(default_factory=set)
     cancel: set[int] = field(default_factory=set)
+    unconfirmed: set[int] = field(default_factory=set)
+    """Instances sent in the last answer (or restored after a restart) that the host has not yet listed as
+    held: if the next exchange of the same worker run (HostInfo.session) does not list them, the answer
+    never reached it, and nobody is blamed. A restarted worker (another session) lost them: they count."""
     watched: bool = False
     """The host has an entry in the dispatcher's silence heap."""
     empty_answers: int = 0
@@ -218,6 +241,8 @@ class Dispatcher:
         self.pool_ads: dict[str, dict[str, object]] = {}
         """Ads of the pools in the pools file: a host of such a pool gets only bags whose GridPolicy accepts it."""
         self.live_hosts: dict[str, _Host] = {}
+        self.pool_errors: dict[str, str] = {}
+        """The last error of each pool that fails to start pilots (the overlay sets it; "" cleared)."""
         """Hosts heard from within host_timeout, as of the last tick (or since)."""
         self._silence: list[tuple[float, str, _Host]] = []
         """(last time seen, id, host): at most one entry per live host, so a tick finds the silent ones
@@ -260,9 +285,31 @@ class Dispatcher:
                 host = self.hosts.get(li.host_id)
                 if host is not None:
                     host.running.add(li.instance_id)
+                    host.unconfirmed.add(li.instance_id)  # the answer sending it may have died with the server
             else:
                 job.overdue = (job.overdue or set()) | {li.instance_id}
         self._check()
+
+    def grace(self, now: float) -> None:
+        """The server starts again after an absence of unknown length: no host is blamed for it. Every host
+        counts as heard from now, and instances whose deadline passed meanwhile get the host timeout to
+        report (their hosts kept running them, and may have results to hand in)."""
+        for host in self.hosts.values():
+            host.last_seen = max(host.last_seen, now)
+        late = now + self.config.host_timeout
+        for inst in self._running.values():
+            inst.instance_deadline = max(inst.instance_deadline, late)
+        self._deadlines = [(inst.instance_deadline, iid) for iid, inst in self._running.items()]
+        heapq.heapify(self._deadlines)
+
+    def shift(self, gap: float) -> None:
+        """The server itself was not running for `gap` seconds (paused, or its loop blocked): hosts' silence
+        and instances' deadlines do not count that time, since nobody could have reached the server."""
+        for host in self.hosts.values():
+            host.last_seen += gap
+        for inst in self._running.values():
+            inst.instance_deadline += gap
+        self._deadlines = [(d + gap, iid) for d, iid in self._deadlines]
 
     def add_bag(self, bag: BagSnapshot) -> None:
         """Register a newly submitted (or restored) active bag; its jobs come through `feed`.
@@ -272,7 +319,8 @@ class Dispatcher:
         policies = BagPolicies(compile_policies(bag.spec.policy, bag.spec.instance_deadline),
                                bag.spec.instance_deadline)
         self.bags[bag.bag_id] = _Bag(bag.bag_id, bag.spec, bag.counts, bag.created_at, policies,
-                                     input_names=_input_names(bag.spec), render=bag.spec.renderer())
+                                     input_names=_input_names(bag.spec), render=bag.spec.renderer(),
+                                     limits=bag.spec.limits(), revision=bag.revision)
 
     def set_policy(self, bag_id: int, spec: BagSpec) -> None:
         """Use a bag's changed policies from the next decision on (validated by the caller)."""
@@ -280,13 +328,55 @@ class Dispatcher:
         bag.spec = spec
         bag.input_names = _input_names(spec)
         bag.render = spec.renderer()
+        bag.limits = spec.limits()
         bag.policies = BagPolicies(compile_policies(spec.policy, spec.instance_deadline), spec.instance_deadline)
+        bag.pool_ok.clear()  # GridPolicy's answers per pool were the old policy's
+        bag.rank = None
         bag.dirty = True
 
-    def diagnostics(self, bag_id: int) -> list[str]:
-        """Policies of an active bag that evaluated to UNDEFINED or ERROR, for its owner."""
+    def diagnostics(self, bag_id: int, now: float) -> list[str]:
+        """Why an active bag is not moving, if it is not, and policies that evaluated to UNDEFINED or ERROR,
+        as sentences for its owner."""
         bag = self.bags.get(bag_id)
-        return bag.policies.messages() if bag is not None else []
+        if bag is None:
+            return []
+        return [*self._stuck(bag, now), *bag.policies.messages()]
+
+    def _stuck(self, bag: _Bag, now: float) -> list[str]:
+        """What keeps a bag with queued jobs and none running from being served: no host, no host its
+        policies accept (with the closest one and the clause that failed), or pools that fail."""
+        if bag.state is not BagState.ACTIVE or not bag.counts.queued or bag.counts.running:
+            return []
+        if now - max(bag.created_at, bag.last_sent) < STUCK_AFTER:
+            return []  # a bag just submitted, or served a moment ago, is not stuck yet
+        failing = [f"pool {name} cannot start pilots: {error}" for name, error in sorted(self.pool_errors.items())
+                   if name in self.pool_ads and self._accepts(bag, name, self.pool_ads[name])]
+        hosts = list(self.live_hosts.values())
+        if not hosts:
+            how = "the server's pools start none yet" if self.pool_ads else "start `gridbot worker` on a machine, " \
+                  "or give the server a pools file (--pools) to start pilots"
+            return [f"no worker is connected: {how}", *failing]
+        refused: list[tuple[int, str, str]] = []
+        starved = 0
+        for host in hosts[:1000]:
+            ad = self._host_ad(host, now)
+            pool_ad = self.pool_ads.get(host.info.pool)
+            if pool_ad is not None and not self._accepts(bag, host.info.pool, pool_ad):
+                refused.append((0, host.info.name, f"GridPolicy {bag.policies.policies.texts['GridPolicy']!r} "
+                                                   f"refuses its pool {host.info.pool}"))
+            elif not bag.policies.matches(ad):
+                clause = bag.policies.failing_clause("JobRequirements", ad)
+                refused.append((1, host.info.name, f"JobRequirements fails on `{clause}`"))
+            elif bag.policies.bundle(ad)[0] <= 0:
+                starved += 1
+        if len(refused) == len(hosts):
+            _, name, why = max(refused)
+            return [f"none of the {len(hosts)} connected hosts matches the bag's policies; the closest, {name}: "
+                    f"{why}", *failing]
+        if starved and starved + len(refused) == len(hosts):
+            return [f"Concurrency evaluates to 0 or less on every host the bag matches (policy Concurrency = "
+                    f"{bag.policies.policies.texts['Concurrency']!r}): no host may hold one of its jobs", *failing]
+        return failing
 
     # -- the feeder -----------------------------------------------------------------------------------
 
@@ -329,12 +419,19 @@ class Dispatcher:
         were lost (the worker restarted, or never received them): they count as failures.
         """
         changes = Changes()
+        known = self.hosts.get(info.host_id)
+        same_run = bool(info.session) and (known is None or known.info.session in ("", info.session))
         host = self._touch_host(info, now, changes)
         self.report(info.host_id, reports, now, changes)
         still = set(running)
         for iid in sorted(host.running - still):
-            self._lose(self.instances[iid], now, f"lost by host {info.name}: the worker no longer has it", changes)
+            if same_run and iid in host.unconfirmed:
+                self._undelivered(self.instances[iid], now, changes)
+            else:
+                self._lose(self.instances[iid], now, f"lost by host {info.name}: the worker no longer has it",
+                           changes)
         assignments = self._assign(host, min(want, self.config.max_assign), now, changes)
+        host.unconfirmed = {a.instance_id for a in assignments}
         cancel = sorted(host.cancel & still)
         host.cancel.clear()
         backoff = 0.0
@@ -363,20 +460,48 @@ class Dispatcher:
         changes = changes if changes is not None else Changes()
         for r in reports:
             inst = self.instances.get(r.instance_id)
-            if inst is None or inst.host_id != host_id:
+            if inst is None:
                 continue
-            if (r.outcome is Outcome.SUCCESS and (r.outputs or r.stdout_tail or r.stderr_tail)
-                    and r.result_bytes > self.config.max_result_bytes):
-                r = InstanceReport(
-                    r.instance_id, Outcome.FAILURE, r.exit_code, r.wall_s, r.cpu_s,
-                    f"result of {r.result_bytes:,} bytes is over the server's limit of "
-                    f"{self.config.max_result_bytes:,} bytes (server option --max-result-size)",
-                    r.stdout_tail[-4096:], r.stderr_tail[-4096:],
-                )
+            if inst.host_id != host_id:
+                self._refuse(host_id, changes)
+                continue
+            problem = self._report_problem(inst, r)
+            if problem:
+                r = InstanceReport(r.instance_id, Outcome.FAILURE, r.exit_code, r.wall_s, r.cpu_s, problem,
+                                   r.stdout_tail[-4096:], r.stderr_tail[-4096:])
+            elif len(r.reason) > MAX_REASON or len(r.stdout_tail) > MAX_TAIL or len(r.stderr_tail) > MAX_TAIL:
+                r = msgspec.structs.replace(r, reason=r.reason[:MAX_REASON], stdout_tail=r.stdout_tail[-MAX_TAIL:],
+                                            stderr_tail=r.stderr_tail[-MAX_TAIL:])
             self._end(inst, r, now, changes)
         self._seal(changes)
         self._check()
         return changes
+
+    def _refuse(self, host_id: str, changes: Changes) -> None:
+        """A report for an instance the host was not running (another host's, or forged): counted, ignored."""
+        host = self.hosts.get(host_id)
+        if host is not None:
+            host.stats.refused += 1
+            self._emit_host(host, changes)
+
+    def _report_problem(self, inst: _Instance, r: InstanceReport) -> str:
+        """Why a successful report cannot be kept as it is (too large, or outputs the bag did not declare)."""
+        if r.outcome is not Outcome.SUCCESS or not (r.outputs or r.stdout_tail or r.stderr_tail):
+            return ""
+        limit = self.config.max_result_bytes
+        if r.result_bytes > limit:
+            return (f"result of {r.result_bytes:,} bytes is over the server's limit of {limit:,} bytes "
+                    "(server option --max-result-size)")
+        if not r.outputs:
+            return ""
+        render = self.bags[inst.job.bag_id].render
+        assert render is not None
+        declared = render(inst.job.index, inst.job.line)[2]
+        extra = sorted(set(r.outputs) - set(declared))
+        if extra:
+            return f"the host returned outputs the bag did not declare: {', '.join(n[:60] for n in extra[:5])}"
+        bad = [problem for name in r.outputs if (problem := output_name_problem(name))]
+        return bad[0] if bad else ""
 
     def tick(self, now: float) -> Changes:
         """Periodic work: instances past their deadline and instances of silent hosts become overdue."""
@@ -435,10 +560,16 @@ class Dispatcher:
                 continue
             if not any(o is not bag and o.parked_until is None and not o.exhausted for o in self.bags.values()):
                 continue
-            for job in bag.buffer:
-                job.in_buffer = False
-            bag.buffer.clear()
-            bag.cursor, bag.exhausted, bag.parked_until = 0, False, now + ttl
+            self._reset_window(bag)
+            bag.parked_until = now + ttl
+
+    def _reset_window(self, bag: _Bag) -> None:
+        """Empty the bag's window and have the feeder read it again from the bag's first job (its cursor only
+        moves forward, so jobs queued again behind it would otherwise wait for the window to be used up)."""
+        for job in bag.buffer:
+            job.in_buffer = False
+        bag.buffer.clear()
+        bag.cursor, bag.exhausted = 0, False
 
     def _replicate(self, now: float) -> None:
         """Algorithm 2, speculative half: when few of a bag's jobs are queued, evaluate ReplicationRequirements
@@ -499,6 +630,83 @@ class Dispatcher:
         self._seal(changes)
         self._check()
         return changes
+
+    def retry(self, bag: BagSnapshot, state: BagState, failed: Sequence[QueuedJob], now: float) -> Changes:
+        """The owner queues failed jobs of a bag again (`JOB_RETRY`), each with its failure count reset so
+        `max_failures` applies afresh; an ended bag is active again (`BAG_REOPEN`).
+
+        `bag` and `state` are as stored, and `failed` are jobs the store holds as failed for good: the caller
+        has flushed every staged change first. The jobs lie behind the window's cursor, so the window is read
+        again from the start; the feeder finds them once these changes are durable.
+        """
+        changes = Changes()
+        held = self.bags.get(bag.bag_id)
+        if held is None:
+            check_transition(BAG_REOPEN, state, BagState.ACTIVE)
+            self.add_bag(bag)
+            held = self.bags[bag.bag_id]
+            changes.reopened_bags.append(bag.bag_id)
+        ids = {q.job_id for q in failed}
+        for iid in [i for i, inst in self.instances.items() if inst.job.job_id in ids]:
+            del self.instances[iid]  # overdue instances of the failed run: a late report of one is ignored
+        for q in failed:
+            job = _Job(q.job_id, bag.bag_id, q.index, q.line, JobState.FAILED, 0, q.attempts)
+            check_transition(JOB_RETRY, job.state, JobState.QUEUED)
+            held.counts.failed -= 1
+            held.counts.queued += 1
+            job.state = JobState.QUEUED
+            self._emit_job(job, changes)
+        self._wake(held, now)
+        self._seal(changes)
+        self._check()
+        return changes
+
+    def revise(self, bag_id: int, spec: BagSpec, revision: int, lines: Sequence[str] | None, now: float) -> Changes:
+        """A new revision of a bag's spec (and, for an each-line bag, new commands for its jobs not done).
+
+        Jobs without a result run the new command: running ones are withdrawn from their hosts (killed there,
+        as a cancel does) and queued again, which counts as no failure; done jobs keep their results. A bag
+        that has ended is not held here, and `retry` brings it back with its new spec.
+        """
+        changes = Changes()
+        bag = self.bags.get(bag_id)
+        if bag is None:
+            return changes
+        self.set_policy(bag_id, spec)
+        bag.revision = revision
+        for job in bag.replicas:  # replicas of the old command's instances
+            job.replica_pending = False
+        bag.replicas.clear()
+        for iid in [i for i, inst in self.instances.items()
+                    if inst.job.bag_id == bag_id and inst.state is InstanceState.OVERDUE]:
+            self._detach(self.instances.pop(iid))  # a late result of the old command is not wanted now
+        held = [j for j in self.jobs.values() if j.bag_id == bag_id]
+        for job in held:
+            for iid in sorted(job.live):
+                inst = self.instances[iid]
+                self._detach(inst)
+                self._move(inst, InstanceState.CANCELLED, now, f"the bag was revised (revision {revision})", None,
+                           changes)
+                host = self.hosts.get(inst.host_id)
+                if host is not None:
+                    host.cancel.add(iid)
+            if job.state is JobState.RUNNING:
+                self._requeue_if_idle(job, now, changes)
+        if lines is not None:
+            for job in [*held, *bag.retry, *bag.failover]:
+                job.line = lines[job.index]
+        self._wake(bag, now)
+        self._seal(changes)
+        self._check()
+        return changes
+
+    def _wake(self, bag: _Bag, now: float) -> None:
+        """After its owner re-queued jobs of the bag: read its window again, end a parking, wake idle hosts."""
+        self._reset_window(bag)
+        bag.parked_until = None
+        bag.last_match = bag.last_sent = now
+        self.work_added += 1
+        self._emit_bag(bag)
 
     # -- internals ------------------------------------------------------------------------------------
 
@@ -578,6 +786,8 @@ class Dispatcher:
             if not bag.policies.matches(ad):
                 continue
             bag_concurrency, deadline = bag.policies.bundle(ad)
+            if bag_concurrency <= 0:
+                continue  # none of the bag's instances on this host, and no bound on the others' (issue 12)
             concurrency = bag_concurrency if concurrency is None else min(concurrency, bag_concurrency)
             if bag.failover and host.info.pool in self.config.reliable_pools:
                 self._assign_queue(bag.failover, bag, host, want, concurrency, now, deadline, changes, out)
@@ -663,6 +873,7 @@ class Dispatcher:
             "Name": bag.spec.name, "Tail": bag.tail, "JobsTotal": c.total, "JobsLeft": c.queued + c.running,
             "JobsDone": c.done, "JobsFailed": c.failed, "JobsRunning": c.running, "JobsQueued": c.queued,
             "Replicas": c.replicas,
+            "MeanRunTime": bag.run_time_sum / bag.good_results if bag.good_results else 0.0,
             "ElapsedTime": float(now - bag.created_at)}, queue)
 
     def _send(self, bag: _Bag, job: _Job, host: _Host, now: float, changes: Changes,
@@ -670,7 +881,7 @@ class Dispatcher:
         iid = self.next_instance_id
         self.next_instance_id += 1
         deadline = now + instance_deadline
-        bag.last_match = now
+        bag.last_match = bag.last_sent = now
         inst = _Instance(iid, job, host.info.host_id, InstanceState.RUNNING, now, deadline)
         self.instances[iid] = inst
         self._running[iid] = inst
@@ -687,7 +898,7 @@ class Dispatcher:
         assert bag.render is not None
         command, env, outputs = bag.render(job.index, job.line)
         return Assignment(iid, job.job_id, bag.bag_id, bag.spec.name, job.index, command, env, bag.input_names,
-                          outputs, deadline, bag.spec.timeout)
+                          outputs, deadline, bag.spec.timeout, bag.limits, bag.revision)
 
     def _end(self, inst: _Instance, r: InstanceReport, now: float, changes: Changes) -> None:
         """Apply a host's report about `inst`, which may be running or overdue (a late report)."""
@@ -702,6 +913,8 @@ class Dispatcher:
             else:
                 self._move(inst, InstanceState.DONE, now, "", r, changes)
                 self._finish_job(job, JobState.DONE, "", now, changes, result=inst.instance_id, winner=inst.host_id)
+            bag.run_time_sum += now - inst.sent_at
+            bag.good_results += 1
             good = self._good
             if good and good[0][1] == inst.host_id:
                 good[0] = (now, inst.host_id)
@@ -737,6 +950,14 @@ class Dispatcher:
         if host is not None:
             host.stats.bad(now, False)
         self._after_failure(inst.job, reason, now, changes)
+
+    def _undelivered(self, inst: _Instance, now: float, changes: Changes) -> None:
+        """An instance whose sending answer never reached its host (lost on the network, or the server
+        stopped before it went out): given back as an interruption, with no failure for the job or host."""
+        self._detach(inst)
+        self._move(inst, InstanceState.INTERRUPTED, now, "the answer that sent it never reached its host", None,
+                   changes)
+        self._requeue_if_idle(inst.job, now, changes)
 
     def _detach(self, inst: _Instance) -> bool:
         """Take `inst` off its job's live set and its host; return whether it was running."""

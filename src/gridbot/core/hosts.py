@@ -45,6 +45,8 @@ class HostStats(msgspec.Struct):
     streak: int = 0
     streak_start: float = 0.0
     last_failure: float = 0.0
+    refused: int = 0
+    """Reports the host sent for instances it was not running (see Dispatcher.report)."""
 
     def good(self, now: float, cpu_s: float, turnaround_s: float) -> None:
         """A good result from this host."""

@@ -7,8 +7,27 @@ conversion on the hot path.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Annotated
 
 import msgspec
+
+# What a field of a message from a host may hold, checked as msgspec decodes it (issue 12): a value that
+# decodes but that the store cannot keep (an exit code of 2^31 in PostgreSQL's integer, an id of 2^63 in
+# SQLite's) failed the whole group-committed batch, every other exchange in it with it; now it is a 400
+# for its own request only. The limits are those of the stores' columns; decoding costs the same.
+Int64 = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+"""An id or a count: what a BIGINT column holds, never negative."""
+Int32 = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
+"""A small count: what an INTEGER column holds, never negative."""
+Positive32 = Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)]
+ExitCode = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
+"""An exit status, negative for a signal (as Python reports it)."""
+Seconds = Annotated[float, msgspec.Meta(ge=0.0, le=1e12)]
+"""A finite, non-negative time: NaN and infinities are refused, which SQLite would have stored as NULL."""
+HostId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}\Z")]
+"""A host id: the server's (20 hex digits), or a worker's own on a server without keys."""
+Label = Annotated[str, msgspec.Meta(max_length=255, pattern=r"^[^\x00-\x1f\x7f]*\Z")]
+"""A name shown in listings: at most 255 characters, no control characters (no NUL, newline or escape)."""
 
 
 class HostInfo(msgspec.Struct, frozen=True):
@@ -18,15 +37,30 @@ class HostInfo(msgspec.Struct, frozen=True):
     about the host survive them.
     """
 
-    host_id: str
-    name: str
-    platform: str = ""
-    ncpus: int = 1
-    memory_mb: int = 0
-    slots: int = 1
-    pool: str = "local"
-    prefetch: int = 0
+    host_id: HostId
+    name: Label
+    platform: Label = ""
+    ncpus: Positive32 = 1
+    memory_mb: Int64 = 0
+    slots: Positive32 = 1
+    pool: Label = "local"
+    prefetch: Int32 = 0
     """Instances the worker would hold beyond its slots (more for short jobs); `Host.Prefetch` in policies."""
+    session: Label = ""
+    """A token of the worker process ("" where unknown): another one on the same host means the worker
+    restarted, so instances it did not list were lost, rather than never received."""
+
+
+class Limits(msgspec.Struct, frozen=True):
+    """A bag's resource limits, enforced on each of its jobs by the worker (None: unlimited).
+
+    Sizes are in bytes and `cpu_time` in seconds; see docs/spec.md for what each one limits.
+    """
+
+    memory: int | None = None
+    cpu_time: float | None = None
+    max_file_size: int | None = None
+    max_processes: int | None = None
 
 
 class Assignment(msgspec.Struct, frozen=True):
@@ -43,6 +77,11 @@ class Assignment(msgspec.Struct, frozen=True):
     outputs: list[str]
     instance_deadline: float
     timeout: float | None = None
+    limits: Limits | None = None
+    """None when the bag sets no limit (the common case, and what older servers send)."""
+    revision: int = 1
+    """The bag's revision whose command and inputs this is: a worker keeps inputs per revision, since a
+    revision may change an input's content under the same name."""
 
 
 class Outcome(StrEnum):
@@ -59,11 +98,11 @@ class Outcome(StrEnum):
 class InstanceReport(msgspec.Struct, frozen=True):
     """The end of one instance as its host saw it."""
 
-    instance_id: int
+    instance_id: Int64
     outcome: Outcome
-    exit_code: int | None = None
-    wall_s: float = 0.0
-    cpu_s: float = 0.0
+    exit_code: ExitCode | None = None
+    wall_s: Seconds = 0.0
+    cpu_s: Seconds = 0.0
     reason: str = ""
     stdout_tail: str = ""
     stderr_tail: str = ""

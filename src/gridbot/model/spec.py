@@ -9,23 +9,28 @@ Everything here is pure: the caller reads files and passes their text.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import string
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal, localcontext
 from functools import lru_cache
 from math import prod
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
+
+from gridbot.model.records import Limits
 
 DEFAULT_MAX_FAILURES = 3
 DEFAULT_INSTANCE_DEADLINE = 24 * 3600.0
 DEFAULT_MAX_JOBS = 10_000_000
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-PARAM_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+PARAM_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
+ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
+"""(`\\Z`, not `$`: `$` also matches before a final newline, and let a bag be named "sweep\\n".)"""
 TOP_KEYS = (
     "name",
     "description",
@@ -37,10 +42,44 @@ TOP_KEYS = (
     "max_failures",
     "instance_deadline",
     "timeout",
+    "memory",
+    "cpu_time",
+    "max_file_size",
+    "max_processes",
     "policy",
 )
 RANGE_KEYS = ("from", "to", "step")
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_SIZE_SHIFTS = {"": 0, "K": 10, "M": 20, "G": 30, "T": 40}
+MIN_MEMORY = 1 << 20
+"""The smallest `memory` accepted: below it a number was surely meant in megabytes, not bytes."""
+HARD_MAX_JOBS = 100_000_000
+"""The most jobs one bag may have, whatever --max-jobs says (issue 12). The server writes a row for every
+job when the bag is submitted, in one transaction during which it serves nobody: in SQLite about 110
+bytes and 1 µs a job, so 10^8 jobs take some 11 GB and two minutes (a sweep of 10^12 wrote 25 GB in ten
+minutes, and would have needed 110 TB)."""
+MAX_COMMAND_BYTES = 100_000
+"""The longest command of a job in UTF-8 bytes, with its parameters filled in (or one line of an
+each-line bag). A job runs as `sh -c COMMAND`, and Linux refuses a single argument longer than
+MAX_ARG_STRLEN, 131,072 bytes, with "Argument list too long": such a bag is refused when submitted."""
+MAX_EXEC_BYTES = 1_000_000
+"""The most a job's command and environment may take together: Linux refuses more than a quarter of the
+stack limit (2 MiB by default) for them, and the worker's own environment needs some of it."""
+MAX_DURATION = 1e9
+"""The longest duration accepted (timeout, instance_deadline, cpu_time), about 31 years: durations are
+added to clock times, and stored as JSON, which has no infinity (a NaN deadline read back as null)."""
+MAX_SIZE = 1 << 60
+"""The largest size accepted (memory, max_file_size), 1 EiB: rlimits are 64-bit."""
+MAX_COUNT = 2**31 - 1
+"""The largest max_failures or max_processes accepted."""
+MAX_DESCRIPTION = 10_000
+"""The longest description, in characters."""
+RANGE_LIMIT = Decimal("1e18")
+RANGE_DIGITS = 18
+"""Range bounds and steps are at most RANGE_LIMIT in size, with at most RANGE_DIGITS digits after the
+point, so a range has a length the server can compute and values it can render (at most _RANGE_CHARS)."""
+_RANGE_CHARS = 40
+_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?", re.ASCII)
 
 
 class Parameter(msgspec.Struct, frozen=True):
@@ -53,6 +92,11 @@ class Parameter(msgspec.Struct, frozen=True):
     step: str | None = None
 
     def __len__(self) -> int:
+        return self.size
+
+    @property
+    def size(self) -> int:
+        """Number of values; unlike len(), also beyond 2^63 (which validation must be able to report)."""
         if self.values is not None:
             return len(self.values)
         assert self.start is not None and self.stop is not None and self.step is not None
@@ -77,7 +121,9 @@ class Parameter(msgspec.Struct, frozen=True):
         ints = _whole(self.start, self.step)
         if ints is not None:
             return str(ints[0] + ints[1] * i)
-        return _render_decimal(Decimal(self.start) + Decimal(self.step) * i)
+        with localcontext() as ctx:
+            ctx.prec = 80  # exact for every range validation allows (28 digits rounded 1e17 + 0.5 to 1e17)
+            return _render_decimal(Decimal(self.start) + Decimal(self.step) * i)
 
 
 def _plain_template(command: str) -> tuple[str, str, str] | None:
@@ -102,9 +148,12 @@ def _plain_template(command: str) -> tuple[str, str, str] | None:
 
 @lru_cache(maxsize=4096)
 def _range_len(start: str, stop: str, step: str) -> int:
-    """Values of the inclusive range; cached, since every job's parameters need it."""
-    span = (Decimal(stop) - Decimal(start)) / Decimal(step)
-    return max(0, int(span.to_integral_value(rounding="ROUND_FLOOR")) + 1)
+    """Values of the inclusive range; cached, since every job's parameters need it. Exact for the ranges
+    validation lets through (bounds of up to 37 digits), where 28 digits of precision rounded."""
+    with localcontext() as ctx:
+        ctx.prec = 80
+        span = (Decimal(stop) - Decimal(start)) / Decimal(step)
+        return max(0, int(span.to_integral_value(rounding="ROUND_FLOOR")) + 1)
 
 
 @lru_cache(maxsize=4096)
@@ -135,11 +184,29 @@ class BagSpec(msgspec.Struct, frozen=True):
     description: str = ""
     policy: dict[str, str] = msgspec.field(default_factory=dict)
     """ClassAd policies by name (JobRequirements, Rank, ...); validated by gridbot.policy, not here."""
+    memory: int | None = None
+    """Bytes of resident memory the processes of one job may use together (None: unlimited)."""
+    cpu_time: float | None = None
+    """CPU seconds each process of a job may use (None: unlimited)."""
+    max_file_size: int | None = None
+    """Bytes of the largest file a job may write (None: unlimited)."""
+    max_processes: int | None = None
+    """Processes the job's user may have at once, as RLIMIT_NPROC counts them (None: unlimited)."""
+
+    def limits(self) -> Limits | None:
+        """What the worker enforces on each job of the bag, or None when the spec sets no limit.
+
+        A value that is not a positive finite number (only possible in a spec that did not come from TOML)
+        is no limit.
+        """
+        limits = Limits(_positive(self.memory), _positive(self.cpu_time), _positive(self.max_file_size),
+                        _positive(self.max_processes))
+        return None if limits == Limits() else limits
 
     @property
     def sweep_size(self) -> int:
         """Number of jobs of a parameter sweep (1 for a command with no parameters)."""
-        return prod(len(p) for p in self.parameters) if self.parameters else 1
+        return prod(p.size for p in self.parameters) if self.parameters else 1
 
     def params(self, index: int) -> dict[str, str]:
         """Parameter values of job `index` of the cartesian product (the first parameter varies slowest)."""
@@ -190,6 +257,14 @@ class BagSpec(msgspec.Struct, frozen=True):
         return render
 
 
+_N = TypeVar("_N", int, float)
+
+
+def _positive(value: _N | None) -> _N | None:
+    return value if value is not None and 0 < value < math.inf else None
+
+
+
 @dataclass(frozen=True)
 class Problem:
     """One thing wrong with a spec: where, what, and what to do about it."""
@@ -222,9 +297,47 @@ def parse_duration(value: object) -> float:
         seconds = float(m.group(1)) * _UNITS[m.group(2) or "s"]
     else:
         raise ValueError("a duration is a number of seconds or a string like '90s', '10m', '2h', '1d'")
-    if seconds <= 0:
-        raise ValueError("a duration must be positive")
+    problem = duration_problem(seconds)
+    if problem:
+        raise ValueError(problem)
     return seconds
+
+
+def duration_problem(seconds: float) -> str:
+    """Why `seconds` cannot be a duration of a spec, or "" (shared by the TOML validator and `check_spec`)."""
+    if not seconds > 0:  # NaN too
+        return "a duration must be positive"
+    if not seconds <= MAX_DURATION:
+        return f"a duration must be at most {MAX_DURATION:,.0f} s (about 31 years), not {seconds:g} s"
+    return ""
+
+
+def parse_size(value: object) -> int:
+    """Bytes from `1048576`, `"512K"`, `"100M"`, `"2G"`, `"1.5T"` (powers of 1024, `MB`/`MiB` also read as
+    `M`); raise ValueError otherwise."""
+    message = "a size is a number of bytes or a string like '512K', '100M', '2G'"
+    if isinstance(value, bool):
+        raise ValueError(message)
+    if isinstance(value, int):
+        size = value
+    elif isinstance(value, str) and (m := re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", value,
+                                                       re.IGNORECASE)):
+        size = int(Decimal(m.group(1)) * (1 << _SIZE_SHIFTS[m.group(2).upper()]))
+    else:
+        raise ValueError(message)
+    problem = size_problem(size)
+    if problem:
+        raise ValueError(problem)
+    return size
+
+
+def size_problem(size: int) -> str:
+    """Why `size` bytes cannot be a limit of a spec, or "" (shared by the TOML validator and `check_spec`)."""
+    if size <= 0:
+        return "a size must be positive"
+    if size > MAX_SIZE:
+        return f"a size must be at most 1 EiB ({MAX_SIZE:,} bytes)"
+    return ""
 
 
 def parse_spec(text: str, source: str, default_name: str, max_jobs: int = DEFAULT_MAX_JOBS) -> BagSpec:
@@ -244,17 +357,18 @@ def each_line_spec(name: str, max_failures: int = DEFAULT_MAX_FAILURES) -> BagSp
 
 
 def parse_lines(text: str, source: str, max_jobs: int = DEFAULT_MAX_JOBS) -> list[str]:
-    """Commands of an each-line file: one shell command per non-blank line."""
-    lines = [ln.strip() for ln in text.splitlines()]
-    commands = [ln for ln in lines if ln]
+    """Commands of an each-line file: one shell command per non-blank line (each one checked as the server
+    checks the lines it is sent)."""
+    numbered = [(n, ln.strip()) for n, ln in enumerate(text.splitlines(), 1)]
+    commands = [ln for _, ln in numbered if ln]
     if not commands:
         raise SpecError(source, [Problem("the file has no commands", None, "write one shell command per line")])
-    if len(commands) > max_jobs:
-        raise SpecError(
-            source,
-            [Problem(f"{len(commands):,} commands exceed the limit of {max_jobs:,} jobs per bag", None,
-                     "split the file into several bags, or raise the limit with --max-jobs")],
-        )
+    if len(commands) > min(max_jobs, HARD_MAX_JOBS):
+        message, hint = jobs_issue(len(commands), max_jobs, "the file", RAISE_HINT) or ("", "")
+        raise SpecError(source, [Problem(message, None, hint)])
+    problems = [Problem(message, n, hint) for n, ln in numbered if ln for message, hint in line_issues(ln)]
+    if problems:
+        raise SpecError(source, problems[:MAX_PROBLEMS])
     return commands
 
 
@@ -265,8 +379,9 @@ def placeholders(template: str) -> list[str]:
         if field is None:
             continue
         if spec or conv or not PARAM_RE.match(field):
-            raise ValueError(f"'{{{field}{'!' + conv if conv else ''}{':' + spec if spec else ''}}}' is not a "
-                             "placeholder; write {name} for a parameter, and {{ or }} for a literal brace")
+            written = f"{{{field}{'!' + conv if conv else ''}{':' + spec if spec else ''}}}"
+            raise ValueError(f"{_show(written)} is not a placeholder; write {{name}} for a parameter, and {{{{ or "
+                             "}} for a literal brace")
         names.append(field)
     return names
 
@@ -304,9 +419,8 @@ class _Validator:
                 self.fail((key,), f"unknown key '{key}'",
                           closest(key, TOP_KEYS) or f"known keys: {', '.join(TOP_KEYS)}")
         name = self.string(data, "name", default_name)
-        if not NAME_RE.match(name):
-            self.fail(("name",), f"bag name '{name}' is not allowed",
-                      "use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
+        if issue := name_issue(name):
+            self.fail(("name",), *issue)
         command = self.string(data, "command", "")
         if "command" not in data:
             self.fail((), "the spec has no 'command'", 'add a line like: command = "./simulate --seed {seed}"')
@@ -330,12 +444,21 @@ class _Validator:
             max_failures=self.positive_int(data, "max_failures", DEFAULT_MAX_FAILURES),
             instance_deadline=self.duration(data, "instance_deadline") or DEFAULT_INSTANCE_DEADLINE,
             timeout=self.duration(data, "timeout"),
+            memory=self.size(data, "memory", MIN_MEMORY),
+            cpu_time=self.duration(data, "cpu_time"),
+            max_file_size=self.size(data, "max_file_size"),
+            max_processes=self.positive_int(data, "max_processes", 1) if "max_processes" in data else None,
             description=self.string(data, "description", ""),
             policy=self.policy(data.get("policy", {})),
         )
-        if not self.problems and spec.sweep_size > self.max_jobs:
-            self.fail(("parameters",), f"the sweep has {spec.sweep_size:,} jobs, over the limit of {self.max_jobs:,}",
-                      "split it into several bags, or raise the limit with --max-jobs")
+        if len(spec.description) > MAX_DESCRIPTION:
+            self.fail(("description",), f"the description has {len(spec.description):,} characters, over the "
+                      f"limit of {MAX_DESCRIPTION:,}")
+        if not self.problems:
+            for key, issue in command_issues(spec):
+                self.fail((key,), *issue)
+            if issue := jobs_issue(spec.sweep_size, self.max_jobs, "the sweep", RAISE_HINT):
+                self.fail(("parameters",), *issue)
         if self.problems:
             raise SpecError(self.source, self.problems)
         return spec
@@ -357,9 +480,27 @@ class _Validator:
     def positive_int(self, data: dict[str, Any], key: str, default: int) -> int:
         value = data.get(key, default)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            self.fail((key,), f"'{key}' must be a whole number of at least 1, not {value!r}")
+            self.fail((key,), f"'{key}' must be a whole number of at least 1, not {_show(value)}")
+            return default
+        if value > MAX_COUNT:
+            self.fail((key,), f"'{key}' = {value:,} is more than {MAX_COUNT:,}")
             return default
         return value
+
+    def size(self, data: dict[str, Any], key: str, minimum: int = 1) -> int | None:
+        if key not in data:
+            return None
+        try:
+            size = parse_size(data[key])
+        except ValueError as e:
+            self.fail((key,), f"'{key}' = {data[key]!r}: {e}", f'write {key} = "512M" or "2G"')
+            return None
+        if size < minimum:
+            hint = f'did you mean {key} = "{data[key]}M"?' if isinstance(data[key], int) else ""
+            self.fail((key,), f"'{key}' = {data[key]!r} is {size:,} bytes, less than {minimum:,}",
+                      hint)
+            return None
+        return size
 
     def duration(self, data: dict[str, Any], key: str) -> float | None:
         if key not in data:
@@ -376,10 +517,12 @@ class _Validator:
             return {}
         out = {}
         for k, v in table.items():
-            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k) or not isinstance(v, str | int | float):
-                self.fail(("env", k), f"env '{k}' must be a variable name with a string or number value")
+            if not isinstance(v, str | int | float) or isinstance(v, bool):
+                self.fail(("env", k), f"env {_show(k)} must be a variable name with a string or number value")
             else:
                 out[k] = str(v)
+        for k, issue in env_issues(out):
+            self.fail(("env", k), *issue)
         return out
 
     def policy(self, table: object) -> dict[str, str]:
@@ -403,9 +546,8 @@ class _Validator:
             return []
         out = []
         for name, value in table.items():
-            if not PARAM_RE.match(name):
-                self.fail(("parameters", name), f"parameter name '{name}' is not allowed",
-                          "use letters, digits and '_', starting with a letter or '_'")
+            if issue := parameter_name_issue(name):
+                self.fail(("parameters", name), *issue)
             elif (param := self.parameter(name, value)) is not None:
                 out.append(param)
         return out
@@ -419,7 +561,11 @@ class _Validator:
             if not all(isinstance(v, str | int | float) and not isinstance(v, bool) for v in value):
                 self.fail(path, f"values of parameter '{name}' must be strings or numbers")
                 return None
-            return Parameter(name, values=[_render_value(v) for v in value])
+            values = [_render_value(v) for v in value]
+            if issue := values_issue(name, values):
+                self.fail(path, *issue)
+                return None
+            return Parameter(name, values=values)
         if isinstance(value, dict):
             return self.range(name, value)
         self.fail(path, f"parameter '{name}' must be a list of values or a range",
@@ -439,54 +585,301 @@ class _Validator:
             if v is None:
                 self.fail(path, f"range '{name}' has no '{key}'", f"write {name} = {{ from = 1, to = 10, step = 1 }}")
                 return None
-            try:
-                if isinstance(v, bool):
-                    raise InvalidOperation
-                bounds[key] = Decimal(str(v))
-            except InvalidOperation:
-                self.fail(path, f"'{key}' of range '{name}' must be a number, not {v!r}")
+            number = _decimal(str(v)) if isinstance(v, int | float | str) and not isinstance(v, bool) else None
+            if number is None:
+                self.fail(path, f"'{key}' of range '{name}' must be a number, not {_show(v)}")
                 return None
-        if bounds["step"] == 0:
-            self.fail(path, f"range '{name}' has step 0", "use a positive step, or a negative one to count down")
+            bounds[key] = number
+        if issue := range_issue(name, bounds["from"], bounds["to"], bounds["step"]):
+            self.fail(path, *issue)
             return None
-        param = Parameter(name, start=str(bounds["from"]), stop=str(bounds["to"]), step=str(bounds["step"]))
-        if len(param) == 0:
-            self.fail(path, f"range '{name}' from {bounds['from']} to {bounds['to']} step {bounds['step']} is empty",
-                      "swap 'from' and 'to', or change the sign of 'step'")
-            return None
-        return param
+        return Parameter(name, start=str(bounds["from"]), stop=str(bounds["to"]), step=str(bounds["step"]))
 
     def check_templates(self, path: tuple[str, ...], templates: list[str], names: list[str]) -> None:
-        for template in templates:
-            try:
-                used = placeholders(template)
-            except ValueError as e:
-                self.fail(path, str(e))
-                continue
-            for field in used:
-                if field not in names:
-                    hint = closest(field, names) or (
-                        f"known parameters: {', '.join(names)}" if names else "define it under [parameters]")
-                    self.fail(path, f"placeholder {{{field}}} in '{path[0]}' names no parameter", hint)
+        for issue in template_issues(path[0], templates, names):
+            self.fail(path, *issue)
 
     def check_paths(self, inputs: list[str], outputs: list[str]) -> None:
-        for key, paths in (("inputs", inputs), ("outputs", outputs)):
-            for p in paths:
-                parts = p.replace("\\", "/").split("/")
-                if not p or (key == "outputs" and (p.startswith("/") or ".." in parts)):
-                    self.fail((key,), f"'{p}' in {key} must be a relative path inside the job's directory")
-        seen: dict[str, str] = {}
-        for p in inputs:
-            base = p.rstrip("/").rsplit("/", 1)[-1]
-            if base in seen:
-                self.fail(("inputs",), f"inputs '{seen[base]}' and '{p}' would both be staged as '{base}'",
-                          "rename one of them")
-            seen[base] = p
+        for key, issue in path_issues(inputs, outputs):
+            self.fail((key,), *issue)
+
+
+RESERVED_OUTPUTS = frozenset(("stdout", "stderr"))
+"""Names the results folder of a job already uses for the command's own output."""
+MAX_PATH = 255
+
+
+def output_name_problem(name: str) -> str:
+    """Why `name` cannot be an output (it must stay inside the job's folder and the results folder), or ""."""
+    parts = name.replace("\\", "/").split("/")
+    if not name or len(name) > MAX_PATH or "\0" in name:
+        return f"output {name[:60]!r} must be a relative path of 1 to {MAX_PATH} characters"
+    if name.startswith("/") or ".." in parts or "" in parts or "." in parts:
+        return f"output '{name[:60]}' must be a relative path inside the job's directory (no '/', '..' or '.')"
+    if name in RESERVED_OUTPUTS:
+        return f"output '{name}' is reserved: the results folder keeps the job's {name} under that name"
+    return ""
+
+
+Issue = tuple[str, str]
+"""A problem found by a check that the TOML validator (`parse_spec`, `parse_lines`: the command line) and
+`check_spec` (the server, for what it is sent) share: the message, and a hint ("" if it says it all)."""
+RAISE_HINT = "split it into several bags, or raise the limit with --max-jobs"
+SERVER_HINT = "split it into several bags, or start the server with a larger --max-jobs"
+MAX_PROBLEMS = 20
+"""Problems reported at most for one spec (a spec with a million bad values gets a readable answer)."""
+
+
+def _show(value: object, width: int = 60) -> str:
+    """`value` quoted for a message, cut to `width` characters: messages never echo a megabyte of input."""
+    text = repr(value)
+    return text if len(text) <= width else text[:width] + "..."
+
+
+def _decimal(text: str) -> Decimal | None:
+    """A plain decimal number (`-3`, `0.25`, `1e3`), or None: not 'NaN', 'Infinity', '1_000' or '٣', all of
+    which Decimal() reads."""
+    return Decimal(text) if _NUMBER.fullmatch(text) else None
+
+
+def name_issue(name: str) -> Issue | None:
+    """Why `name` cannot name a bag (it names its results folder, and appears in URLs), or None."""
+    if NAME_RE.match(name):
+        return None
+    return (f"bag name {_show(name)} is not allowed",
+            "use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
+
+
+def parameter_name_issue(name: str) -> Issue | None:
+    if PARAM_RE.match(name):
+        return None
+    return f"parameter name {_show(name)} is not allowed", "use letters, digits and '_', starting with a letter or '_'"
+
+
+def values_issue(name: str, values: Sequence[str]) -> Issue | None:
+    """Why a list of values cannot be a parameter's (each becomes part of a command and an environment
+    variable), or None."""
+    if not values:
+        return f"parameter '{name}' has no values", "give at least one value, or remove it"
+    for v in values:
+        if "\0" in v:
+            return f"a value of parameter '{name}' contains a NUL character", "no command or variable can hold one"
+        if len(v) > MAX_COMMAND_BYTES // 4 and len(v.encode()) > MAX_COMMAND_BYTES:
+            return (f"a value of parameter '{name}' has {len(v.encode()):,} bytes, over the limit of "
+                    f"{MAX_COMMAND_BYTES:,}", "put large data in an input file, and its name in the value")
+    return None
+
+
+def range_issue(name: str, start: Decimal, stop: Decimal, step: Decimal) -> Issue | None:
+    """Why `start..stop by step` cannot be a parameter's range, or None."""
+    for key, d in (("from", start), ("to", stop), ("step", step)):
+        exponent = d.as_tuple().exponent
+        if not d.is_finite() or d.copy_abs() > RANGE_LIMIT or (isinstance(exponent, int) and exponent < -RANGE_DIGITS):
+            return (f"'{key}' of range '{name}' is {_show(str(d), 30)}: a range's numbers are at most 1e18 in size, "
+                    f"with at most {RANGE_DIGITS} digits after the point", "")
+    if step == 0:
+        return f"range '{name}' has step 0", "use a positive step, or a negative one to count down"
+    if _range_len(str(start), str(stop), str(step)) == 0:
+        return (f"range '{name}' from {start} to {stop} step {step} is empty",
+                "swap 'from' and 'to', or change the sign of 'step'")
+    return None
+
+
+def template_issues(key: str, templates: Sequence[str], names: Sequence[str]) -> list[Issue]:
+    """Placeholders of `templates` (the command, env values or outputs) that are not `{name}` of a parameter:
+    each would fail every job of the bag when it is sent (a KeyError, a 500, before issue 12)."""
+    out = []
+    for template in templates:
+        try:
+            used = placeholders(template)
+        except ValueError as e:
+            out.append((str(e), ""))
+            continue
+        for field in used:
+            if field not in names:
+                hint = closest(field, list(names)) or (
+                    f"known parameters: {', '.join(names)}" if names else "define it under [parameters]")
+                out.append((f"placeholder {{{field}}} in '{key}' names no parameter", hint))
+    return out
+
+
+def env_issues(env: Mapping[str, str]) -> list[tuple[str, Issue]]:
+    """(name, problem) for each variable of `env` that no process environment can hold."""
+    out = []
+    for k, v in env.items():
+        if not ENV_RE.match(k):
+            out.append((k, (f"env {_show(k)} is not a variable name",
+                            "use letters, digits and '_', starting with a letter or '_'")))
+        elif "\0" in v:
+            out.append((k, (f"env {k} contains a NUL character", "no environment variable can hold one")))
+    return out
+
+
+def path_issues(inputs: Sequence[str], outputs: Sequence[str]) -> list[tuple[str, Issue]]:
+    """("inputs" or "outputs", problem) for names a job's folder cannot hold, and inputs staged under one name."""
+    out: list[tuple[str, Issue]] = []
+    seen: dict[str, str] = {}
+    for p in inputs:
+        base = p.rstrip("/").rsplit("/", 1)[-1]
+        if not p:
+            out.append(("inputs", ("an empty name in inputs", "name a file relative to the spec's folder")))
+        elif not base or base in (".", "..") or len(base) > MAX_PATH or "\0" in p:
+            out.append(("inputs", (f"input {_show(p)} has no usable file name", "name a file, not a folder")))
+        elif base in seen:
+            out.append(("inputs", (f"inputs '{seen[base]}' and '{p}' would both be staged as '{base}'",
+                                   "rename one of them")))
+        seen.setdefault(base, p)
+    out.extend(("outputs", (problem, "")) for p in outputs if (problem := output_name_problem(p)))
+    return out
+
+
+def command_issues(spec: BagSpec) -> list[tuple[str, Issue]]:
+    """("command" or "env", problem) for jobs that could not be started: a NUL in the command, or a command
+    or environment longer than Linux takes once the longest values are filled in (the command of a 1 MB
+    template failed on every host, three times, "Argument list too long"). For a spec whose parameters and
+    placeholders are valid."""
+    out: list[tuple[str, Issue]] = []
+    if "\0" in spec.command:
+        out.append(("command", ("the command contains a NUL character", "no shell command can hold one")))
+    widest = {p.name: _widest(p) for p in spec.parameters}
+    size = _filled(spec.command, widest)
+    if size > MAX_COMMAND_BYTES:
+        filled = " with the longest values filled in" if spec.parameters else ""
+        out.append(("command", (f"the command has {size:,} bytes{filled}, over the limit of {MAX_COMMAND_BYTES:,}",
+                                "a job runs as `sh -c COMMAND`, and Linux refuses an argument of over 128 KiB; "
+                                "put long scripts or data in an input file")))
+    env = sum(len(k) + _filled(v, widest) + 2 for k, v in spec.env.items())
+    env += sum(len(f"GRIDBOT_PARAM_{name}") + width + 2 for name, width in widest.items())
+    if size + env > MAX_EXEC_BYTES:
+        out.append(("env", (f"the command and environment of a job take up to {size + env:,} bytes, over the "
+                            f"limit of {MAX_EXEC_BYTES:,}", "put long values in input files")))
+    return out
+
+
+def _widest(p: Parameter) -> int:
+    """Most bytes a value of `p` takes in a command."""
+    return max(len(v.encode()) for v in p.values) if p.values is not None else _RANGE_CHARS
+
+
+def _filled(template: str, widest: Mapping[str, int]) -> int:
+    """Most bytes `template` takes with its placeholders filled in by values `widest` bytes long."""
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError:
+        return len(template.encode())
+    return sum(len(text.encode()) + (widest.get(field, 0) if field else 0) for text, field, _, _ in parts)
+
+
+def line_issues(line: str) -> list[Issue]:
+    """Why one line of an each-line bag cannot be the command of a job, or []."""
+    if not line.strip():
+        return [("a line has no command", "every line of an each-line bag is one shell command")]
+    if "\0" in line:
+        return [("a line contains a NUL character", "no shell command can hold one")]
+    if len(line) > MAX_COMMAND_BYTES // 4 and (size := len(line.encode())) > MAX_COMMAND_BYTES:
+        return [(f"a line has {size:,} bytes, over the limit of {MAX_COMMAND_BYTES:,} for a command",
+                 "a job runs as `sh -c LINE`, and Linux refuses an argument of over 128 KiB; put long scripts or "
+                 "data in an input file")]
+    return []
+
+
+def jobs_issue(total: int, max_jobs: int, what: str, hint: str) -> Issue | None:
+    """Why `total` jobs are too many or too few for one bag (`what` says what has them), or None."""
+    if total > HARD_MAX_JOBS:
+        return (f"{what} has {total:,} jobs; gridbot takes at most {HARD_MAX_JOBS:,} in one bag, whatever --max-jobs "
+                "says: the server writes every job into its database when the bag is submitted (about 110 bytes "
+                "each, and meanwhile it serves nobody)", "split it into several bags")
+    if total > max_jobs:
+        return f"{what} has {total:,} jobs, over the limit of {max_jobs:,}", hint
+    if total < 1:
+        return f"{what} has no jobs", "an each-line bag needs at least one line"
+    return None
+
+
+def check_spec(spec: BagSpec, lines: Sequence[str] | None = None, max_jobs: int = DEFAULT_MAX_JOBS) -> list[str]:
+    """What is wrong with a spec (and the lines of an each-line bag) that arrived already decoded, through the
+    API rather than a file: the server's own check of everything it is sent (issue 12), with the checks of
+    the TOML validator, plus those of the values TOML cannot express (NaN, a range that is not a number).
+    Each problem is "message: hint"; at most MAX_PROBLEMS of them."""
+    issues = [issue for _, issue in _spec_issues(spec, lines, max_jobs)]
+    out = [f"{message}: {hint}" if hint else message for message, hint in issues]
+    return out if len(out) <= MAX_PROBLEMS else [*out[:MAX_PROBLEMS], f"and {len(out) - MAX_PROBLEMS} more problems"]
+
+
+def _spec_issues(spec: BagSpec, lines: Sequence[str] | None, max_jobs: int) -> list[tuple[str, Issue]]:
+    out: list[tuple[str, Issue]] = []
+    if issue := name_issue(spec.name):
+        out.append(("name", issue))
+    params_ok = True
+    seen: set[str] = set()
+    for p in spec.parameters:
+        issue = parameter_name_issue(p.name) or _parameter_issue(p)
+        if issue is None and p.name in seen:
+            issue = f"parameter '{p.name}' is defined twice", "give each parameter one name"
+        seen.add(p.name)
+        if issue:
+            out.append(("parameters", issue))
+            params_ok = False
+    names = [p.name for p in spec.parameters]
+    out.extend(("command", issue) for issue in template_issues("command", [spec.command], names))
+    out.extend(("env", issue) for issue in template_issues("env", list(spec.env.values()), names))
+    out.extend(("outputs", issue) for issue in template_issues("outputs", spec.outputs, names))
+    out.extend(env_issues(spec.env))
+    out.extend(path_issues(spec.inputs, spec.outputs))
+    out.extend(_number_issues(spec))
+    if len(spec.description) > MAX_DESCRIPTION:
+        out.append(("description", (f"the description has {len(spec.description):,} characters, over the limit "
+                                    f"of {MAX_DESCRIPTION:,}", "")))
+    if spec.each_line != (lines is not None):
+        out.append(("lines", ("an each-line bag needs its lines, and only an each-line bag has lines", "")))
+    if lines is not None:
+        bad = [(i, issue) for i, line in enumerate(lines) for issue in line_issues(line)]
+        out.extend(("lines", (f"line {i + 1}: {message}", hint)) for i, (message, hint) in bad[:MAX_PROBLEMS])
+    if params_ok and not out:
+        out.extend(command_issues(spec))
+        total = len(lines) if lines is not None else spec.sweep_size
+        if issue := jobs_issue(total, max_jobs, "the bag", SERVER_HINT):
+            out.append(("parameters", issue))
+    return out
+
+
+def _parameter_issue(p: Parameter) -> Issue | None:
+    """What is wrong with one decoded parameter: a list of values, or a range of numbers, not both."""
+    is_range = (p.start, p.stop, p.step) != (None, None, None)
+    if (p.values is None) == (not is_range):
+        return (f"parameter '{p.name}' must have either values or a range (start, stop and step)",
+                "send values = [...], or start, stop and step")
+    if p.values is not None:
+        return values_issue(p.name, p.values)
+    bounds = []
+    for key, text in (("start", p.start), ("stop", p.stop), ("step", p.step)):
+        number = _decimal(text) if text is not None else None
+        if number is None:
+            return f"'{key}' of range '{p.name}' must be a number, not {_show(text)}", ""
+        bounds.append(number)
+    return range_issue(p.name, *bounds)
+
+
+def _number_issues(spec: BagSpec) -> list[tuple[str, Issue]]:
+    """The spec's counts, durations and sizes, in the ranges the TOML validator allows."""
+    out: list[tuple[str, Issue]] = []
+    for key, count, low in (("max_failures", spec.max_failures, 1), ("max_processes", spec.max_processes, 1)):
+        if count is not None and not low <= count <= MAX_COUNT:
+            out.append((key, (f"'{key}' must be a whole number from {low} to {MAX_COUNT:,}, not {count}", "")))
+    for key, seconds in (("instance_deadline", spec.instance_deadline), ("timeout", spec.timeout),
+                         ("cpu_time", spec.cpu_time)):
+        if seconds is not None and (problem := duration_problem(seconds)):
+            out.append((key, (f"'{key}': {problem}", "")))
+    for key, size, low in (("memory", spec.memory, MIN_MEMORY), ("max_file_size", spec.max_file_size, 1)):
+        if size is not None and (problem := size_problem(size) or (
+                f"{size:,} bytes is less than {low:,}" if size < low else "")):
+            out.append((key, (f"'{key}': {problem}", "")))
+    return out
 
 
 def _render_value(v: str | int | float) -> str:
     if isinstance(v, float):
-        return _render_decimal(Decimal(repr(v)))
+        return _render_decimal(Decimal(repr(v))) if math.isfinite(v) else str(v)
     return str(v)
 
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
-from gridbot.policy.classad import ClassAd, ClassAdException, Value
+from gridbot.policy.classad import ClassAd, ClassAdException, ExprTree, Value
 from gridbot.policy.policies import PolicySet
 
 HostAd: TypeAlias = ClassAd
@@ -88,7 +88,7 @@ class BagPolicies:
         if not self.matches(host):
             return Decision(False, 0.0, 0, 0.0)
         concurrency, deadline = self.bundle(host)
-        return Decision(True, self.rank(host), concurrency, deadline)
+        return Decision(concurrency > 0, self.rank(host), concurrency, deadline)
 
     def matches(self, host: HostAd) -> bool:
         """JobRequirements on this host (UNDEFINED or ERROR: no)."""
@@ -107,7 +107,13 @@ class BagPolicies:
         if deadline <= 0:
             self._note("Deadline", f"not a positive number of seconds: {deadline:g}", host)
             deadline = self.default_deadline
-        return int(self._number("Concurrency", host, 1.0)), deadline
+        concurrency = self._number("Concurrency", host, 1.0)
+        if concurrency < 1:
+            # the bag is no match on this host: as the highest-ranked bag it used to bound every other bag's
+            # concurrency to 0 as well, stalling the whole server without a word (issue 12)
+            self._note("Concurrency", f"{concurrency:g} (less than one instance)", host)
+            return 0, deadline
+        return int(concurrency), deadline
 
     def job_matches(self, host: HostAd, job: Mapping[str, Any]) -> tuple[bool, Decision]:
         """The same decision for one job with replicas out (its ad differs from the bag's generic one)."""
@@ -170,6 +176,19 @@ class BagPolicies:
             except KeyError:
                 d.host = ""
 
+    def failing_clause(self, name: str, host: HostAd) -> str:
+        """The first of the top-level `&&` clauses of policy `name` that is not true on `host` ("" when all
+        are): what a person needs to see to know why a host is not used."""
+        self.ctx["Host"] = host
+        for clause in split_and(self.policies.texts[name]):
+            try:
+                value = ExprTree(clause).eval(self.ctx)
+            except ClassAdException:
+                value = Value.Error
+            if value is not True:
+                return clause
+        return ""
+
     def messages(self) -> list[str]:
         """Diagnostics as sentences for the bag's owner."""
         return [f"{name} evaluated to {d.value} {d.count} time(s) (last on host {d.host or '?'}); it counts as no "
@@ -179,6 +198,32 @@ class BagPolicies:
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 _NAME = re.compile(r"(?<![.\w])([A-Za-z_][A-Za-z0-9_]*)")
 _KEYWORDS = {"true", "false", "undefined", "error", "is", "isnt", "my", "target", "parent"}
+
+
+def split_and(text: str) -> list[str]:
+    """The top-level clauses of `a && (b || c) && d`: ["a", "(b || c)", "d"] (strings and brackets kept)."""
+    clauses, depth, start, i = [], 0, 0, 0
+    quoted = False
+    while i < len(text):
+        ch = text[i]
+        if quoted:
+            if ch == "\\":
+                i += 1
+            elif ch == '"':
+                quoted = False
+        elif ch == '"':
+            quoted = True
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif depth == 0 and text.startswith("&&", i):
+            clauses.append(text[start:i].strip())
+            start = i + 2
+            i += 1
+        i += 1
+    clauses.append(text[start:].strip())
+    return [c for c in clauses if c]
 
 
 def top_names(text: str) -> set[str]:

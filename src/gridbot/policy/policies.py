@@ -11,6 +11,7 @@ submit time rather than found at run time.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import secrets
 from collections.abc import Callable, Mapping
@@ -45,9 +46,14 @@ POLICIES: dict[str, PolicyDef] = {p.name: p for p in (
     PolicyDef("Deadline", "", float,
               "Seconds an instance may take before it is counted as lost and its job re-queued. Default: the "
               "bag's instance_deadline."),
-    PolicyDef("ReplicationRequirements", "Tail && NumberOfReplicas < 2", bool,
+    PolicyDef("ReplicationRequirements",
+              "Tail && NumberOfReplicas < 2 && Bag.MeanRunTime > 0 && Job.Replica1.RunTime > 2 * Bag.MeanRunTime",
+              bool,
               "Evaluated for each running job when few of the bag's jobs are queued: true adds one more "
-              "replica. Default: in the tail phase, one extra replica per job."),
+              "replica. Default: in the tail phase, one extra replica of a straggler, a job out for more than "
+              "twice the bag's mean run time (a copy then has a chance to finish first; jobs running as long "
+              "as the others, as on one machine, are not copied). GridBot's own default, replicating every job "
+              "of the tail, is `Tail && NumberOfReplicas < 2`."),
     PolicyDef("GridPolicy", "true", bool,
               "Evaluated against each pool's ad by the overlay constructor: may pilots for this bag go there? "
               "Default: every pool."),
@@ -83,6 +89,8 @@ BAG_ATTRS: dict[str, str] = {
     "JobsQueued": "jobs waiting for an instance",
     "Replicas": "instances created by replication so far",
     "ElapsedTime": "seconds since the bag was submitted",
+    "MeanRunTime": "mean seconds from sending an instance to its good result, over the results seen since the "
+                   "server started (0 before the first)",
 }
 QUEUE_ATTRS: dict[str, str] = {
     "BagsInQueue": "active bags on the server",
@@ -118,7 +126,8 @@ class PolicyError(ValueError):
 
     def __init__(self, name: str, text: str, problem: str, hint: str = "") -> None:
         self.policy, self.text, self.problem, self.hint = name, text, problem, hint
-        super().__init__(f"policy {name} = {text!r}: {problem}" + (f"; {hint}" if hint else ""))
+        shown = repr(text) if len(text) <= 200 else repr(text[:200]) + f"... ({len(text):,} characters)"
+        super().__init__(f"policy {name[:64]} = {shown}: {problem}" + (f"; {hint}" if hint else ""))
 
 
 def parse(name: str, text: str) -> ExprTree:
@@ -216,7 +225,7 @@ def representative_context() -> ClassAd:
             "JobsDone": 120, "JobsFailed": 3, "ErrorRate": 0.025, "JobsToday": 40, "RecentGoodCpuTime": 3600.0,
             "AvgTurnaround": 300.0, "BlackHole": False, "Reliable": False}
     bag = {"Name": "sweep", "Tail": False, "JobsTotal": 1000, "JobsLeft": 600, "JobsDone": 400, "JobsFailed": 0,
-           "JobsRunning": 100, "JobsQueued": 500, "Replicas": 0, "ElapsedTime": 3600.0}
+           "JobsRunning": 100, "JobsQueued": 500, "Replicas": 0, "ElapsedTime": 3600.0, "MeanRunTime": 600.0}
     replica = {"Name": "sweep.42.1", "SentTime": 0.0, "RunTime": 120.0, "Host": host}
     job = {"Name": "sweep.42", "Index": 42, "NumberOfReplicas": 1, "Failures": 0, "Replica1": replica}
     pool = {"Name": "cluster", "Kind": "slurm", "Reliability": "reliable", "Level": 1, "Cpus": 4, "Memory": 8192,
@@ -256,6 +265,30 @@ def compile_policies(written: Mapping[str, str], default_deadline: float,
     for name, expr in exprs.items():
         trial(name, texts[name], expr, ctx, timer)
     return PolicySet(texts, exprs)
+
+
+def validate_policies(written: Mapping[str, str], default_deadline: float,
+                      timer: Callable[[], float] | None = None) -> PolicySet:
+    """`compile_policies` for policies a person just wrote (a spec submitted, `gridbot policy`), which also
+    refuses what is wrong whatever the host: a constant Concurrency below 1, under which no host may hold
+    an instance of the bag (issue 12: `Concurrency = -5` was accepted, and stalled every bag of the server).
+    Stored policies are compiled without this, so a bag stored before the check still loads."""
+    policies = compile_policies(written, default_deadline, timer)
+    text = policies.texts["Concurrency"]
+    if not references(text):
+        value = policies.exprs["Concurrency"].eval(representative_context())
+        if isinstance(value, int | float) and not isinstance(value, bool) and not (math.isfinite(value) and value >= 1):
+            raise PolicyError("Concurrency", text, f"is {value:g} on every host, so no host may hold an instance of "
+                              "the bag and it would never run", "write a number of at least 1, or an expression of "
+                              "the host's attributes such as Host.Slots")
+    return policies
+
+
+def references(text: str) -> list[str]:
+    """The attribute references of an expression (`Host.Slots`, `Tail`), without keywords, function names and
+    strings: none means that its value is the same on every host."""
+    bare = _STRING.sub('""', text)
+    return [m.group(1) for m in _REF.finditer(bare) if not m.group(2) and m.group(1).lower() not in KEYWORDS]
 
 
 def trial(name: str, text: str, expr: ExprTree, ctx: ClassAd, timer: Callable[[], float] | None) -> None:

@@ -14,16 +14,29 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from aiohttp import web
 
 from gridbot.errors import GridbotError, ServerUnavailable
-from gridbot.protocol import MSGPACK, ErrorBody, ExchangeRequest, ExchangeResponse, PolicyChange, SubmitRequest
+from gridbot.protocol import (
+    MSGPACK,
+    ErrorBody,
+    ExchangeRequest,
+    ExchangeResponse,
+    InstanceInfo,
+    PolicyChange,
+    RegisterRequest,
+    Registration,
+    RetryRequest,
+    SubmitRequest,
+)
+from gridbot.security.access import Access, ServerAccess, ephemeral_keys
+from gridbot.security.keys import Principal, Role
 from gridbot.server.overlay import Overlay
-from gridbot.server.service import BadRequest, NotFound, Service
-from gridbot.store.base import BagExists
+from gridbot.server.service import BadRequest, Conflict, NotFound, Service, job_state
+from gridbot.store.base import BagExists, BagRow
 
 log = logging.getLogger("gridbot.server")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -36,6 +49,29 @@ with the store on its writer thread; 1 ms gave 17.2k)."""
 _exchange_decoder = msgspec.msgpack.Decoder(ExchangeRequest)
 _submit_decoder = msgspec.msgpack.Decoder(SubmitRequest)
 _policy_decoder = msgspec.json.Decoder(PolicyChange)
+_register_decoder = msgspec.msgpack.Decoder(RegisterRequest)
+_retry_decoder = msgspec.msgpack.Decoder(RetryRequest)
+T = TypeVar("T")
+
+
+def _decode(decoder: msgspec.msgpack.Decoder[T] | msgspec.json.Decoder[T], body: bytes) -> T:
+    """A request body as its message type, or BadRequest saying what is wrong with it (issue 12).
+
+    Besides msgspec's own errors (a wrong type, a value out of the range a field allows, a truncated body),
+    a string that is not valid UTF-8 raises UnicodeDecodeError, and an integer too large for a field
+    OverflowError: errors of the request, caught here, where only the decoder can raise them, rather than
+    in the error middleware, where they would hide bugs of our own."""
+    try:
+        return decoder.decode(body)
+    except msgspec.ValidationError as e:
+        raise BadRequest(str(e)) from None
+    except msgspec.DecodeError as e:
+        kind = "JSON" if isinstance(decoder, msgspec.json.Decoder) else "msgpack"
+        raise BadRequest(f"the body is not a valid {kind} message ({e})") from None
+    except UnicodeDecodeError as e:
+        raise BadRequest(f"a string of the request is not valid UTF-8 ({e.reason} at byte {e.start} of it)") from None
+    except (ValueError, OverflowError) as e:
+        raise BadRequest(f"a value of the request cannot be read: {e}") from None
 _mp = msgspec.msgpack.Encoder()
 _js = msgspec.json.Encoder()
 
@@ -50,21 +86,96 @@ def _error(request: web.Request, status: int, message: str, kind: str) -> web.Re
     return _reply(request, ErrorBody(message, kind), status)
 
 
+USERS: frozenset[Role] = frozenset(("admin", "submitter"))
+PERMISSIONS: dict[tuple[str, str], frozenset[Role]] = {
+    ("POST", "/v1/exchange"): frozenset(("host",)),
+    ("POST", "/v1/register"): frozenset(("worker",)),
+    ("GET", "/v1/health"): frozenset(("admin", "submitter", "worker", "host")),
+    ("GET", "/v1/bags"): USERS,
+    ("POST", "/v1/bags"): USERS,
+    ("GET", "/v1/bags/{bag}"): USERS,
+    ("POST", "/v1/bags/{bag}/cancel"): USERS,
+    ("POST", "/v1/bags/{bag}/retry"): USERS,
+    ("DELETE", "/v1/bags/{bag}"): USERS,
+    ("GET", "/v1/bags/{bag}/logs/{job}"): USERS,
+    ("GET", "/v1/bags/{bag}/policy"): USERS,
+    ("POST", "/v1/bags/{bag}/policy"): USERS,
+    ("GET", "/v1/bags/{bag}/jobs"): USERS,
+    ("GET", "/v1/bags/{bag}/jobs/{job}/instances"): USERS,
+    ("GET", "/v1/bags/{bag}/results"): USERS,
+    ("GET", "/v1/bags/{bag}/inputs/{name}"): frozenset(("admin", "submitter", "host")),
+    ("GET", "/v1/hosts"): USERS,
+    ("GET", "/v1/pools"): USERS,
+}
+"""Which roles may use each route. The check is made once, in the `_authenticate` middleware, before any
+handler; a route missing here is refused to everyone (a new endpoint cannot be left open by mistake)."""
+PRINCIPAL = web.RequestKey("principal", Principal)
+"""Where the authentication middleware leaves the caller for the handlers."""
+LOCAL: Principal = Principal("admin", "", "")
+"""Whoever talks to a server started without keys (`--no-auth`, loopback only)."""
+
+
+def _authenticate(access: ServerAccess | None) -> Any:
+    """The middleware that answers 401 to a request without a valid key and 403 to a role the route does
+    not admit; otherwise it puts the caller's Principal in `request[PRINCIPAL]`."""
+
+    @web.middleware
+    async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if access is None:
+            request[PRINCIPAL] = LOCAL
+            return await handler(request)
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        principal = access.auth.authenticate(token.strip()) if scheme.lower() == "bearer" else None
+        if principal is None:
+            response = _error(request, 401, "a valid key is needed: pass --access FILE (the access file the "
+                              "server wrote), or set GRIDBOT_ACCESS", "unauthorized")
+            response.headers["WWW-Authenticate"] = 'Bearer realm="gridbot"'
+            return response
+        resource = request.match_info.route.resource
+        method = "GET" if request.method == "HEAD" else request.method
+        roles = PERMISSIONS.get((method, resource.canonical)) if resource is not None else None
+        if roles is None and resource is None:
+            return await handler(request)  # no such route: the router's own 404 or 405
+        if roles is None or principal.role not in roles:
+            return _error(request, 403, f"a {principal.role} key may not {request.method} {request.path}",
+                          "forbidden")
+        request[PRINCIPAL] = principal
+        return await handler(request)
+
+    return authenticate
+
+
+def _owner(request: web.Request) -> str | None:
+    """The owner whose bags the caller may see: None for an admin (or a host fetching inputs), else its name."""
+    principal: Principal = request[PRINCIPAL]
+    return None if principal.role in ("admin", "host") else principal.name
+
+
 @web.middleware
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Map gridbot's errors to HTTP answers a client can show as they are; never leak a traceback."""
     try:
         return await handler(request)
-    except web.HTTPException:
-        raise
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        response = _error(request, e.status, _http_problem(request, e), "http")
+        if "Allow" in e.headers:
+            response.headers["Allow"] = e.headers["Allow"]
+        return response
     except NotFound as e:
         return _error(request, 404, str(e), "not_found")
     except BagExists as e:
         return _error(request, 409, str(e), "exists")
+    except Conflict as e:
+        return _error(request, 409, str(e), "conflict")
     except (BadRequest, msgspec.ValidationError, msgspec.DecodeError) as e:
         return _error(request, 400, f"bad request: {e}", "bad_request")
     except ServerUnavailable as e:
-        return _error(request, 503, str(e), "unavailable")
+        response = _error(request, 503, str(e), "unavailable")
+        response.headers["Retry-After"] = "2"
+        return response
     except GridbotError as e:
         return _error(request, 400, str(e), "error")
     except Exception:
@@ -72,37 +183,64 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _error(request, 500, "internal server error; the server log has the details", "internal")
 
 
+def _http_problem(request: web.Request, e: web.HTTPException) -> str:
+    """What aiohttp refused (no such route, a method the route does not take, a body too large), in the
+    words of our other errors, so every 4xx has a JSON body a client can show."""
+    if isinstance(e, web.HTTPNotFound):
+        return f"no such route: {request.method} {request.path[:200]}; docs/architecture.md lists the API"
+    if isinstance(e, web.HTTPMethodNotAllowed):
+        return f"{request.method} is not allowed on {request.path[:200]}; use {', '.join(sorted(e.allowed_methods))}"
+    return e.text or e.reason
+
+
 class Server:
     """The aiohttp application around one Service, with its tick loop."""
 
     def __init__(self, service: Service, tick_interval: float = 1.0, max_request_bytes: int = 0,
-                 overlay: Overlay | None = None) -> None:
+                 overlay: Overlay | None = None, access: ServerAccess | None = None,
+                 max_hosts_per_key: int = 10_000) -> None:
         self.service = service
         self.overlay = overlay
+        self.access = access
+        self.max_hosts_per_key = max_hosts_per_key
+        self.registered: dict[str, int] = {}
+        """Hosts registered with each worker key since the server started."""
         self.tick_interval = tick_interval
         self._flush_scheduled = False
         self._work = asyncio.Event()
         self._seen_work = 0
+        self._closing = False
         limit = max_request_bytes or max(64 << 20, 2 * service.config.dispatch.max_result_bytes + (1 << 20),
                                          service.config.max_input_bytes + (1 << 20))
-        self.app = web.Application(middlewares=[_errors], client_max_size=limit)
+        self.app = web.Application(middlewares=[_errors, _authenticate(access)], client_max_size=limit)
         self.app.add_routes([
             web.post("/v1/exchange", self.exchange),
+            web.post("/v1/register", self.register),
             web.get("/v1/health", self.health),
             web.get("/v1/bags", self.list_bags),
             web.post("/v1/bags", self.submit),
             web.get("/v1/bags/{bag}", self.get_bag),
             web.post("/v1/bags/{bag}/cancel", self.cancel),
+            web.post("/v1/bags/{bag}/retry", self.retry),
+            web.delete("/v1/bags/{bag}", self.delete),
+            web.get("/v1/bags/{bag}/logs/{job}", self.logs),
             web.get("/v1/bags/{bag}/policy", self.get_policy),
             web.post("/v1/bags/{bag}/policy", self.set_policy),
             web.get("/v1/bags/{bag}/jobs", self.jobs),
             web.get("/v1/bags/{bag}/results", self.results),
             web.get("/v1/bags/{bag}/inputs/{name}", self.input_file),
-            web.get("/v1/jobs/{job}/instances", self.instances),
+            web.get("/v1/bags/{bag}/jobs/{job}/instances", self.instances),
             web.get("/v1/hosts", self.hosts),
             web.get("/v1/pools", self.pools),
         ])
         self.app.cleanup_ctx.append(self._ticker)
+        self.app.on_shutdown.append(self._release_held)
+
+    async def _release_held(self, app: web.Application) -> None:
+        """Answer the idle hosts' held requests now, with no work: the server waits for every request before
+        it stops, and a held one kept it (and `gridbot run`) up for as long as its backoff, 10 s."""
+        self._closing = True
+        self._new_work()
 
     async def _ticker(self, app: web.Application) -> Any:
         # the store's writer thread gives up the interpreter lock for each statement and needs it back
@@ -134,7 +272,14 @@ class Server:
         if (request.content_length or 0) > limit:
             return _error(request, 413, f"an exchange of {request.content_length:,} bytes is over the limit of "
                           f"{limit:,} bytes (twice the server's --max-result-size, plus 1 MiB)", "too_large")
-        req = _exchange_decoder.decode(await request.read())
+        req = _decode(_exchange_decoder, await request.read())
+        principal: Principal = request[PRINCIPAL]
+        if principal is not LOCAL:
+            if req.host.host_id != principal.host_id:
+                return _error(request, 403, f"this credential belongs to host {principal.host_id}, not "
+                              f"{req.host.host_id[:100]!r}", "forbidden")
+            if req.host.pool != principal.name:  # the pool is the key's, whatever the worker says
+                req = msgspec.structs.replace(req, host=msgspec.structs.replace(req.host, pool=principal.name))
         resp = await self._answer(req)
         if not resp.assignments and not resp.cancel and not req.reports and not req.running and req.want > 0 \
                 and resp.backoff > 0:
@@ -143,13 +288,32 @@ class Server:
             work = self._work
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(work.wait(), min(resp.backoff, LONG_POLL_S))
-            resp = await self._answer(req) if work.is_set() else msgspec.structs.replace(resp, backoff=0.0)
+            if not self._still_valid(request):
+                return _error(request, 401, "this host's key was revoked while its request was held", "unauthorized")
+            if work.is_set() and not self._closing:
+                resp = await self._answer(req)
+            else:
+                resp = msgspec.structs.replace(resp, backoff=0.0)
+        elif not resp.assignments and not req.running and req.want > 0 and resp.backoff > 0:
+            # it has just handed in its last results and holds nothing: it asks again at once, as an idle host
+            # whose request is held, rather than sleep through work that comes meanwhile (a retry, a new bag)
+            resp = msgspec.structs.replace(resp, backoff=0.0)
         return web.Response(body=_mp.encode(resp), content_type=MSGPACK)
+
+    def _still_valid(self, request: web.Request) -> bool:
+        """Whether the caller's key is still in force (it may be revoked while its request is held)."""
+        if self.access is None:
+            return True
+        token = request.headers.get("Authorization", "").partition(" ")[2].strip()
+        return self.access.auth.authenticate(token) is not None
 
     async def _answer(self, req: ExchangeRequest) -> ExchangeResponse:
         """Decide an exchange and wait until its changes are durable (group commit)."""
         resp, changes = self.service.decide(req, time.time())
         self._check_work()
+        if time.monotonic() < self.service.solo_until:
+            self.service.commit(changes)  # after a failed batch: alone, so a bad exchange fails alone
+            return resp
         durable: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         def done(error: BaseException | None) -> None:
@@ -182,51 +346,99 @@ class Server:
         self._flush_scheduled = False
         self.service.flush_async(asyncio.get_running_loop().call_soon_threadsafe)
 
+    async def register(self, request: web.Request) -> web.Response:
+        """A host joins with its pool's worker key and gets its id and credential from the server."""
+        req = _decode(_register_decoder, await request.read())
+        principal: Principal = request[PRINCIPAL]
+        assert self.access is not None
+        count = self.registered.get(principal.key_id, 0)
+        if count >= self.max_hosts_per_key:
+            return _error(request, 429, f"pool '{principal.name}' has registered {count:,} hosts with this key since "
+                          f"the server started, its limit (server option --max-hosts-per-key)", "too_many_hosts")
+        self.registered[principal.key_id] = count + 1
+        host_id, credential = self.access.auth.host_credential(principal)
+        log.info("host %r registered as %s in pool %s", req.name[:200], host_id, principal.name)
+        return web.Response(body=_mp.encode(Registration(host_id, credential, principal.name)), content_type=MSGPACK)
+
     async def health(self, request: web.Request) -> web.Response:
+        """Whether the server can work: its store answers and its dispatcher is loaded (503 otherwise)."""
+        try:
+            self.service.store.ping()
+            self.service.ready()
+        except ServerUnavailable as e:
+            response = _reply(request, {"ok": False, "store": str(e)}, 503)
+            response.headers["Retry-After"] = "2"
+            return response
         return _reply(request, {"ok": True, "bags": len(self.service.dispatcher.bags)})
 
+    def _bag(self, request: web.Request) -> BagRow:
+        """The bag the route names, if the caller may see it (another submitter's bag is 'no bag')."""
+        return self.service.bag(request.match_info["bag"], _owner(request))
+
     async def submit(self, request: web.Request) -> web.Response:
-        req = _submit_decoder.decode(await request.read())
-        info = self.service.submit(req.spec, req.lines, req.inputs, time.time())
+        req = _decode(_submit_decoder, await request.read())
+        principal: Principal = request[PRINCIPAL]
+        info = self.service.submit(req.spec, req.lines, req.inputs, time.time(), principal.name)
         self._new_work()
         return _reply(request, info, 201)
 
     async def list_bags(self, request: web.Request) -> web.Response:
-        return _reply(request, self.service.bags())
+        return _reply(request, self.service.bags(_owner(request)))
 
     async def get_bag(self, request: web.Request) -> web.Response:
-        return _reply(request, self.service.info(self.service.bag(request.match_info["bag"])))
+        return _reply(request, self.service.info(self._bag(request)))
 
     async def get_policy(self, request: web.Request) -> web.Response:
-        return _reply(request, self.service.policies(request.match_info["bag"]))
+        return _reply(request, self.service.policies(self._bag(request)))
 
     async def set_policy(self, request: web.Request) -> web.Response:
-        change = _policy_decoder.decode(await request.read())
-        info = self.service.set_policy(request.match_info["bag"], change.name, change.text)
+        change = _decode(_policy_decoder, await request.read())
+        info = self.service.set_policy(self._bag(request), change.name, change.text)
         self._new_work()
         return _reply(request, info)
 
     async def cancel(self, request: web.Request) -> web.Response:
-        return _reply(request, self.service.cancel(request.match_info["bag"], time.time()))
+        return _reply(request, self.service.cancel(self._bag(request), time.time()))
+
+    async def retry(self, request: web.Request) -> web.Response:
+        """Queue failed jobs again, or make a new revision of the bag first (`RetryRequest`)."""
+        req = _decode(_retry_decoder, await request.read())
+        row = self._bag(request)
+        if req.revision is not None:
+            rev = req.revision
+            answer = self.service.revise(row, rev.spec, rev.lines, rev.inputs, time.time())
+        else:
+            answer = self.service.retry(row, req.indices, time.time())
+        self._new_work()
+        return _reply(request, answer)
+
+    async def delete(self, request: web.Request) -> web.Response:
+        """Remove a bag (`?force=1`: even if its results were never downloaded)."""
+        force = request.query.get("force", "") in ("1", "true", "yes")
+        return _reply(request, self.service.delete(self._bag(request), force, time.time()))
+
+    async def logs(self, request: web.Request) -> web.Response:
+        """One job of a bag, by its index in the bag (not its id), with every instance of it and its output
+        tails."""
+        return _reply(request, self.service.logs(self._bag(request), _path_int(request, "job")))
 
     async def jobs(self, request: web.Request) -> web.Response:
         q = request.query
-        return _reply(request, self.service.jobs(request.match_info["bag"], q.get("state"),
-                                                 _int(q, "limit", 1000), _int(q, "after", 0)))
+        state = job_state(q.get("state"))
+        return _reply(request, self.service.jobs(self._bag(request), state,
+                                                 _int(q, "limit", 1000, MAX_PAGE), _int(q, "after", 0)))
 
     async def results(self, request: web.Request) -> web.Response:
         q = request.query
-        return _reply(request, self.service.results(request.match_info["bag"], _int(q, "after", 0),
-                                                    _int(q, "limit", 200)))
+        return _reply(request, self.service.results(self._bag(request), _int(q, "after", 0),
+                                                    _int(q, "limit", 200, MAX_RESULTS_PAGE), time.time()))
 
     async def input_file(self, request: web.Request) -> web.Response:
-        data = self.service.input_file(request.match_info["bag"], request.match_info["name"])
+        data = self.service.input_file(self._bag(request), request.match_info["name"])
         return web.Response(body=data, content_type="application/octet-stream")
 
     async def instances(self, request: web.Request) -> web.Response:
-        from gridbot.protocol import InstanceInfo
-
-        rows = self.service.store.instances_of(_path_int(request, "job"))
+        rows = self.service.instances(self._bag(request), _path_int(request, "job"))
         return _reply(request, [InstanceInfo(r.instance_id, r.host_id, r.state.value, r.sent_at, r.ended_at,
                                              r.reason, r.exit_code, r.wall_s, r.cpu_s) for r in rows])
 
@@ -237,31 +449,48 @@ class Server:
         return _reply(request, self.service.hosts(time.time()))
 
 
-def _int(query: Any, key: str, default: int) -> int:
+MAX_PAGE = 10_000
+"""Most jobs one listing request returns (`limit=` above it is capped; page with `after=`)."""
+MAX_RESULTS_PAGE = 1_000
+"""Most results one request returns (each may carry outputs up to the result size limit)."""
+
+
+def _whole(text: str) -> int | None:
+    """`text` as a number that ids, indices and counts can be (ASCII digits, below 2^63), else None.
+
+    Python's int() also reads ' 7', '1_000' and other scripts' digits, and any length; the stores take
+    64-bit integers only (a larger one was an OverflowError, a 500, on SQLite)."""
+    if not (0 < len(text) <= 19 and text.isascii() and text.isdigit()):
+        return None
+    value = int(text)
+    return value if value < 2**63 else None
+
+
+def _int(query: Any, key: str, default: int, cap: int | None = None) -> int:
     raw = query.get(key)
     if raw is None:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise BadRequest(f"query parameter {key}={raw!r} is not a whole number") from None
-    if value < 0:
-        raise BadRequest(f"query parameter {key} must not be negative")
-    return value
+    value = _whole(raw)
+    if value is None:
+        raise BadRequest(f"query parameter {key}={raw[:40]!r} is not a whole number from 0 to {2**63 - 1}")
+    return min(value, cap) if cap is not None else value
 
 
 def _path_int(request: web.Request, key: str) -> int:
-    try:
-        return int(request.match_info[key])
-    except ValueError:
-        raise NotFound(f"no {key} '{request.match_info[key]}'") from None
+    value = _whole(request.match_info[key])
+    if value is None:
+        raise NotFound(f"no {key} {request.match_info[key][:40]!r}: it is a whole number from 0 up")
+    return value
 
 
 class EmbeddedServer:
     """The server on a background thread with its own event loop, bound to 127.0.0.1 (port 0: any free)."""
 
-    def __init__(self, service: Service, port: int = 0, tick_interval: float = 1.0) -> None:
-        self.server = Server(service, tick_interval)
+    def __init__(self, service: Service, port: int = 0, tick_interval: float = 1.0,
+                 keys: tuple[ServerAccess, Access] | None = None) -> None:
+        server_access, self.access = keys or ephemeral_keys()
+        """The keys of this run (made in memory unless given): `access` is what its clients use."""
+        self.server = Server(service, tick_interval, access=server_access)
         self.port = port
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
@@ -272,6 +501,15 @@ class EmbeddedServer:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def host_credential(self, pool: str = "local") -> tuple[str, str]:
+        """A new host's id and credential, as registering with `pool`'s worker key gives them (for tests and
+        benchmarks that speak the worker protocol themselves)."""
+        server_access = self.server.access
+        assert server_access is not None
+        principal = server_access.auth.authenticate(self.access.workers[pool])
+        assert principal is not None
+        return server_access.auth.host_credential(principal)
 
     def start(self) -> EmbeddedServer:
         self._thread.start()

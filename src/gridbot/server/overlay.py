@@ -14,7 +14,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from gridbot.model.pools import PoolSpec
@@ -23,6 +23,7 @@ from gridbot.pools.adapters import make_adapter
 from gridbot.pools.base import PilotRequest, PoolAdapter, PoolError
 from gridbot.protocol import PoolInfo
 from gridbot.schedulers.overlay import BagDemand, PoolCapacity, bag_demands, host_slots, plan, pool_capacity
+from gridbot.security.access import ServerAccess
 from gridbot.server.service import Service
 
 log = logging.getLogger("gridbot.overlay")
@@ -46,9 +47,10 @@ class Overlay:
     """Keeps the pools' pilots matched to the bags' demand."""
 
     def __init__(self, service: Service, pools: Sequence[PoolSpec], server_url: str, workdir: Path,
-                 interval: float = 3.0) -> None:
+                 interval: float = 3.0, access: ServerAccess | None = None, fingerprint: str = "") -> None:
         self.service = service
-        self.request = PilotRequest(server_url)
+        self.request = PilotRequest(server_url, fingerprint=fingerprint)
+        self.access = access
         self.interval = interval
         self.pools: dict[str, _Pool] = {}
         service.dispatcher.pool_ads = {spec.name: spec.ad() for spec in pools}
@@ -78,6 +80,8 @@ class Overlay:
             self._observe(self.pools[name], result)
         decision = plan(self._demand(), self._capacity(now))
         await loop.run_in_executor(None, self._act, decision.submit, decision.cancel, now)
+        # bags that cannot move say why: a pool that fails to start pilots is part of the answer
+        self.service.dispatcher.pool_errors = {name: p.error for name, p in self.pools.items() if p.error}
         done = self._pool_hosts()
         for name, p in self.pools.items():
             p.done_samples.append((now, done.get(name, (0, 0))[1]))
@@ -116,12 +120,23 @@ class Overlay:
                                      p.adapter is not None and now >= p.backoff_until))
         return out
 
+    def _pilot(self, pool: str) -> PilotRequest:
+        """The request for a pilot of `pool`, with the pool's worker key as the access file has it now (so
+        a rotated key reaches the next pilots); never the submitter's or the admin's key."""
+        if self.access is None:
+            return self.request
+        key = self.access.access().workers.get(pool, "")
+        if not key:
+            raise PoolError(f"the access file {self.access.access_path} has no worker key for pool '{pool}'; "
+                            "restart the server to create one")
+        return replace(self.request, key=key)
+
     def _act(self, submit: dict[str, int], cancel: dict[str, int], now: float) -> None:
         for name, n in submit.items():
             pool = self.pools[name]
             assert pool.adapter is not None
             try:
-                ids = pool.adapter.submit(n, self.request)
+                ids = pool.adapter.submit(n, self._pilot(name))
             except Exception as e:  # one pool's trouble is never the others'
                 if not isinstance(e, PoolError):
                     log.exception("pool %s: unexpected error while submitting", name)

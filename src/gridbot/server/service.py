@@ -16,14 +16,25 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from gridbot.core.changes import BagSnapshot, Changes
+from gridbot.core.changes import BagSnapshot, Changes, QueuedJob
 from gridbot.core.dispatcher import DispatchConfig, Dispatcher
 from gridbot.errors import GridbotError, ServerUnavailable
-from gridbot.model.spec import BagSpec
-from gridbot.model.states import BagState, JobState
-from gridbot.policy.policies import PolicyError, PolicySet, compile_policies
-from gridbot.protocol import BagInfo, ExchangeRequest, ExchangeResponse, HostInfoRow, JobInfo, ResultInfo
-from gridbot.store.base import BagRow, JobRow, Store
+from gridbot.model.spec import MAX_PATH, BagSpec, check_spec
+from gridbot.model.states import BAG_TERMINAL, BagState, JobState
+from gridbot.policy.policies import PolicyError, PolicySet, compile_policies, validate_policies
+from gridbot.protocol import (
+    BagInfo,
+    Deleted,
+    ExchangeRequest,
+    ExchangeResponse,
+    HostInfoRow,
+    InstanceLog,
+    JobInfo,
+    JobLog,
+    ResultInfo,
+    RetryAnswer,
+)
+from gridbot.store.base import BagRow, InstanceRow, JobRow, Store, spec_hash
 
 log = logging.getLogger("gridbot.server")
 
@@ -36,6 +47,10 @@ class BadRequest(GridbotError):
     """The request cannot be served as sent."""
 
 
+class Conflict(GridbotError):
+    """The request is valid but would lose something the caller did not say it may lose (HTTP 409)."""
+
+
 @dataclass(frozen=True)
 class ServiceConfig:
     """Server settings beyond the dispatcher's."""
@@ -45,9 +60,15 @@ class ServiceConfig:
     max_input_bytes: int = 256 * 1024 * 1024
     heartbeat: float = 15.0
     """Seconds between a busy worker's contacts: how soon it hears that an instance was cancelled."""
+    max_bags_per_submitter: int = 1_000
+    """Active bags one submitter may have at once."""
 
 
 Waiter = Callable[[BaseException | None], None]
+SOLO_SECONDS = 10.0
+"""How long exchanges are committed one by one after a batch of several failed."""
+PAUSE_GAP = 5.0
+"""Seconds between two ticks (one a second) beyond which the server counts itself as having been away."""
 
 
 @dataclass
@@ -63,8 +84,11 @@ class _Flight:
 class Service:
     """Owns the dispatcher and the store; every public method is one event."""
 
-    def __init__(self, store: Store, config: ServiceConfig | None = None) -> None:
+    def __init__(self, store: Store, config: ServiceConfig | None = None, only: set[int] | None = None) -> None:
         self.store = store
+        self.only = only
+        """The bags this service dispatches, and those submitted through it (None: every active bag). `gridbot
+        run` serves its own bag alone, leaving others of the same store as they are."""
         self.config = config or ServiceConfig()
         if self.config.heartbeat * 2 > self.config.dispatch.host_timeout:
             raise GridbotError(f"the heartbeat ({self.config.heartbeat:g} s) must be at most half the host timeout "
@@ -76,17 +100,43 @@ class Service:
         self._writer: concurrent.futures.ThreadPoolExecutor | None = None
         self.batches = 0
         """Transactions committed (each may carry many exchanges)."""
+        self._last_tick = 0.0
+        self.stale = False
+        self.solo_until = 0.0
+        """While the clock is before this, each exchange is committed alone (after a failed batch, so an
+        exchange whose changes the store refuses fails alone instead of taking its batch with it)."""
         self.dispatcher = Dispatcher(self.config.dispatch)
         self._load()
 
     def _load(self) -> None:
-        pool_ads = self.dispatcher.pool_ads  # the pools file survives a reload from the store
-        self.dispatcher = Dispatcher(self.config.dispatch)
-        self.dispatcher.pool_ads = pool_ads
-        self.dispatcher.restore(self.store.snapshot())
+        """Rebuild the dispatcher from the store's last durable state. The new one replaces the old only
+        once the snapshot has been read whole: a store that is down leaves the service `stale`, answering
+        ServerUnavailable until a reload succeeds, never an empty dispatcher that forgets running work.
+        Hosts could not be heard while the server was away or its store down: they get a grace period."""
+        fresh = Dispatcher(self.config.dispatch)
+        fresh.pool_ads = self.dispatcher.pool_ads  # the pools file survives a reload from the store
+        snapshot = self.store.snapshot()
+        if self.only is not None:
+            only = self.only
+            snapshot = msgspec.structs.replace(snapshot, bags=[b for b in snapshot.bags if b.bag_id in only],
+                                               instances=[i for i in snapshot.instances if i.bag_id in only])
+        fresh.restore(snapshot)
+        fresh.grace(time.time())
+        self.dispatcher = fresh
+        self.stale = False
         self.feed()
 
-    def _commit(self, changes: Changes) -> None:
+    def ready(self) -> None:
+        """Raise ServerUnavailable while the dispatcher waits to be reloaded from a store that was down."""
+        if not self.stale:
+            return
+        try:
+            self._load()
+        except Exception as e:
+            raise ServerUnavailable(f"the store is unavailable ({e}); try again shortly") from e
+        log.info("the store is back; the dispatcher was reloaded from it")
+
+    def commit(self, changes: Changes) -> None:
         """Make `changes` durable now, with any staged before them (raises ServerUnavailable)."""
         self._pending.append(changes)
         self.flush()
@@ -171,7 +221,13 @@ class Service:
         error = ServerUnavailable(f"the store failed: {e}; try again")
         for done in waiters:
             done(error)
-        self._load()
+        if len(waiters) > 1:
+            self.solo_until = time.monotonic() + SOLO_SECONDS
+        self.stale = True
+        try:
+            self._load()
+        except Exception as reload_error:
+            log.error("cannot reload the dispatcher from the store (%s); answering 503 until it can", reload_error)
         return error
 
     def _applied(self, batch: Changes, waiters: list[Waiter]) -> None:
@@ -208,12 +264,13 @@ class Service:
     def exchange(self, req: ExchangeRequest, now: float) -> ExchangeResponse:
         """A worker's round trip; its reports and new assignments are durable when this returns."""
         resp, changes = self.decide(req, now)
-        self._commit(changes)
+        self.commit(changes)
         return resp
 
     def decide(self, req: ExchangeRequest, now: float) -> tuple[ExchangeResponse, Changes]:
         """A worker's round trip without the commit: the answer may be sent only once `changes` are
-        durable (through `stage` and `flush`, or `_commit`)."""
+        durable (through `stage` and `flush`, or `commit`)."""
+        self.ready()
         self.feed()
         answer, changes = self.dispatcher.request_work(req.host, max(0, req.want), req.running, now, req.reports)
         cfg = self.config.dispatch
@@ -221,56 +278,87 @@ class Service:
                                 max_result_bytes=cfg.max_result_bytes), changes
 
     def tick(self, now: float) -> None:
-        """Deadline expiry and silent hosts, then a feeder pass."""
-        self._commit(self.dispatcher.tick(now))
+        """Deadline expiry and silent hosts, then a feeder pass.
+
+        A gap since the last tick longer than PAUSE_GAP means the server itself was away (stopped, or its
+        loop blocked): that time is not counted against hosts or instances (`Dispatcher.shift`)."""
+        self.ready()
+        if self._last_tick and now - self._last_tick > PAUSE_GAP:
+            gap = now - self._last_tick
+            log.warning("the server did not run for %.0f s; hosts and instances are not blamed for it", gap)
+            self.dispatcher.shift(gap)
+        self._last_tick = now
+        self.commit(self.dispatcher.tick(now))
         self.feed()
 
-    def input_file(self, bag_ref: str, name: str) -> bytes:
-        data = self.store.input_file(self.bag(bag_ref).bag_id, name)
+    def input_file(self, row: BagRow, name: str) -> bytes:
+        data = self.store.input_file(row.bag_id, name) if 0 < len(name) <= MAX_PATH and "\0" not in name else None
         if data is None:
-            raise NotFound(f"bag {bag_ref} has no input file '{name}'")
+            raise NotFound(f"bag {row.name} has no input file '{name[:100]}'")
         return data
 
     # -- submitters -----------------------------------------------------------------------------------
 
-    def submit(self, spec: BagSpec, lines: Sequence[str] | None, inputs: dict[str, bytes], now: float) -> BagInfo:
-        """Store a bag and start dispatching it; nothing is stored if it is refused."""
-        total = len(lines) if lines is not None else spec.sweep_size
-        if spec.each_line != (lines is not None):
-            raise BadRequest("an each-line bag needs its lines, and only an each-line bag has lines")
-        if total > self.config.max_jobs:
-            raise BadRequest(f"the bag has {total:,} jobs, over this server's limit of {self.config.max_jobs:,}; "
-                             "split it, or start the server with a larger --max-jobs")
-        if total < 1:
-            raise BadRequest("the bag has no jobs")
-        self.compile(spec.policy, spec)
-        missing = sorted({p.rstrip("/").rsplit("/", 1)[-1] for p in spec.inputs} - set(inputs))
-        if missing:
-            raise BadRequest(f"input files {missing} are named in the spec but were not sent")
-        size = sum(len(v) for v in inputs.values())
-        if size > self.config.max_input_bytes:
-            raise BadRequest(f"input files total {size:,} bytes, over the limit of {self.config.max_input_bytes:,}")
-        row = self.store.create_bag(spec, lines, inputs, now)
+    def submit(self, spec: BagSpec, lines: Sequence[str] | None, inputs: dict[str, bytes], now: float,
+               owner: str = "") -> BagInfo:
+        """Store a bag for `owner` and start dispatching it; nothing is stored if it is refused."""
+        self.ready()
+        self._check_work(spec, lines, inputs)
+        self._check_room(owner)
+        row = self.store.create_bag(spec, lines, inputs, now, owner)
+        if self.only is not None:
+            self.only.add(row.bag_id)
         self.dispatcher.add_bag(BagSnapshot(row.bag_id, row.spec, row.counts, row.created_at))
         self.feed()
         log.info("bag %d '%s' submitted: %d jobs", row.bag_id, row.name, row.total)
         return bag_info(row)
 
+    def _check_work(self, spec: BagSpec, lines: Sequence[str] | None, inputs: dict[str, bytes]) -> int:
+        """Refuse (BadRequest) a spec, lines and inputs that cannot make a bag here; return its jobs."""
+        problems = check_spec(spec, lines, self.config.max_jobs)  # the command line's checks, issue 12
+        if problems:
+            raise BadRequest("; ".join(problems))
+        total = len(lines) if lines is not None else spec.sweep_size
+        self.compile(spec.policy, spec)
+        named = {p.rstrip("/").rsplit("/", 1)[-1] for p in spec.inputs}
+        missing = sorted(named - set(inputs))
+        if missing:
+            raise BadRequest(f"input files {missing} are named in the spec but were not sent")
+        extra = sorted(set(inputs) - named)
+        if extra:
+            raise BadRequest(f"input files {[n[:60] for n in extra[:5]]} were sent but the spec names no such input; "
+                             "list them under inputs")
+        size = sum(len(v) for v in inputs.values())
+        if size > self.config.max_input_bytes:
+            raise BadRequest(f"input files total {size:,} bytes, over the limit of {self.config.max_input_bytes:,}")
+        return total
+
+    def _check_room(self, owner: str) -> None:
+        """Refuse one more active bag for `owner` beyond the server's limit."""
+        active = sum(1 for b in self.store.bags() if b.owner == owner and b.state is BagState.ACTIVE)
+        if active >= self.config.max_bags_per_submitter:
+            raise BadRequest(f"'{owner}' has {active:,} active bags, this server's limit (--max-bags-per-submitter); "
+                             "wait for some to end, or cancel some")
+
     def compile(self, written: dict[str, str], spec: BagSpec) -> PolicySet:
-        """Validate policies with a trial evaluation bounded in time; BadRequest names the bad one."""
+        """Validate policies someone wrote with a trial evaluation bounded in time, as the command line does;
+        BadRequest names the bad one."""
         try:
-            return compile_policies(written, spec.instance_deadline, time.perf_counter)
+            return validate_policies(written, spec.instance_deadline, time.perf_counter)
         except PolicyError as e:
             raise BadRequest(str(e)) from None
 
-    def policies(self, ref: str) -> dict[str, str]:
-        """A bag's policies as they apply: what its owner wrote, and the defaults for the rest."""
-        row = self.bag(ref)
-        return self.compile(row.spec.policy, row.spec).texts
+    def policies(self, row: BagRow) -> dict[str, str]:
+        """A bag's policies as they apply: what its owner wrote, and the defaults for the rest (as stored: a
+        bag stored before a check was added shows its policies too)."""
+        try:
+            return compile_policies(row.spec.policy, row.spec.instance_deadline).texts
+        except PolicyError as e:
+            raise BadRequest(str(e)) from None
 
-    def set_policy(self, ref: str, name: str, text: str) -> BagInfo:
+    def set_policy(self, row: BagRow, name: str, text: str) -> BagInfo:
         """Change one policy of a bag; the next decision uses it. Nothing changes if it is refused."""
-        row = self.bag(ref)
+        self.ready()
         written = {**row.spec.policy, name: text}
         self.compile(written, row.spec)
         spec = msgspec.structs.replace(row.spec, policy=written)
@@ -278,10 +366,10 @@ class Service:
         if row.bag_id in self.dispatcher.bags:
             self.dispatcher.set_policy(row.bag_id, spec)
         log.info("bag %d policy %s = %r", row.bag_id, name, text)
-        return self.info(self.bag(ref))
+        return self.info(self.bag(row.bag_id))
 
     def info(self, row: BagRow) -> BagInfo:
-        return msgspec.structs.replace(bag_info(row), diagnostics=self.dispatcher.diagnostics(row.bag_id))
+        return msgspec.structs.replace(bag_info(row), diagnostics=self.dispatcher.diagnostics(row.bag_id, time.time()))
 
     def hosts(self, now: float) -> list[HostInfoRow]:
         """Known hosts with the statistics the dispatcher holds (the store's for hosts it never saw)."""
@@ -291,50 +379,219 @@ class Service:
             stats = live.stats if live is not None else h.stats
             black = bool(live is not None and self.dispatcher.host_attrs(live, now)["BlackHole"])
             rows.append(HostInfoRow(h.info.host_id, h.info.name, h.info.pool, h.info.ncpus, h.first_seen,
-                                    h.last_seen, stats.done, stats.failed, stats.error_rate, black))
+                                    h.last_seen, stats.done, stats.failed, stats.error_rate, black, stats.refused))
         return rows
 
-    def bag(self, ref: str) -> BagRow:
-        row = self.store.bag(ref)
-        if row is None:
-            raise NotFound(f"no bag '{ref}'; `gridbot status` lists the bags")
+    def bag(self, ref: str | int, owner: str | None = None) -> BagRow:
+        """The bag by name or id; another owner's bag is no bag at all (None: any owner, for admins)."""
+        key = _bag_key(ref)
+        row = self.store.bag(key) if key is not None else None
+        if row is None or (owner is not None and row.owner != owner):
+            raise NotFound(f"no bag '{str(ref)[:100]}'; `gridbot status` lists the bags")
         return row
 
-    def bags(self) -> list[BagInfo]:
-        return [self.info(b) for b in self.store.bags()]
+    def bags(self, owner: str | None = None) -> list[BagInfo]:
+        return [self.info(b) for b in self.store.bags() if owner is None or b.owner == owner]
 
-    def cancel(self, ref: str, now: float) -> BagInfo:
-        row = self.bag(ref)
-        self._commit(self.dispatcher.cancel_bag(row.bag_id, now))
-        return bag_info(self.bag(ref))
+    def cancel(self, row: BagRow, now: float) -> BagInfo:
+        self.ready()
+        self.commit(self.dispatcher.cancel_bag(row.bag_id, now))
+        return bag_info(self.bag(row.bag_id))
 
-    def jobs(self, ref: str, state: str | None, limit: int, after: int) -> list[JobInfo]:
-        try:
-            st = JobState(state) if state else None
-        except ValueError:
-            raise BadRequest(f"unknown job state '{state}'; use one of "
-                             f"{', '.join(s.value for s in JobState)}") from None
-        row = self.bag(ref)
-        return [job_info(row.spec, j) for j in self.store.jobs(row.bag_id, st, limit, after)]
+    def retry(self, row: BagRow, indices: Sequence[int] | None, now: float) -> RetryAnswer:
+        """Queue failed jobs of the bag again (those at `indices`, else every failed one), with their failure
+        counts reset, and make the bag active again if it had ended. BadRequest names what cannot be retried
+        (a cancelled bag, a job that did not fail), and then nothing changes."""
+        self.ready()
+        self.flush()  # the store holds every decision made so far: its failed jobs are the dispatcher's too
+        row = self.bag(row.bag_id)
+        if row.state is BagState.CANCELLED:
+            raise BadRequest(f"bag {row.name} was cancelled, so its jobs cannot be retried; submit it again "
+                             f"(`gridbot delete {row.name}` frees its name)")
+        self._check_served(row)
+        failed = self._failed_jobs(row, indices)
+        if not failed:
+            return RetryAnswer(self.info(row), 0)
+        if row.state is not BagState.ACTIVE:
+            self._check_room(row.owner)
+        if self.only is not None:
+            self.only.add(row.bag_id)
+        snapshot = BagSnapshot(row.bag_id, row.spec, row.counts, row.created_at, row.revision)
+        queued = [QueuedJob(j.job_id, j.index, j.line, 0, j.attempts) for j in failed]
+        self.commit(self.dispatcher.retry(snapshot, row.state, queued, now))
+        self.feed()
+        log.info("bag %d '%s': %d failed jobs queued again", row.bag_id, row.name, len(failed))
+        return RetryAnswer(self.info(self.bag(row.bag_id)), len(failed))
 
-    def results(self, ref: str, after: int, limit: int) -> list[ResultInfo]:
-        row = self.bag(ref)
-        out = []
+    def _check_served(self, row: BagRow) -> None:
+        """Refuse to retry or revise an active bag this service does not dispatch (`only`)."""
+        if row.state is BagState.ACTIVE and row.bag_id not in self.dispatcher.bags:
+            raise BadRequest(f"bag {row.name} is not dispatched here: this `gridbot run` serves its own bag only")
+
+    def _failed_jobs(self, row: BagRow, indices: Sequence[int] | None) -> list[JobRow]:
+        """The bag's failed jobs, or those at `indices` (BadRequest if one of them did not fail)."""
+        failed: list[JobRow] = []
+        after = 0
+        while page := self.store.jobs(row.bag_id, JobState.FAILED, 10_000, after):
+            failed.extend(page)
+            after = page[-1].job_id
+        if indices is None:
+            return failed
+        wanted = set(indices)
+        outside = sorted(i for i in wanted if not 0 <= i < row.total)
+        if outside:
+            raise BadRequest(f"bag {row.name} has jobs 0 to {row.total - 1}; there is no job "
+                             f"{', '.join(map(str, outside[:5]))}")
+        chosen = [j for j in failed if j.index in wanted]
+        others = sorted(wanted - {j.index for j in chosen})
+        if others:
+            states = ", ".join(f"{i} ({self._job_at(row, i).state.value})" for i in others[:5])
+            raise BadRequest(f"only failed jobs can be retried, and job(s) {states}"
+                             f"{f' and {len(others) - 5} more' if len(others) > 5 else ''} of bag {row.name} "
+                             "did not fail; `gridbot jobs BAG --state failed` lists those that did")
+        return chosen
+
+    def revise(self, row: BagRow, spec: BagSpec, lines: Sequence[str] | None, inputs: dict[str, bytes],
+               now: float) -> RetryAnswer:
+        """Make `spec` (with its lines and inputs) the bag's next revision and queue its failed jobs again.
+
+        Done jobs keep their results (and the revision that made them); every other job runs the new
+        command, the running ones withdrawn from their hosts and queued again. The bag keeps its jobs, so
+        the new spec must make as many. The same spec, lines and inputs as the bag's make no revision: its
+        failed jobs are retried."""
+        self.ready()
+        total = self._check_work(spec, lines, inputs)
+        if spec.name != row.name:
+            raise BadRequest(f"a revision of bag {row.name} must keep its name, not {spec.name[:80]!r}")
+        if spec.each_line != row.spec.each_line:
+            raise BadRequest(f"bag {row.name} is {'' if row.spec.each_line else 'not '}an each-line bag, and a "
+                             "revision cannot change that; give the new one another name")
+        if total != row.total:
+            raise BadRequest(f"a revision keeps the bag's jobs, and bag {row.name} has {row.total:,} where the new "
+                             f"spec makes {total:,}; give the new one another name")
+        if row.state is BagState.CANCELLED:
+            raise BadRequest(f"bag {row.name} was cancelled, so it cannot be revised; submit it again "
+                             f"(`gridbot delete {row.name}` frees its name)")
+        self._check_served(row)
+        if spec_hash(spec, lines, inputs) == row.spec_hash:
+            return self.retry(row, None, now)
+        self.flush()
+        revised = self.store.revise(row.bag_id, spec, lines, inputs, now)
+        self.commit(self.dispatcher.revise(row.bag_id, spec, revised.revision, lines, now))
+        self.feed()
+        log.info("bag %d '%s': revision %d (%s)", row.bag_id, row.name, revised.revision, revised.spec_hash)
+        return self.retry(revised, None, now)
+
+    def delete(self, row: BagRow, force: bool, now: float) -> Deleted:
+        """Remove the bag and everything the store holds of it, cancelling it first if it is active (its hosts
+        kill its instances). Conflict if some of its results were never downloaded, unless `force`."""
+        self.ready()
+        self.flush()
+        row = self.bag(row.bag_id)
+        results = row.counts.done + row.counts.failed
+        if results and row.downloaded_at is None and not force:
+            raise Conflict(f"the results of bag {row.name} ({results:,} jobs) were never downloaded: fetch them with "
+                           f"`gridbot results {row.name} DIR`, or `gridbot delete {row.name} --keep-results DIR` "
+                           "(downloads, then deletes), or delete them with the bag: --force")
+        if row.bag_id in self.dispatcher.bags:
+            self.commit(self.dispatcher.cancel_bag(row.bag_id, now))
+        self.store.delete_bag(row.bag_id)
+        if self.only is not None:
+            self.only.discard(row.bag_id)
+        log.info("bag %d '%s' deleted (it was %s)", row.bag_id, row.name, row.state.value)
+        return Deleted(row.bag_id, row.name, row.state.value, row.total)
+
+    def logs(self, row: BagRow, index: int) -> JobLog:
+        """The job at `index` with every instance of it and what its host said: output tails and reasons."""
+        job = self._job_at(row, index)
+        spec = self._specs(row).get(job.revision, row.spec)
+        instances = self.store.instances_of(job.job_id)
+        kept = job.result_instance
+        if kept is None and job.state is JobState.FAILED and instances:
+            kept = instances[-1].instance_id  # as the results show a failed job: its last instance
+        return JobLog(row.name, job_info(spec, job), {} if spec.each_line else spec.params(index), [
+            InstanceLog(i.instance_id, i.host_id, i.state.value, i.sent_at, i.ended_at, i.reason, i.exit_code,
+                        i.wall_s, i.cpu_s, i.stdout_tail or "", i.stderr_tail or "", i.instance_id == kept)
+            for i in instances])
+
+    def _job_at(self, row: BagRow, index: int) -> JobRow:
+        """The bag's job at `index`. Job ids ascend with the index within a bag (they are inserted in order),
+        so it is found by id, a few rows on where the ids have gaps, never by reading the whole bag."""
+        if not 0 <= index < row.total:
+            raise NotFound(f"bag {row.name} has jobs 0 to {row.total - 1}; there is no job {index}")
+        first = self.store.jobs(row.bag_id, None, 1, 0)
+        if first:
+            near = self.store.jobs(row.bag_id, None, 1, first[0].job_id + index - 1)
+            if near and near[0].index < index:
+                near = self.store.jobs(row.bag_id, None, index - near[0].index, near[0].job_id)[-1:]
+            if near and near[0].index == index:
+                return near[0]
+        raise NotFound(f"bag {row.name} has no job {index}")
+
+    def _specs(self, row: BagRow) -> dict[int, BagSpec]:
+        """The bag's spec of each revision, to show each job with the command of its own revision."""
+        return {**(self.store.revisions(row.bag_id) if row.revision > 1 else {}), row.revision: row.spec}
+
+    def instances(self, row: BagRow, job_id: int) -> list[InstanceRow]:
+        """The instances of one job of the bag (a job of another bag is not found)."""
+        jobs = self.store.jobs(row.bag_id, None, 1, job_id - 1) if job_id > 0 else []
+        if not jobs or jobs[0].job_id != job_id:
+            raise NotFound(f"bag {row.name} has no job with id {job_id}")
+        return self.store.instances_of(job_id)
+
+    def jobs(self, row: BagRow, state: JobState | None, limit: int, after: int) -> list[JobInfo]:
+        specs = self._specs(row)
+        return [job_info(specs.get(j.revision, row.spec), j) for j in self.store.jobs(row.bag_id, state, limit, after)]
+
+    def results(self, row: BagRow, after: int, limit: int, now: float | None = None) -> list[ResultInfo]:
+        """A page of ended jobs with their results, cut short once it holds more than twice the largest
+        result (the client asks for the next page after the last job it got). The empty page after the
+        last of an ended bag marks its results as downloaded (`BagRow.downloaded_at`)."""
+        out: list[ResultInfo] = []
+        size, budget = 0, 2 * self.config.dispatch.max_result_bytes
+        specs = self._specs(row)
         for r in self.store.results(row.bag_id, after, limit):
+            size += sum(len(v) for v in r.outputs.values())
+            if out and size > budget:
+                break
             inst = r.instance
+            spec = specs.get(r.job.revision, row.spec)
             out.append(ResultInfo(
-                job_info(row.spec, r.job), {} if row.spec.each_line else row.spec.params(r.job.index),
+                job_info(spec, r.job), {} if spec.each_line else spec.params(r.job.index),
                 inst.exit_code if inst else None, inst.wall_s if inst else None, inst.cpu_s if inst else None,
                 inst.host_id if inst else None, (inst.stdout_tail or "") if inst else "",
                 (inst.stderr_tail or "") if inst else "", r.outputs))
+        if not out and now is not None and row.state in BAG_TERMINAL and row.downloaded_at is None:
+            self.store.mark_downloaded(row.bag_id, now)
         return out
+
+
+def _bag_key(ref: str | int) -> str | int | None:
+    """What the store may be asked for a bag named or numbered `ref` in a request: an id below 2^63, or a name
+    without NUL of at most 255 characters; None when `ref` can name no bag. (A 30-digit id overflowed SQLite's
+    integers, a NUL is refused by PostgreSQL's text, and the stores read '²' as a number: 500s, issue 12.)"""
+    if isinstance(ref, int):
+        return ref
+    if ref.isdigit():  # what the stores read as an id
+        return int(ref) if ref.isascii() and len(ref) <= 19 and int(ref) < 2**63 else None
+    return ref if 0 < len(ref) <= 255 and "\0" not in ref else None
+
+
+def job_state(state: str | None) -> JobState | None:
+    """A job state named in a request (None: every state); BadRequest names the known ones."""
+    try:
+        return JobState(state) if state else None
+    except ValueError:
+        raise BadRequest(f"unknown job state '{str(state)[:40]}'; use one of "
+                         f"{', '.join(s.value for s in JobState)}") from None
 
 
 def bag_info(row: BagRow) -> BagInfo:
     return BagInfo(row.bag_id, row.name, row.state.value, row.total, row.counts, row.created_at, row.finished_at,
-                   row.spec_hash, row.spec.description)
+                   row.spec_hash, row.spec.description, revision=row.revision)
 
 
 def job_info(spec: BagSpec, job: JobRow) -> JobInfo:
     command = spec.render(job.index, job.line)[0]
-    return JobInfo(job.job_id, job.index, job.state.value, command, job.failures, job.attempts, job.reason)
+    return JobInfo(job.job_id, job.index, job.state.value, command, job.failures, job.attempts, job.reason,
+                   job.revision)

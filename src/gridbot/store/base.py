@@ -15,13 +15,20 @@ from collections.abc import Sequence
 import msgspec
 
 from gridbot.core.changes import BagCounts, Changes, HostSnapshot, QueuedJob, Snapshot
-from gridbot.errors import GridbotError
+from gridbot.errors import GridbotError, ServerUnavailable
 from gridbot.model.spec import BagSpec
 from gridbot.model.states import BagState, InstanceState, JobState
 
 
 class StoreError(GridbotError):
     """The store could not do what was asked (bad URL, unreachable database, conflicting name)."""
+
+
+class StoreUnavailable(StoreError, ServerUnavailable):
+    """The database cannot be reached or used right now (connection lost, disk full, locked): a request
+    may succeed later, and the server answers 503 with Retry-After meanwhile."""
+
+    retryable = True
 
 
 class BagExists(StoreError):
@@ -40,6 +47,13 @@ class BagRow(msgspec.Struct, frozen=True):
     total: int
     created_at: float
     finished_at: float | None
+    owner: str = ""
+    """The name of the submitter key that submitted the bag ("" for bags stored before keys existed)."""
+    revision: int = 1
+    """1 as submitted, one more at each revision of its spec (`Store.revise`)."""
+    downloaded_at: float | None = None
+    """When the results of the ended bag were last read to their end (None: never, or it ran again since),
+    so deleting a bag whose results nobody fetched can be refused."""
 
 
 class JobRow(msgspec.Struct, frozen=True):
@@ -54,6 +68,9 @@ class JobRow(msgspec.Struct, frozen=True):
     attempts: int
     reason: str | None
     result_instance: int | None
+    revision: int = 1
+    """The bag's revision whose command the job runs, or ran for its result: done jobs keep the revision of
+    their result when the bag is revised, the others take the new one."""
 
 
 class InstanceRow(msgspec.Struct, frozen=True):
@@ -81,9 +98,20 @@ class ResultRow(msgspec.Struct, frozen=True):
     outputs: dict[str, bytes]
 
 
+LATER_FIELDS = ("memory", "cpu_time", "max_file_size", "max_processes")
+"""Spec fields added since the first stores were made (issue 11's limits)."""
+
+
 def spec_hash(spec: BagSpec, lines: Sequence[str] | None, inputs: dict[str, bytes]) -> str:
-    """A digest of everything that defines a bag's work, so a re-run can tell 'same bag' from 'changed'."""
-    h = hashlib.sha256(msgspec.json.encode(spec))
+    """A digest of everything that defines a bag's work, so a re-run can tell 'same bag' from 'changed'.
+
+    Fields added to the spec after a store was made hash as they did before while they are unset, so a
+    bag stored by an older gridbot still resumes."""
+    fields = msgspec.to_builtins(spec)
+    for name in LATER_FIELDS:
+        if fields.get(name) is None:
+            fields.pop(name, None)
+    h = hashlib.sha256(msgspec.json.encode(fields))
     for line in lines or ():
         h.update(line.encode() + b"\n")
     for name in sorted(inputs):
@@ -104,12 +132,33 @@ class Store(ABC):
         """Bring the schema to the newest version (idempotent)."""
 
     @abstractmethod
-    def create_bag(self, spec: BagSpec, lines: Sequence[str] | None, inputs: dict[str, bytes], now: float) -> BagRow:
+    def create_bag(self, spec: BagSpec, lines: Sequence[str] | None, inputs: dict[str, bytes], now: float,
+                   owner: str = "") -> BagRow:
         """Store a bag with all its jobs queued, atomically; raise BagExists if the name is taken."""
 
     @abstractmethod
     def set_spec(self, bag_id: int, spec: BagSpec) -> None:
         """Replace a bag's spec (its policies changed); its jobs and hash stay as submitted."""
+
+    @abstractmethod
+    def revise(self, bag_id: int, spec: BagSpec, lines: Sequence[str] | None, inputs: dict[str, bytes],
+               now: float) -> BagRow:
+        """Make `spec` the bag's next revision, atomically: its spec, hash and input files are replaced (the
+        old spec is kept in `revisions`), and every job not done takes the new revision (and, in an each-line
+        bag, its line of `lines`, by index). Done jobs keep their revision and line. States and counters are
+        the dispatcher's business (`Changes`): they do not change here."""
+
+    @abstractmethod
+    def revisions(self, bag_id: int) -> dict[int, BagSpec]:
+        """The specs of the bag's earlier revisions, by revision (empty for a bag never revised)."""
+
+    @abstractmethod
+    def delete_bag(self, bag_id: int) -> None:
+        """Remove the bag and everything of it (jobs, instances, outputs, inputs, revisions), atomically."""
+
+    @abstractmethod
+    def mark_downloaded(self, bag_id: int, now: float) -> None:
+        """Record that the bag's results were read to their end (`BagRow.downloaded_at`)."""
 
     @abstractmethod
     def bag(self, ref: str | int) -> BagRow | None:
@@ -156,6 +205,9 @@ class Store(ABC):
 
         Two dispatchers on one store would send the same jobs twice; the claim lasts until `close`.
         """
+
+    def ping(self) -> None:  # noqa: B027 - a store in memory is always there
+        """Raise StoreUnavailable unless the database answers now (for /v1/health)."""
 
     def close(self) -> None:  # noqa: B027 - optional for stores with nothing to release
         """Release connections."""

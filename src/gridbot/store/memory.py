@@ -39,6 +39,7 @@ class _Data:
     by_job: dict[int, list[int]] = field(default_factory=dict)
     outputs: dict[int, dict[str, bytes]] = field(default_factory=dict)
     hosts: dict[str, HostSnapshot] = field(default_factory=dict)
+    revisions: dict[int, dict[int, BagSpec]] = field(default_factory=dict)
 
 
 class MemoryStore(Store):
@@ -50,13 +51,14 @@ class MemoryStore(Store):
     def migrate(self) -> None:
         """Nothing to migrate in memory."""
 
-    def create_bag(self, spec: BagSpec, lines: Sequence[str] | None, inputs: dict[str, bytes], now: float) -> BagRow:
+    def create_bag(self, spec: BagSpec, lines: Sequence[str] | None, inputs: dict[str, bytes], now: float,
+                   owner: str = "") -> BagRow:
         if any(b.name == spec.name for b in self.d.bags.values()):
             raise BagExists(f"a bag named '{spec.name}' exists already")
         bag_id = max(self.d.bags, default=0) + 1
         total = len(lines) if lines is not None else spec.sweep_size
         row = BagRow(bag_id, spec.name, spec, spec_hash(spec, lines, inputs), BagState.ACTIVE,
-                     BagCounts(queued=total), total, now, None)
+                     BagCounts(queued=total), total, now, None, owner)
         self.d.bags[bag_id] = row
         first = max(self.d.jobs, default=0) + 1
         ids = list(range(first, first + total))
@@ -70,6 +72,42 @@ class MemoryStore(Store):
 
     def set_spec(self, bag_id: int, spec: BagSpec) -> None:
         self.d.bags[bag_id] = msgspec.structs.replace(self.d.bags[bag_id], spec=spec)
+
+    def revise(self, bag_id: int, spec: BagSpec, lines: Sequence[str] | None, inputs: dict[str, bytes],
+               now: float) -> BagRow:
+        d = self.d
+        old = d.bags[bag_id]
+        d.revisions.setdefault(bag_id, {})[old.revision] = old.spec
+        row = d.bags[bag_id] = msgspec.structs.replace(old, spec=spec, spec_hash=spec_hash(spec, lines, inputs),
+                                                       revision=old.revision + 1)
+        for key in [k for k in d.inputs if k[0] == bag_id]:
+            del d.inputs[key]
+        for name, data in inputs.items():
+            d.inputs[(bag_id, name)] = data
+        for job_id in d.job_ids.get(bag_id, []):
+            job = d.jobs[job_id]
+            if job.state is not JobState.DONE:
+                line = lines[job.index] if lines is not None else job.line
+                d.jobs[job_id] = msgspec.structs.replace(job, line=line, revision=row.revision)
+        return row
+
+    def revisions(self, bag_id: int) -> dict[int, BagSpec]:
+        return dict(self.d.revisions.get(bag_id, {}))
+
+    def delete_bag(self, bag_id: int) -> None:
+        d = self.d
+        for job_id in d.job_ids.pop(bag_id, []):
+            del d.jobs[job_id]
+            for iid in d.by_job.pop(job_id, []):
+                d.instances.pop(iid, None)
+                d.outputs.pop(iid, None)
+        for key in [k for k in d.inputs if k[0] == bag_id]:
+            del d.inputs[key]
+        d.revisions.pop(bag_id, None)
+        del d.bags[bag_id]
+
+    def mark_downloaded(self, bag_id: int, now: float) -> None:
+        self.d.bags[bag_id] = msgspec.structs.replace(self.d.bags[bag_id], downloaded_at=now)
 
     def bag(self, ref: str | int) -> BagRow | None:
         if isinstance(ref, int) or ref.isdigit():
@@ -89,7 +127,8 @@ class MemoryStore(Store):
                 live.append(LiveInstance(iid, job.job_id, inst.bag_id, inst.row.host_id, inst.row.state,
                                          inst.row.sent_at, inst.instance_deadline, job.index, job.line, job.state,
                                          job.failures, job.attempts))
-        bags = [BagSnapshot(b.bag_id, b.spec, b.counts, b.created_at) for b in self.bags() if b.bag_id in active]
+        bags = [BagSnapshot(b.bag_id, b.spec, b.counts, b.created_at, b.revision) for b in self.bags()
+                if b.bag_id in active]
         return Snapshot(bags, live, list(self.d.hosts.values()), max(self.d.instances, default=0) + 1)
 
     def queued_jobs(self, bag_id: int, after: int, limit: int) -> list[QueuedJob]:
@@ -129,12 +168,16 @@ class MemoryStore(Store):
             old_job = d.jobs[j.job_id]
             d.jobs[j.job_id] = JobRow(old_job.job_id, old_job.bag_id, old_job.index, old_job.line, j.state,
                                       j.failures, j.attempts, j.reason or old_job.reason,
-                                      j.result_instance if j.result_instance is not None else old_job.result_instance)
+                                      j.result_instance if j.result_instance is not None else old_job.result_instance,
+                                      old_job.revision)
+        for bag_id in changes.reopened_bags:  # before the bag's update, which may end it again
+            d.bags[bag_id] = msgspec.structs.replace(d.bags[bag_id], finished_at=None, downloaded_at=None)
         for b in changes.bags.values():
             old_bag = d.bags[b.bag_id]
             d.bags[b.bag_id] = BagRow(old_bag.bag_id, old_bag.name, old_bag.spec, old_bag.spec_hash, b.state,
                                       b.counts, old_bag.total, old_bag.created_at,
-                                      b.finished_at if b.finished_at is not None else old_bag.finished_at)
+                                      b.finished_at if b.finished_at is not None else old_bag.finished_at,
+                                      old_bag.owner, old_bag.revision, old_bag.downloaded_at)
         for h in changes.hosts.values():
             prior = d.hosts.get(h.info.host_id)
             d.hosts[h.info.host_id] = HostSnapshot(h.info, prior.first_seen if prior else h.first_seen, h.last_seen,
@@ -177,4 +220,4 @@ class MemoryStore(Store):
 
 def _replace_job(job: JobRow, state: JobState) -> JobRow:
     return JobRow(job.job_id, job.bag_id, job.index, job.line, state, job.failures, job.attempts, job.reason,
-                  job.result_instance)
+                  job.result_instance, job.revision)

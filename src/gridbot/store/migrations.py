@@ -102,9 +102,35 @@ CREATE INDEX jobs_queued ON jobs (bag_id, id) WHERE state = 'queued';
 CREATE INDEX jobs_failed ON jobs (bag_id, id) WHERE state = 'failed';
 """,
     ),
+    (
+        4,
+        """
+ALTER TABLE bags ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+""",
+    ),
+    (
+        5,
+        """
+ALTER TABLE bags ADD COLUMN revision INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE bags ADD COLUMN downloaded_at {real};
+ALTER TABLE jobs ADD COLUMN revision INTEGER NOT NULL DEFAULT 1;
+CREATE TABLE bag_revisions (
+    bag_id BIGINT NOT NULL REFERENCES bags(id),
+    revision INTEGER NOT NULL,
+    spec {blob} NOT NULL,
+    spec_hash TEXT NOT NULL,
+    replaced_at {real} NOT NULL,
+    PRIMARY KEY (bag_id, revision)
+);
+""",
+    ),
 ]
 """Version 3: a job's state was in an index, so each of its moves (queued, running, done) rewrote an index
 entry; now only entering or leaving 'queued' (the feeder's query) or 'failed' (the listing people ask
-for most) does, and running -> done touches no index (issue 6)."""
+for most) does, and running -> done touches no index (issue 6). Version 4: the submitter who owns each
+bag (issue 11); bags stored before it belong to no one, which only an admin key sees. Version 5 (issue 12):
+a bag's revision (`gridbot run --retry-failed` with a changed spec) and each job's, the specs of earlier
+revisions, and when the results were last downloaded (`gridbot delete` refuses a bag whose results never
+were); adding a column with a constant default rewrites no row in either database."""
 
 LATEST = MIGRATIONS[-1][0]

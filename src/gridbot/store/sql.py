@@ -30,17 +30,27 @@ from gridbot.core.hosts import HostStats
 from gridbot.model.records import HostInfo
 from gridbot.model.spec import BagSpec
 from gridbot.model.states import BagState, InstanceState, JobState
-from gridbot.store.base import BagExists, BagRow, InstanceRow, JobRow, ResultRow, Store, StoreError, spec_hash
+from gridbot.store.base import (
+    BagExists,
+    BagRow,
+    InstanceRow,
+    JobRow,
+    ResultRow,
+    Store,
+    StoreError,
+    StoreUnavailable,
+    spec_hash,
+)
 from gridbot.store.migrations import LATEST, MIGRATIONS
 
 _BAG_COLS = ("id, name, spec, spec_hash, state, queued, running, done, failed, cancelled, instances, wasted, overdue, "
-             "reruns, replicas, total, created_at, finished_at")
-_JOB_COLS = "id, bag_id, idx, line, state, failures, attempts, reason, result_instance"
+             "reruns, replicas, total, created_at, finished_at, owner, revision, downloaded_at")
+_JOB_COLS = "id, bag_id, idx, line, state, failures, attempts, reason, result_instance, revision"
 _SENT = "EXISTS (SELECT 1 FROM instances i WHERE i.job_id = j.id AND i.state = 'running')"
 """A job stored as queued whose send was not written (JobUpdate.sent): it runs."""
 _JOB_SHOWN = (f"id, bag_id, idx, line, CASE WHEN state = 'queued' AND {_SENT} THEN 'running' ELSE state END, "
               f"failures, attempts + CASE WHEN state = 'queued' AND {_SENT} THEN 1 ELSE 0 END, reason, "
-              "result_instance")
+              "result_instance, revision")
 """Job columns as listings show them: a job whose send was not written shows as running, with the attempt."""
 _INST_COLS = ("id, job_id, host_id, state, sent_at, ended_at, reason, exit_code, wall_s, cpu_s, stdout_tail, "
               "stderr_tail")
@@ -49,9 +59,25 @@ SQL = {
     "bag_by_id": f"SELECT {_BAG_COLS} FROM bags WHERE id = ?",
     "bag_by_name": f"SELECT {_BAG_COLS} FROM bags WHERE name = ?",
     "bags": f"SELECT {_BAG_COLS} FROM bags ORDER BY id",
-    "insert_bag": "INSERT INTO bags (name, spec, spec_hash, state, total, queued, created_at) "
-                  "VALUES (?, ?, ?, 'active', ?, ?, ?) RETURNING id",
+    "insert_bag": "INSERT INTO bags (name, spec, spec_hash, state, total, queued, created_at, owner) "
+                  "VALUES (?, ?, ?, 'active', ?, ?, ?, ?) RETURNING id",
     "set_spec": "UPDATE bags SET spec = ? WHERE id = ?",
+    "keep_revision": "INSERT INTO bag_revisions (bag_id, revision, spec, spec_hash, replaced_at) "
+                     "SELECT id, revision, spec, spec_hash, ? FROM bags WHERE id = ?",
+    "revise_bag": "UPDATE bags SET spec = ?, spec_hash = ?, revision = revision + 1 WHERE id = ?",
+    "revise_jobs": "UPDATE jobs SET revision = ? WHERE bag_id = ? AND state <> 'done'",
+    "open_jobs": "SELECT id, idx FROM jobs WHERE bag_id = ? AND state <> 'done'",
+    "set_line": "UPDATE jobs SET line = ? WHERE id = ?",
+    "revisions": "SELECT revision, spec FROM bag_revisions WHERE bag_id = ? ORDER BY revision",
+    "reopen_bag": "UPDATE bags SET finished_at = NULL, downloaded_at = NULL WHERE id = ?",
+    "mark_downloaded": "UPDATE bags SET downloaded_at = ? WHERE id = ?",
+    "delete_inputs": "DELETE FROM bag_inputs WHERE bag_id = ?",
+    "delete_outputs": "DELETE FROM outputs WHERE instance_id IN "
+                      "(SELECT i.id FROM instances i JOIN jobs j ON j.id = i.job_id WHERE j.bag_id = ?)",
+    "delete_instances": "DELETE FROM instances WHERE job_id IN (SELECT id FROM jobs WHERE bag_id = ?)",
+    "delete_jobs": "DELETE FROM jobs WHERE bag_id = ?",
+    "delete_revisions": "DELETE FROM bag_revisions WHERE bag_id = ?",
+    "delete_bag": "DELETE FROM bags WHERE id = ?",
     "insert_job": "INSERT INTO jobs (bag_id, idx, line) VALUES (?, ?, ?)",
     "insert_input": "INSERT INTO bag_inputs (bag_id, name, data) VALUES (?, ?, ?)",
     "live_instances": "SELECT i.id, i.job_id, i.bag_id, i.host_id, i.state, i.sent_at, i.instance_deadline, "
@@ -214,9 +240,26 @@ class SqlStore(Store):
 
     @contextlib.contextmanager
     def _tx(self, write: bool = True) -> Iterator[Any]:
-        """A transaction; `write=False` for reads, which need no write lock (and go to the reader)."""
-        with (self._read() if self._reads_apart(write) else self._own_tx(write)) as cur:
-            yield cur
+        """A transaction; `write=False` for reads, which need no write lock (and go to the reader).
+
+        A lost connection, a locked or full database is StoreUnavailable (the caller may try again; the
+        next transaction reconnects where the dialect can); any other error is the statement's own."""
+        try:
+            with (self._read() if self._reads_apart(write) else self._own_tx(write)) as cur:
+                yield cur
+        except Exception as e:
+            if not self._unavailable(e):
+                raise
+            raise StoreUnavailable(f"the database is unavailable ({str(e).strip()[:300]})") from e
+
+    def _unavailable(self, e: Exception) -> bool:
+        """Whether the driver's error means "not now" (lost connection, locked, disk) rather than "never"."""
+        return False
+
+    def ping(self) -> None:
+        with self._tx(write=False) as cur:
+            cur.execute("SELECT 1")
+            cur.fetchone()
 
     @contextlib.contextmanager
     def _own_tx(self, write: bool) -> Iterator[Any]:
@@ -256,14 +299,16 @@ class SqlStore(Store):
 
     # -- bags -----------------------------------------------------------------------------------------
 
-    def create_bag(self, spec: BagSpec, lines: Sequence[str] | None, inputs: dict[str, bytes], now: float) -> BagRow:
+    def create_bag(self, spec: BagSpec, lines: Sequence[str] | None, inputs: dict[str, bytes], now: float,
+                   owner: str = "") -> BagRow:
         total = len(lines) if lines is not None else spec.sweep_size
         digest = spec_hash(spec, lines, inputs)
         with self._tx() as cur:
             cur.execute(self._sql("bag_by_name"), (spec.name,))
             if cur.fetchone() is not None:
                 raise BagExists(f"a bag named '{spec.name}' exists already")
-            cur.execute(self._sql("insert_bag"), (spec.name, msgspec.json.encode(spec), digest, total, total, now))
+            cur.execute(self._sql("insert_bag"),
+                        (spec.name, msgspec.json.encode(spec), digest, total, total, now, owner))
             bag_id = cur.fetchone()[0]
             self._insert_jobs(cur, bag_id, total, lines)
             if inputs:
@@ -275,6 +320,39 @@ class SqlStore(Store):
     def set_spec(self, bag_id: int, spec: BagSpec) -> None:
         with self._tx() as cur:
             cur.execute(self._sql("set_spec"), (msgspec.json.encode(spec), bag_id))
+
+    def revise(self, bag_id: int, spec: BagSpec, lines: Sequence[str] | None, inputs: dict[str, bytes],
+               now: float) -> BagRow:
+        with self._tx() as cur:
+            cur.execute(self._sql("keep_revision"), (now, bag_id))
+            cur.execute(self._sql("revise_bag"), (msgspec.json.encode(spec), spec_hash(spec, lines, inputs), bag_id))
+            cur.execute(self._sql("delete_inputs"), (bag_id,))
+            if inputs:
+                cur.executemany(self._sql("insert_input"), [(bag_id, k, v) for k, v in inputs.items()])
+            cur.execute(self._sql("bag_by_id"), (bag_id,))
+            row = _bag(cur.fetchone())
+            cur.execute(self._sql("revise_jobs"), (row.revision, bag_id))
+            if lines is not None:
+                cur.execute(self._sql("open_jobs"), (bag_id,))
+                changed = [(lines[idx], job_id) for job_id, idx in cur.fetchall()]
+                if changed:
+                    self._write_many(cur, "set_line", changed)
+        return row
+
+    def revisions(self, bag_id: int) -> dict[int, BagSpec]:
+        with self._tx(write=False) as cur:
+            cur.execute(self._sql("revisions"), (bag_id,))
+            return {r[0]: msgspec.json.decode(bytes(r[1]), type=BagSpec) for r in cur.fetchall()}
+
+    def delete_bag(self, bag_id: int) -> None:
+        with self._tx() as cur:
+            for name in ("delete_outputs", "delete_instances", "delete_jobs", "delete_inputs", "delete_revisions",
+                         "delete_bag"):
+                cur.execute(self._sql(name), (bag_id,))
+
+    def mark_downloaded(self, bag_id: int, now: float) -> None:
+        with self._tx() as cur:
+            cur.execute(self._sql("mark_downloaded"), (now, bag_id))
 
     def bag(self, ref: str | int) -> BagRow | None:
         with self._tx(write=False) as cur:
@@ -302,7 +380,8 @@ class SqlStore(Store):
             cur.execute(self._sql("max_instance"))
             next_id = cur.fetchone()[0] + 1
             hosts = self._hosts(cur)
-        active = [BagSnapshot(b.bag_id, b.spec, b.counts, b.created_at) for b in bags if b.state is BagState.ACTIVE]
+        active = [BagSnapshot(b.bag_id, b.spec, b.counts, b.created_at, b.revision) for b in bags
+                  if b.state is BagState.ACTIVE]
         return Snapshot(active, live, hosts, next_id)
 
     def queued_jobs(self, bag_id: int, after: int, limit: int) -> list[QueuedJob]:
@@ -323,6 +402,8 @@ class SqlStore(Store):
             for bag_id in changes.cancelled_bags:
                 cur.execute(self._sql("cancel_queued"), (bag_id,))
             self._write(cur, "update_job", rows.jobs)
+            for bag_id in changes.reopened_bags:  # before the bag's update, which may end it again
+                cur.execute(self._sql("reopen_bag"), (bag_id,))
             self._write_rest(cur, changes)
 
     def _write(self, cur: Any, name: str, rows: list[tuple[Any, ...]]) -> None:
@@ -381,8 +462,8 @@ class SqlStore(Store):
             cur.execute(self._sql("results"), (bag_id, after, limit))
             rows = cur.fetchall()
             for r in rows:
-                job = _job(r[:9])
-                inst = _instance(r[9:]) if r[9] is not None else None
+                job = _job(r[:10])
+                inst = _instance(r[10:]) if r[10] is not None else None
                 files: dict[str, bytes] = {}
                 if inst is not None and job.state is JobState.DONE:
                     cur.execute(self._sql("outputs_of"), (inst.instance_id,))
@@ -416,11 +497,11 @@ _stats_dec = msgspec.json.Decoder(HostStats)
 def _bag(r: Sequence[Any]) -> BagRow:
     counts = BagCounts(r[5], r[6], r[7], r[8], r[9], r[10], r[11], r[12], r[13], r[14])
     return BagRow(r[0], r[1], msgspec.json.decode(bytes(r[2]), type=BagSpec), r[3], BagState(r[4]), counts, r[15],
-                  r[16], r[17])
+                  r[16], r[17], r[18], r[19], r[20])
 
 
 def _job(r: Sequence[Any]) -> JobRow:
-    return JobRow(r[0], r[1], r[2], r[3], JobState(r[4]), r[5], r[6], r[7], r[8])
+    return JobRow(r[0], r[1], r[2], r[3], JobState(r[4]), r[5], r[6], r[7], r[8], r[9])
 
 
 def _instance(r: Sequence[Any]) -> InstanceRow:
@@ -432,6 +513,11 @@ class SQLiteStore(SqlStore):
 
     types: ClassVar[dict[str, str]] = {"id": "INTEGER PRIMARY KEY", "blob": "BLOB", "real": "REAL"}
     batch: ClassVar[dict[str, str]] = SQLITE_BATCH
+
+    def _unavailable(self, e: Exception) -> bool:
+        text = str(e).lower()
+        return isinstance(e, sqlite3.OperationalError) and any(
+            w in text for w in ("locked", "busy", "disk", "i/o", "unable to open", "full", "readonly"))
 
     def __init__(self, path: str | Path, synchronous: str = "FULL") -> None:
         if synchronous.upper() not in ("FULL", "NORMAL", "EXTRA", "OFF"):
@@ -524,22 +610,42 @@ class PostgresStore(SqlStore):
     def __init__(self, url: str) -> None:
         import psycopg
 
+        self.url = url
+        self._transient = (psycopg.OperationalError, psycopg.InterfaceError)
+        conn = self._connect("cannot connect to PostgreSQL at {url}: {e}; check that the server runs and the URL "
+                             "names an existing database", StoreError)
         try:
-            conn = psycopg.connect(url, autocommit=True, connect_timeout=10)
-        except psycopg.Error as e:
-            raise StoreError(f"cannot connect to PostgreSQL at {_redact(url)}: {str(e).strip()}; "
-                             "check that the server runs and the URL names an existing database") from e
-        try:
-            reader = psycopg.connect(url, autocommit=True, connect_timeout=10)
-        except psycopg.Error as e:
+            reader = self._connect("cannot open a second connection to PostgreSQL at {url}: {e}; the server takes "
+                                   "two (check max_connections)", StoreError)
+        except StoreError:
             conn.close()
-            raise StoreError(f"cannot open a second connection to PostgreSQL at {_redact(url)}: {str(e).strip()}; "
-                             "the server takes two (check max_connections)") from e
+            raise
         super().__init__(conn, reader)
+        self._claimed = False
+
+    def _connect(self, message: str, error: type[StoreError] = StoreUnavailable) -> Any:
+        """A connection; at start a failure is the user's to fix (StoreError), later one to wait out."""
+        import psycopg
+
+        try:
+            return psycopg.connect(self.url, autocommit=True, connect_timeout=10)
+        except psycopg.Error as e:
+            raise error(message.format(url=_redact(self.url), e=str(e).strip())) from e
+
+    def _unavailable(self, e: Exception) -> bool:
+        return isinstance(e, self._transient)
+
+    def _writer(self) -> Any:
+        """The writing connection, opened again if it was lost (its claim on the database taken again)."""
+        if self.conn.closed or self.conn.broken:
+            self.conn = self._connect("lost the connection to PostgreSQL at {url} and cannot reconnect: {e}")
+            if self._claimed:
+                self.claim()
+        return self.conn
 
     @contextlib.contextmanager
     def _own_tx(self, write: bool) -> Iterator[Any]:
-        with self._mutex, self.conn.transaction(), self.conn.cursor() as cur:
+        with self._mutex, self._writer().transaction(), self.conn.cursor() as cur:
             previous, self._writing = self._writing, threading.get_ident()
             try:
                 yield cur
@@ -548,8 +654,11 @@ class PostgresStore(SqlStore):
 
     @contextlib.contextmanager
     def _read(self) -> Iterator[Any]:
-        with self._rmutex, self.reader.transaction(), self.reader.cursor() as cur:
-            yield cur
+        with self._rmutex:
+            if self.reader.closed or self.reader.broken:
+                self.reader = self._connect("lost the reading connection to PostgreSQL at {url}: {e}")
+            with self.reader.transaction(), self.reader.cursor() as cur:
+                yield cur
 
     def _lock_schema(self, cur: Any) -> None:
         cur.execute("SELECT pg_advisory_xact_lock(7715370)")
@@ -560,6 +669,7 @@ class PostgresStore(SqlStore):
             if not cur.fetchone()[0]:
                 raise StoreError("another gridbot server is using this PostgreSQL database; stop it, or point --db "
                                  "at another database")
+        self._claimed = True
 
     def _execute_script(self, cur: Any, script: str) -> None:
         cur.execute(script)

@@ -42,9 +42,11 @@ def machine_id(directory: Path) -> str:
 class HostIdentity:
     """Holds the slot lock for as long as the worker lives."""
 
-    def __init__(self, host_id: str, name: str, lock: IO[str]) -> None:
+    def __init__(self, host_id: str, name: str, lock: IO[str], slot: str = "worker") -> None:
         self.host_id = host_id
         self.name = name
+        self.slot = slot
+        """The slot name locked (`worker`, `worker-1`, ...): the key of what the worker keeps per slot."""
         self._lock = lock
 
     def release(self) -> None:
@@ -66,5 +68,5 @@ def acquire(slot: str = "worker", directory: Path | None = None) -> HostIdentity
             handle.close()
             continue
         host_id = uuid.uuid5(_NAMESPACE, f"{mid}:{name}").hex[:20]
-        return HostIdentity(host_id, f"{socket.gethostname()}/{name}", handle)
+        return HostIdentity(host_id, f"{socket.gethostname()}/{name}", handle, name)
     raise RuntimeError(f"no free worker slot name under {locks}")

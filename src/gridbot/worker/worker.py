@@ -17,6 +17,7 @@ import math
 import os
 import platform
 import random
+import secrets
 import signal
 import time
 from collections import deque
@@ -27,9 +28,15 @@ import aiohttp
 import msgspec
 
 from gridbot.model.records import Assignment, HostInfo, InstanceReport, Outcome
-from gridbot.protocol import MSGPACK, ExchangeRequest, ExchangeResponse
+from gridbot.protocol import MSGPACK, ErrorBody, ExchangeRequest, ExchangeResponse, RegisterRequest, Registration
+from gridbot.security import tls
+from gridbot.security.keys import write_private
 from gridbot.worker import hostid
 from gridbot.worker.executor import KillSwitch, group_cpu_seconds, run_instance
+from gridbot.worker.inputs import InputCache
+from gridbot.worker.isolation import job_environment, new_token, resolve_user
+from gridbot.worker.reaper import Reaper
+from gridbot.worker.spool import ReportSpool
 
 log = logging.getLogger("gridbot.worker")
 _encoder = msgspec.msgpack.Encoder()
@@ -51,7 +58,9 @@ class WorkerConfig:
     pool: str = "local"
     keep_dirs: bool = False
     retry_base: float = 0.5
-    retry_cap: float = 30.0
+    retry_cap: float = 5.0
+    """Longest wait between two tries while the server is unreachable (full jitter below it): a server
+    that comes back hears from its whole fleet within seconds."""
     give_up_after: float = 0.0
     """Exit when the server stayed unreachable this long (0: never)."""
     exit_with_parent: bool = False
@@ -65,14 +74,28 @@ class WorkerConfig:
     """Hold enough instances beyond `slots` for this many seconds of work, from the wall time of the
     instances done so far (0: `prefetch` only). Short jobs then come in bundles of many, one round trip
     each, and long ones one at a time, so the tail is not held up by a host sitting on queued work."""
+    key: str = ""
+    """The pool's worker key ("": a server started without keys). The worker registers with it once and
+    keeps the host credential it gets (in `state_dir`), so a restart is the same host to the server."""
+    fingerprint: str = ""
+    """SHA-256 fingerprint of the server's TLS certificate: with https, no other certificate is accepted."""
     executor: str = "shell"
     """"shell" runs each command; "noop" reports each instance done at once without running it, so a
     benchmark or a test measures the server, the protocol and the store alone (issue 6)."""
+    pass_env: tuple[str, ...] = ()
+    """Variables of the worker's environment its jobs get beyond `isolation.ENV_ALLOWED` (`--pass-env`)."""
+    run_as: str | None = None
+    """The user a worker started as root runs its jobs as (`--run-as`); their directories become theirs."""
+    allow_root: bool = False
+    """Let a worker started as root run its jobs as root (`--allow-root`); refused otherwise."""
 
 
 EXECUTORS = ("shell", "noop")
 PREFETCH_MAX = 500
 """Most instances held beyond the slots, whatever `prefetch_seconds` asks for."""
+GOODBYE_TIMEOUT = 5.0
+"""Seconds each of the last exchanges of a stopping worker may take: a server that does not answer then
+gets the results from the disk at the host's next start."""
 REPORT_DELAY = 1.0
 """Seconds a result may wait for company while the worker still holds work (reports travel in bundles)."""
 
@@ -81,16 +104,22 @@ class ProtocolError(Exception):
     """The server refused a request for good (4xx): retrying the same request cannot help."""
 
 
+class Unauthorized(ProtocolError):
+    """The server did not accept the worker's key or host credential (401)."""
+
+
 class Worker:
     """One execution client with `slots` concurrent instances."""
 
     def __init__(self, config: WorkerConfig) -> None:
         if config.executor not in EXECUTORS:
             raise ValueError(f"unknown executor {config.executor!r}; use one of {', '.join(EXECUTORS)}")
+        self.run_as = resolve_user(config.run_as, config.allow_root) if config.executor == "shell" else None
         self.config = config
         self.identity = hostid.acquire(config.slot_name, config.state_dir)
         self.host = HostInfo(self.identity.host_id, self.identity.name, f"{platform.system()}-{platform.machine()}",
-                             os.cpu_count() or 1, _memory_mb(), config.slots, config.pool)
+                             os.cpu_count() or 1, _memory_mb(), config.slots, config.pool,
+                             session=secrets.token_hex(8))
         self.waiting: deque[Assignment] = deque()
         self.running: dict[int, asyncio.Task[InstanceReport]] = {}
         self.reports: list[InstanceReport] = []
@@ -100,7 +129,10 @@ class Worker:
         self.free_slots = list(range(config.slots - 1, -1, -1))
         """Job directories reused from one instance to the next (unless keep_dirs)."""
         self.slot_of: dict[int, int] = {}
-        self.base_env = dict(os.environ)
+        self.token = new_token()
+        self.base_env = job_environment(config.pass_env, self.token, self.run_as)
+        self.reaper = Reaper(self.token)
+        self.cache = InputCache(self.workdir / ".inputs")
         self.avg_wall = 0.0
         """Moving average of the wall seconds of the instances this worker ran (0: none yet)."""
         self.reports_since = 0.0
@@ -117,6 +149,13 @@ class Worker:
         self.starved: dict[int, str] = {}
         self._parent = os.getppid()
         self._session: aiohttp.ClientSession | None = None
+        self.outage = False
+        """The last exchange failed: results are kept on disk as they end, until the server answers."""
+        self.spool = ReportSpool(self.workdir / ".pending")
+        """Replaced in `run` by the spool of this host's identity."""
+        self.credential = ""
+        """The host credential the server gave at registration ("" with a server started without keys)."""
+        self.reauthorized = False
 
     @property
     def held(self) -> int:
@@ -129,15 +168,83 @@ class Worker:
             loop.add_signal_handler(sig, self.stop)
         timeout = aiohttp.ClientTimeout(total=120, connect=10)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        log.info("worker %s (%s) with %d slots pulling from %s", self.host.name, self.host.host_id,
-                 self.config.slots, self.config.server)
+        ssl: aiohttp.Fingerprint | bool = True
+        if self.config.fingerprint and self.config.server.startswith("https:"):
+            ssl = aiohttp.Fingerprint(tls.digest(self.config.fingerprint))
         try:
-            async with aiohttp.ClientSession(timeout=timeout) as self._session:
+            async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(ssl=ssl)) as self._session:
+                if self.config.key and not await self._sign_in(fresh=False):
+                    return 1
+                self.spool = ReportSpool(self._spool_dir())
+                self.reports[:0] = self.spool.load()
+                self.reports_since = time.monotonic()
+                log.info("worker %s (%s) with %d slots pulling from %s", self.host.name, self.host.host_id,
+                         self.config.slots, self.config.server)
                 code = await self._loop()
                 await self._goodbye()
                 return code
         finally:
             self.identity.release()
+
+    def _spool_dir(self) -> Path:
+        """Where this host keeps results the server has not acknowledged (beside its credential)."""
+        if self.config.key:
+            return self._credential_file().with_suffix(".pending")
+        return (self.config.state_dir or hostid.state_dir()) / "pending" / self.host.host_id
+
+    def _credential_file(self) -> Path:
+        key_id = self.config.key.split(".")[1] if self.config.key.count(".") == 2 else "key"
+        return (self.config.state_dir or hostid.state_dir()) / "credentials" / key_id / f"{self.identity.slot}.json"
+
+    async def _sign_in(self, fresh: bool) -> bool:
+        """Use the host credential kept from an earlier run with this key, or register for one; False when
+        the server refuses the key (revoked, or from another server) or stays unreachable."""
+        path = self._credential_file()
+        reg: Registration | None = None
+        if not fresh:
+            with contextlib.suppress(OSError, msgspec.DecodeError, msgspec.ValidationError):
+                reg = msgspec.json.decode(path.read_bytes(), type=Registration)
+        if reg is None:
+            reg = await self._register()
+            if reg is None:
+                return False
+            write_private(path, msgspec.json.encode(reg))
+        self.credential = reg.credential
+        self.host = msgspec.structs.replace(self.host, host_id=reg.host_id, pool=reg.pool)
+        return True
+
+    async def _register(self) -> Registration | None:
+        assert self._session is not None
+        body = msgspec.msgpack.encode(RegisterRequest(self.host.name))
+        first_failure = 0.0
+        for attempt in range(1, 1_000_000):
+            try:
+                async with self._session.post(f"{self.config.server}/v1/register", data=body, headers={
+                        "Content-Type": MSGPACK, "Accept": MSGPACK,
+                        "Authorization": f"Bearer {self.config.key}"}) as r:
+                    data = await r.read()
+                    if r.status == 200:
+                        return msgspec.msgpack.decode(data, type=Registration)
+                    if r.status < 500 and r.status != 429:
+                        log.error("the server refused this worker's key (HTTP %d: %s); is it revoked, or from "
+                                  "another server's access file?", r.status, _message(data))
+                        return None
+            except aiohttp.ServerFingerprintMismatch as e:
+                log.error("%s; refusing to talk to it", _pin_message(self.config.server, e))
+                return None
+            except (aiohttp.ClientError, TimeoutError, OSError) as e:
+                log.warning("cannot register with %s (%s); retrying", self.config.server, e.__class__.__name__)
+                first_failure = first_failure or time.monotonic()
+                if self.config.give_up_after and time.monotonic() - first_failure > self.config.give_up_after:
+                    log.error("server unreachable for %.0f s; giving up", self.config.give_up_after)
+                    return None
+            if self.stopping.is_set():
+                return None
+            cap = min(self.config.retry_cap, self.config.retry_base * 2 ** min(attempt, 30))
+            delay = random.uniform(self.config.retry_base, cap)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), delay)
+        return None
 
     def stop(self) -> None:
         """Begin a clean stop: running jobs are killed and given back."""
@@ -204,13 +311,29 @@ class Worker:
                 self.host = msgspec.structs.replace(self.host, prefetch=prefetch)
             req = ExchangeRequest(self.host, 0 if self.stopping.is_set() else want, running, batch)
             try:
-                if batch or not req.want:
+                if not req.want:
                     resp = await self._post(req)
                 else:
                     held = await self._post_unless_stopped(req)
-                    if held is None:
+                    if held is None:  # stopped first: whether the server got the reports is unknown
+                        self.reports[:0] = batch
+                        self.spool.keep(self.reports)
                         return ExchangeResponse([], [], 0.0, self.heartbeat, self.max_result_bytes)
                     resp = held
+            except aiohttp.ServerFingerprintMismatch as e:
+                self.reports[:0] = batch
+                log.error("%s; refusing to talk to it", _pin_message(self.config.server, e))
+                return None
+            except Unauthorized as e:
+                self.reports[:0] = batch
+                if self.reauthorized or not self.config.key:
+                    log.error("the server refused this host's credential: %s; stopping", e)
+                    return None
+                log.warning("the server refused this host's credential (%s); registering again", e)
+                self.reauthorized = True
+                if not await self._sign_in(fresh=True):
+                    return None
+                continue
             except ProtocolError as e:
                 if len(batch) > 1 or not batch:
                     log.error("server refused the exchange: %s", e)
@@ -224,8 +347,17 @@ class Worker:
                 self.reports.insert(0, InstanceReport(r.instance_id, Outcome.FAILURE, r.exit_code, r.wall_s, r.cpu_s,
                                                       f"the server refused the result: {e}"[:500]))
                 continue
-            except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            except (aiohttp.ClientError, TimeoutError, OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
+                # the server is down, overloaded (5xx), unreachable or answered garbage: keep the results
+                # on disk, wait with jitter and try again; never exit over it
                 self.reports[:0] = batch
+                self.outage = True
+                self.spool.keep(self.reports)
+                if self.stopping.is_set():
+                    log.warning("stopping while the server is unreachable: %d results kept for the next run of "
+                                "this host", len(self.reports))
+                    self.reports = []
+                    return ExchangeResponse([], [], 0.0, self.heartbeat, self.max_result_bytes)
                 failures += 1
                 first_failure = first_failure or time.monotonic()
                 if self.config.give_up_after and time.monotonic() - first_failure > self.config.give_up_after:
@@ -236,18 +368,19 @@ class Worker:
                 log.warning("server unreachable (%s); retry %d in %.1f s", e.__class__.__name__, failures, delay)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.stopping.wait(), delay)
-                if self.stopping.is_set() and not self.held and not self.reports:
-                    return ExchangeResponse([], [], 0.0, self.heartbeat, self.max_result_bytes)
                 continue
+            self.outage = False
             if batch:
                 log.debug("acknowledged reports %s", [r.instance_id for r in batch])
+                if self.spool.kept:
+                    self.spool.acknowledged(r.instance_id for r in batch)
             self._accept(resp)
             return resp
 
     async def _post_unless_stopped(self, req: ExchangeRequest) -> ExchangeResponse | None:
-        """An idle host's request, which the server may hold until work comes: a stop does not wait for
-        it (None). The goodbye then tells the server this host holds nothing, in case the answer it
-        dropped carried work."""
+        """A request the server may hold until work comes (an idle host's), or that cannot get through (a
+        cut network): a stop does not wait for it (None). The goodbye then tells the server this host
+        holds nothing, in case the answer it dropped carried work."""
         post = asyncio.ensure_future(self._post(req))
         stop = asyncio.ensure_future(self.stopping.wait())
         try:
@@ -293,17 +426,26 @@ class Worker:
         batch, self.reports = self.reports[:n], self.reports[n:]
         return batch
 
-    async def _post(self, req: ExchangeRequest) -> ExchangeResponse:
+    async def _post(self, req: ExchangeRequest, timeout: float | None = None) -> ExchangeResponse:
         assert self._session is not None
         self.exchanges += 1
+        limit = aiohttp.ClientTimeout(total=timeout) if timeout is not None else None
         async with self._session.post(f"{self.config.server}/v1/exchange", data=_encoder.encode(req),
-                                      headers={"Content-Type": MSGPACK, "Accept": MSGPACK}) as r:
+                                      headers=self._headers(), timeout=limit) as r:
             body = await r.read()
             if r.status >= 500:
-                raise aiohttp.ClientResponseError(r.request_info, (), status=r.status, message=body[:200].decode())
+                raise aiohttp.ClientResponseError(r.request_info, (), status=r.status, message=_message(body))
+            if r.status == 401:
+                raise Unauthorized(f"HTTP 401: {_message(body)}")
             if r.status != 200:
-                raise ProtocolError(f"HTTP {r.status}: {body[:500].decode(errors='replace')}")
+                raise ProtocolError(f"HTTP {r.status}: {_message(body)}")
             return _decoder.decode(body)
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": MSGPACK, "Accept": MSGPACK}
+        if self.credential:
+            headers["Authorization"] = f"Bearer {self.credential}"
+        return headers
 
     def _accept(self, resp: ExchangeResponse) -> None:
         self.max_result_bytes = resp.max_result_bytes
@@ -335,9 +477,10 @@ class Worker:
                 # per host id: workers started side by side (gridbot run) may share a workdir
                 jobdir = self.workdir / ".slots" / self.host.host_id / str(slot)
             task = asyncio.ensure_future(run_instance(
-                a, jobdir, self._fetch_input, self.max_result_bytes, stop, self.config.keep_dirs,
-                started=functools.partial(self._started, iid),
-                stop_reason=functools.partial(self._stop_reason, iid), base_env=self.base_env))
+                a, jobdir, functools.partial(self._fetch_input, revision=a.revision), self.max_result_bytes, stop,
+                self.config.keep_dirs,
+                started=functools.partial(self._job_started, a),
+                stop_reason=functools.partial(self._stop_reason, iid), base_env=self.base_env, user=self.run_as))
             self.running[a.instance_id] = task
             task.add_done_callback(functools.partial(self._finished, a.instance_id))
 
@@ -349,8 +492,15 @@ class Worker:
         if self.config.min_cpu:
             self.pids[iid] = (pid, time.monotonic(), group_cpu_seconds(pid))
 
+    def _job_started(self, a: Assignment, pid: int) -> None:
+        """The first process of `a` runs: watch it, and everything it starts, until it ends."""
+        self._started(a.instance_id, pid)
+        memory = a.limits.memory if a.limits is not None else None
+        self.reaper.started(a.instance_id, pid, memory, self.kill[a.instance_id].set)
+
     def _finished(self, iid: int, task: asyncio.Task[InstanceReport]) -> None:
         self.running.pop(iid, None)
+        self.reaper.ended(iid)
         self.pids.pop(iid, None)
         killed = self.kill.pop(iid)
         if iid in self.slot_of:
@@ -363,34 +513,48 @@ class Worker:
             report = InstanceReport(iid, Outcome.FAILURE, reason=f"worker error: {exc!r}"[:500])
         else:
             report = task.result()
-        if killed.is_set() and not self.stopping.is_set():
+        if killed.is_set() and not killed.reason and not self.stopping.is_set():
             return
         self.avg_wall = report.wall_s if not self.avg_wall else 0.9 * self.avg_wall + 0.1 * report.wall_s
         if not self.reports:
             self.reports_since = time.monotonic()
         self.reports.append(report)
+        if self.outage:
+            self.spool.keep([report])
         self.wake.set()
         self._start_ready()
 
-    async def _fetch_input(self, bag_id: int, name: str) -> Path:
-        """Download an input file once per bag and keep it in the worker's cache."""
-        key = (bag_id, name)
-        if key not in self.inputs:
-            self.inputs[key] = asyncio.ensure_future(self._download(bag_id, name))
-        return await asyncio.shield(self.inputs[key])
+    async def _fetch_input(self, bag_id: int, name: str, revision: int = 1) -> Path:
+        """An input file from the worker's cache, downloaded once per revision of the bag (a revision may
+        change an input under the same name) and again if a job changed it."""
+        key = (bag_id, name if revision == 1 else f"{name}\0{revision}")  # no file name holds a NUL
+        for _ in range(3):
+            if key not in self.inputs:
+                self.inputs[key] = asyncio.ensure_future(self._download(bag_id, name, key))
+            future = self.inputs[key]
+            try:
+                path = await asyncio.shield(future)
+            except Exception:
+                if self.inputs.get(key) is future:  # the next job tries again
+                    del self.inputs[key]
+                raise
+            if self.cache.intact(key):
+                return path
+            log.warning("input '%s' of bag %d changed in the cache; downloading it again", name, bag_id)
+            if self.inputs.get(key) is future:
+                del self.inputs[key]
+        raise RuntimeError(f"input '{name}' changed in the worker's cache after each of three downloads")
 
-    async def _download(self, bag_id: int, name: str) -> Path:
+    async def _download(self, bag_id: int, name: str, key: tuple[int, str]) -> Path:
+        """Fetch an input from the server into the cache, which keeps it by content (worker/inputs.py)."""
         assert self._session is not None
-        path = self.workdir / ".inputs" / str(bag_id) / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        async with self._session.get(f"{self.config.server}/v1/bags/{bag_id}/inputs/{name}") as r:
+        async with self._session.get(f"{self.config.server}/v1/bags/{bag_id}/inputs/{name}",
+                                     headers=self._headers()) as r:
             if r.status != 200:
-                self.inputs.pop((bag_id, name), None)
+                self.inputs.pop(key, None)
                 raise RuntimeError(f"server answered HTTP {r.status} for input '{name}'")
-            tmp = path.with_suffix(".part")
-            tmp.write_bytes(await r.read())
-            tmp.replace(path)
-        return path
+            data = await r.read()
+        return self.cache.store(key, data)
 
     async def _goodbye(self) -> None:
         """Kill running jobs, give back everything held, and tell the server (best effort)."""
@@ -406,12 +570,28 @@ class Worker:
         assert self._session is not None
         for _ in range(3):
             try:
-                await self._post(ExchangeRequest(self.host, 0, [], self.reports))
+                await self._post(ExchangeRequest(self.host, 0, [], self.reports), timeout=GOODBYE_TIMEOUT)
+                self.spool.acknowledged(r.instance_id for r in self.reports)
                 self.reports = []
                 return
-            except (aiohttp.ClientError, TimeoutError, OSError, ProtocolError) as e:
+            except (aiohttp.ClientError, TimeoutError, OSError, ProtocolError, msgspec.DecodeError) as e:
                 log.warning("could not give back %d instances: %s", len(self.reports), e)
                 await asyncio.sleep(0.5)
+        self.spool.keep(r for r in self.reports if r.outcome is not Outcome.INTERRUPTED)
+
+
+def _pin_message(server: str, e: aiohttp.ServerFingerprintMismatch) -> str:
+    return (f"the server at {server} presented a TLS certificate with fingerprint sha256:{e.got.hex()}, not the "
+            "pinned one (a wrong server, or its certificate changed: take the fingerprint from its access file)")
+
+
+def _message(body: bytes) -> str:
+    """The message of an error answer (msgpack or JSON ErrorBody), or its first bytes as text."""
+    for decode in (msgspec.msgpack.decode, msgspec.json.decode):
+        with contextlib.suppress(Exception):
+            err = decode(body, type=ErrorBody)
+            return err.error[:500]
+    return body[:300].decode(errors="replace")
 
 
 def _memory_mb() -> int:
@@ -422,5 +602,15 @@ def _memory_mb() -> int:
 
 
 def run_worker(config: WorkerConfig) -> int:
-    """Run a worker until it exits; return its exit code."""
-    return asyncio.run(Worker(config).run())
+    """Run a worker as this whole process until it exits; return its exit code.
+
+    The process adopts its jobs' orphans (gridbot.worker.reaper), which a worker run inside another
+    program must not do: that program's own children would look like the jobs'.
+    """
+    worker = Worker(config)
+    if config.executor == "shell":
+        worker.reaper.adopt()
+    try:
+        return asyncio.run(worker.run())
+    finally:
+        worker.reaper.close()
