@@ -332,3 +332,55 @@ def test_the_summary_shows_a_long_command_cut_and_as_it_is(capsys):
     render.summary(info, None, [job])
     out = capsys.readouterr().out
     assert len(out) < 5_000 and "echo [/x] xxx" in out and "more characters" in out and "[bold]" in out
+
+
+@pytest.mark.parametrize("error", [ValueError("a bug"), msgspec.ValidationError("a stored spec that does not decode"),
+                                   UnicodeDecodeError("utf-8", b"\xff", 0, 1, "a bug"), OverflowError("a bug")])
+def test_a_bug_of_our_own_is_still_a_500_and_logged(app, monkeypatch, caplog, error):
+    """Errors of bad input are caught where the input is read; the same errors raised by our own code are
+    bugs, and answer 500 with the traceback in the log, not a 400 that blames the client."""
+    assert app.submit(SWEEP).status == 201
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise error
+
+    monkeypatch.setattr(app.service, "jobs", broken)
+    reply = app.call("GET", "/v1/bags/sweep/jobs")
+    assert reply.status == 500 and "server log" in reply.message
+    assert "internal error on GET /v1/bags/sweep/jobs" in caplog.text
+
+
+def test_what_a_real_worker_sends_is_accepted():
+    """The new limits on what hosts send cover what gridbot's worker sends about itself."""
+    import os
+    import platform
+    import socket
+
+    from gridbot.server.app import _decode, _exchange_decoder
+    from gridbot.worker.hostid import acquire
+
+    identity = acquire("fuzz-slot")
+    try:
+        host = HostInfo(identity.host_id, identity.name, f"{platform.system()}-{platform.machine()}",
+                        os.cpu_count() or 1, 64_000, 8, "local", 16)
+        req = _decode(_exchange_decoder, msgspec.msgpack.encode(ExchangeRequest(host, 8, [1, 2], [])))
+        assert req.host == host and socket.gethostname() in host.name
+    finally:
+        identity.release()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_what_postgresql_text_cannot_hold_is_refused_first(tmp_path, request, kind):
+    """A NUL in a line of an each-line bag, or in the name of an input file the spec does not name: a 500
+    from PostgreSQL (its text cannot hold NUL) after the bag was half checked; now a 400, nothing stored."""
+    from gridbot.protocol import SubmitRequest
+
+    app = App(make_store(kind, tmp_path, request), config=CONFIG)
+    try:
+        assert "NUL" in submit_refused(app, BagSpec("lines", each_line=True), ["echo a\0b"])
+        body = msgspec.msgpack.encode(SubmitRequest(BagSpec("inp", "true", inputs=["a"]), None,
+                                                    {"a": b"x", "b\0": b"y"}))
+        assert "names no such input" in refused(app, "POST", "/v1/bags", body)
+    finally:
+        app.close()
+        app.service.store.close()

@@ -5,6 +5,7 @@ what is wrong, and a refused request leaves bags, jobs, hosts and the dispatcher
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -155,7 +156,7 @@ def test_policy_change(make_app):
         # a fresh host asking for one job gets one: no policy of one bag stalls the others
         app.host_id, app.credential = app.new_host()
         got = app.exchange(1, [])
-        assert len(got.assignments) == 1, (name, text, app.service.dispatcher.diagnostics(1))
+        assert len(got.assignments) == 1, (name, text, app.service.dispatcher.diagnostics(1, time.time()))
         app.exchange(0, [], [_done(a.instance_id) for a in got.assignments])
 
     run()

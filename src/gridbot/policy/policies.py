@@ -42,7 +42,8 @@ POLICIES: dict[str, PolicyDef] = {p.name: p for p in (
               "Most instances a host may hold at once (running and prefetched); the value of the "
               "highest-ranked matching bag bounds every bag served in that request. Default: two per slot, or "
               "the slots and the worker's prefetch when it asks for more (it does for short jobs, from their "
-              "run time: a bundle of many per round trip)."),
+              "run time: a bundle of many per round trip). Below 1 on a host, the bag is no match there (its "
+              "diagnostics say so) and bounds no other bag; a constant below 1 is refused."),
     PolicyDef("Deadline", "", float,
               "Seconds an instance may take before it is counted as lost and its job re-queued. Default: the "
               "bag's instance_deadline."),
