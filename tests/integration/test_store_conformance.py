@@ -297,3 +297,27 @@ def test_deleting_a_bag_removes_everything_of_it(store):
     assert store.input_file(keep.bag_id, "k") == b"k" and len(store.jobs(keep.bag_id)) == 10
     assert store.create_bag(each_line_spec("life"), ["true"], {}, 5.0).name == "life", "the name is free again"
 
+
+
+def test_a_job_with_an_overdue_and_a_running_instance_is_restored_running(store):
+    """A job lost once (its first instance overdue) and sent again must come back running after a restart;
+    it came back queued from the SQL stores, and the feeder could send it a third time (issue 12)."""
+    spec = parse_spec('command = "true"\ninstance_deadline = 10\n', "t", "one")
+    row = store.create_bag(spec, None, {}, 0.0)
+    d = Dispatcher(DispatchConfig(check_invariants=True, host_timeout=1e9))
+    d.restore(store.snapshot())
+    for req in d.needs_feed():
+        d.feed(req.bag_id, store.queued_jobs(req.bag_id, req.after, req.limit), req.limit)
+    a = HostInfo("a", "a", "Linux", 1, 0, 1, "local")
+    b = HostInfo("b", "b", "Linux", 1, 0, 1, "local")
+    first, changes = d.request_work(a, 1, [], 1.0)
+    store.apply(changes)
+    store.apply(d.tick(20.0))  # past its deadline: overdue, the job queued again
+    second, changes = d.request_work(b, 1, [], 21.0)
+    store.apply(changes)
+    assert len(first.assignments) == len(second.assignments) == 1
+    restored = Dispatcher(DispatchConfig(check_invariants=True, host_timeout=1e9))
+    restored.restore(store.snapshot())
+    job = restored.jobs[second.assignments[0].job_id]
+    assert job.state is JobState.RUNNING and job.attempts == 2
+    assert restored.bags[row.bag_id].counts.running == 1

@@ -276,6 +276,10 @@ class Dispatcher:
                 job = _Job(li.job_id, li.bag_id, li.job_index, li.job_line, li.job_state,
                            li.job_failures, li.job_attempts)
                 self.jobs[li.job_id] = job
+            elif li.job_state is JobState.RUNNING and job.state is JobState.QUEUED:
+                # the rows of one job may disagree: a store that did not write the send (JobUpdate.sent)
+                # shows the job running only beside its running instance, not beside an overdue one
+                job.state, job.attempts = JobState.RUNNING, li.job_attempts
             inst = _Instance(li.instance_id, job, li.host_id, li.state, li.sent_at, li.instance_deadline)
             self.instances[li.instance_id] = inst
             if li.state is InstanceState.RUNNING:
