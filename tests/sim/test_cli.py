@@ -75,3 +75,16 @@ def test_a_bad_scenario_is_refused_with_its_problems_and_exit_code_2(tmp_path):
     assert "Traceback" not in unwritable.stderr
     missing = gridbot("simulate", "nope.toml", cwd=tmp_path)
     assert missing.returncode == 2 and "cannot read scenario nope.toml" in missing.stderr
+
+
+def test_warnings_of_a_scenario_are_printed_before_the_run(tmp_path, capsys):
+    """Issue 14: a log replayed with the default deadlines fails its jobs longer than 3 days: say so."""
+    from gridbot.cli.simulate import run_simulation
+
+    (tmp_path / "long.swf").write_text("1 0 0 360000 1 -1 -1 1 -1 -1 1 7 1 1 1 1 -1 -1\n")
+    # volunteers keep asking for work, so a job re-queued at its deadline is sent again
+    (tmp_path / "s.toml").write_text('[pools.p]\nkind = "community"\nsize = 5\n[swf_bags.log]\nswf = "long.swf"\n')
+    results = run_simulation(tmp_path / "s.toml", None, None, quiet=False, as_json=True, plots=False)
+    err = capsys.readouterr().err
+    assert f"warning: {tmp_path / 's.toml'}:4: swf_bags 'log': 1 of the 1 jobs replayed run longer" in err
+    assert results.bags[0].failed == 1, "the warning is right: the job fails for good"

@@ -154,3 +154,90 @@ def test_bags_replayed_from_an_swf_log_all_run():
     r = run(text)
     assert len(r.bags) == 8 and all(b.state == "completed" for b in r.bags)
     assert all(b.arrival <= (b.finished or 0) for b in r.bags)
+
+
+STALE_CANCELLATION = """
+[pools.grid]
+kind = "grid"
+size = 20
+queue_wait = { dist = "empirical", values = ["1m", "1m", "1m", "20h"] }
+
+[bags.first]
+jobs = 20
+runtime = "10m"
+
+[bags.second]
+jobs = 1
+runtime = "10m"
+arrival = "3h"
+"""
+
+
+def test_a_cancellation_removes_the_newest_queued_pilot_not_the_next_to_start():
+    """Issue 14: the pilots stuck 20 h in the queue were cancelled when the first bag no longer needed
+    them, but the simulator cancelled whichever queued pilot started next. The fresh pilot sent at 3 h for
+    the second bag was eaten by a stale cancellation, the stuck ones still counted as spare capacity, so
+    nothing more was submitted and the second bag took 17 h instead of about 10 minutes."""
+    r = run(STALE_CANCELLATION)
+    assert r.bag("first").state == r.bag("second").state == "completed"
+    assert r.bag("second").makespan <= 15 * 60, r.bag("second").makespan / 3600
+
+
+def test_the_simulator_cancels_the_pilots_the_servers_overlay_would():
+    """Four pilots queued for a bag of one job: the overlay's plan cancels three, and the oldest stays, as
+    `schedulers.overlay.pilots_to_cancel` (which the server's overlay also calls) chooses."""
+    from gridbot.sim.engine import Simulation
+
+    sim = Simulation(parse_scenario(STALE_CANCELLATION, "t.toml"))
+    sim._arrive(sim.sc.bags[1], None)
+    pool = sim.pools["grid"]
+    for _ in range(4):
+        sim._enqueue(pool, 3600.0)
+    oldest = next(iter(pool.queue))
+    sim._overlay(None, None)
+    assert list(pool.queue) == [oldest]
+
+
+def test_preemption_draws_each_pilots_life_from_a_distribution():
+    """Issue 14: `preemption` takes a lifetime distribution, as `availability` does. Every pilot here is
+    preempted at 30 minutes of age: a 20-minute job started on a young pilot finishes, a 40-minute job
+    never does."""
+    text = """
+[simulation]
+horizon = "1d"
+
+[pools.grid]
+kind = "grid"
+size = 5
+preemption = { dist = "constant", value = "30m" }
+
+[bags.short]
+jobs = 10
+runtime = "20m"
+
+[bags.long]
+jobs = 2
+runtime = "40m"
+"""
+    r = run(text)
+    assert r.bag("short").state == "completed" and r.bag("short").done == 10
+    assert r.bag("long").done == 0 and r.bag("long").failed == 2
+    assert r.pools[0].lost > 0
+
+
+def test_a_burst_replayed_from_a_log_runs_each_jobs_own_run_time(tmp_path):
+    """Issue 14: one user's burst of log jobs is one bag whose jobs run the log's run times, one by one
+    (a job of 2 processors gives two), and a bag scaled down keeps evenly spaced ones."""
+    from gridbot.sim.scenario import scaled
+
+    (tmp_path / "log.swf").write_text("1 0 0 600 1 -1 -1 1 -1 -1 1 7 1 1 1 1 -1 -1\n"
+                                      "2 5 0 1800 2 -1 -1 2 -1 -1 1 7 1 1 1 1 -1 -1\n"
+                                      "3 9 0 60 1 -1 -1 1 -1 -1 1 7 1 1 1 1 -1 -1\n")
+    text = ('[pools.c]\nkind = "cluster"\nsize = 10\n[swf_bags.log]\nswf = "log.swf"\nburst = "1m"\n'
+            '[swf_bags.log.policy]\nReplicationRequirements = "false"\n')
+    sc = parse_scenario(text, str(tmp_path / "s.toml"))
+    (bag,) = simulate(sc).bags
+    assert (bag.name, bag.jobs, bag.state) == ("log-1", 4, "completed")
+    assert abs(bag.cpu_hours - (600 + 2 * 1800 + 60) / 3600) < 0.01
+    (half,) = simulate(scaled(sc, 0.5)).bags
+    assert half.jobs == 2 and abs(half.cpu_hours - (600 + 1800) / 3600) < 0.01

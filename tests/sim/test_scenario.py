@@ -120,3 +120,100 @@ def test_bags_from_an_swf_log_arrive_when_its_jobs_were_submitted():
     assert all(1 <= b.jobs <= 64 for b in sc.bags) and all(b.runtime.mean > 0 for b in sc.bags)
     with pytest.raises(SpecError, match=r"no trace file 'nope\.swf'"):
         parse_scenario('[pools.p]\nsize = 10\n[swf_bags.x]\nswf = "nope.swf"\n', "s.toml")
+
+
+def test_preemption_is_a_rate_or_a_lifetime_distribution():
+    """Issue 14: a number keeps its meaning (pilots killed per hour of life: exponential lifetimes); a table
+    is the distribution of a pilot's life, such as the decreasing hazard of a Condor pool's machines."""
+    import math
+
+    base = '[pools.p]\nsize = 5\npreemption = {}\n[bags.b]\njobs = 1\nruntime = 1\n'
+    rate = parse_scenario(base.format("0.5"), "s.toml").pools[0].preemption
+    assert rate is not None and rate.mean == 7200
+    assert parse_scenario(base.format("0"), "s.toml").pools[0].preemption is None
+    weibull = parse_scenario(base.format('{ dist = "weibull", shape = 0.5, scale = "90h" }'), "s.toml")
+    assert weibull.pools[0].preemption.mean == 90 * 3600 * math.gamma(3)
+    condor = parse_scenario(base.format('{ fta = "nd07cpu" }'), "s.toml").pools[0].preemption
+    assert condor is not None and "nd07cpu" in condor.describe
+    for bad, words in (('"30m"', "must be a rate"), ("-0.1", "must be a rate"),
+                       ('{ dist = "weibull", shape = 0 , scale = "1h" }', "shape must be more than zero")):
+        with pytest.raises(SpecError, match=words):
+            parse_scenario(base.format(bad), "s.toml")
+
+
+# job submit wait run procs cpu mem req-procs req-time req-mem status user group exe queue partition prec think
+LOG = """; a small SWF log
+1     0 0  600 1 -1 -1 1 -1 -1 1 7 1 1 1 1 -1 -1
+2    30 0  600 1 -1 -1 1 -1 -1 1 7 1 1 1 1 -1 -1
+3    60 0  120 1 -1 -1 1 -1 -1 0 7 1 1 1 1 -1 -1
+4    90 0   50 1 -1 -1 1 -1 -1 5 7 1 1 1 1 -1 -1
+5   100 0  900 2 -1 -1 2 -1 -1 1 9 1 1 2 2 -1 -1
+6  4000 0  300 1 -1 -1 1 -1 -1 1 7 1 1 1 1 -1 -1
+7  4010 0  300 1 -1 -1 1 -1 -1 1 7 1 1 1 1 -1 -1
+8  4020 0 1800 1 1 1024 1 -1 -1 1 11 1 1 -1 1 -1 -1 {1241} q_2h 1:ppn=1
+"""
+
+
+def swf_scenario(tmp_path, keys: str) -> list:
+    (tmp_path / "log.swf").write_text(LOG)
+    text = f'[pools.p]\nsize = 10\n[swf_bags.log]\nswf = "log.swf"\n{keys}\n'
+    return parse_scenario(text, str(tmp_path / "s.toml")).bags
+
+
+def test_swf_replay_leaves_out_killed_jobs_and_filters_by_user_queue_and_partition(tmp_path):
+    """Issue 14: a failed (0) or cancelled (5) job's run time was cut short; it is not a run time."""
+    assert [b.name for b in swf_scenario(tmp_path, "")] == ["log-1", "log-2", "log-5", "log-6", "log-7", "log-8"]
+    assert len(swf_scenario(tmp_path, "status = [1, 0, 5]")) == 8
+    assert [b.name for b in swf_scenario(tmp_path, "user = 7")] == ["log-1", "log-2", "log-6", "log-7"]
+    assert [b.name for b in swf_scenario(tmp_path, "queue = [2]")] == ["log-5"]
+    assert [b.name for b in swf_scenario(tmp_path, 'queue = "q_2h"')] == ["log-8"]  # Alea's queue names
+    assert [b.name for b in swf_scenario(tmp_path, "partition = 2")] == ["log-5"]
+    text = f'[pools.p]\nsize = 1\n[bags.b]\njobs = 1\nruntime = {{ swf = "{tmp_path / "log.swf"}", FILTER }}\n'
+    assert parse_scenario(text.replace("FILTER", "user = 9"), "s.toml").bags[0].runtime.mean == 900
+    assert parse_scenario(text.replace("FILTER", "status = 5"), "s.toml").bags[0].runtime.mean == 50
+    with pytest.raises(SpecError, match="user must be a whole number"):
+        swf_scenario(tmp_path, 'user = "alice"')
+    with pytest.raises(SpecError, match=r"no job with a positive run time.*filter"):
+        swf_scenario(tmp_path, "user = 3")
+
+
+def test_a_users_burst_of_jobs_is_replayed_as_one_bag(tmp_path):
+    """Issue 14: a user sends a bag of tasks to a batch queue as a burst of jobs, not one bag per line."""
+    first, second = swf_scenario(tmp_path, 'user = 7\nburst = "10m"')
+    assert (first.name, first.jobs, first.runtimes, first.arrival) == ("log-1", 2, (600.0, 600.0), 0)
+    assert (second.name, second.jobs, second.runtimes, second.arrival) == ("log-6", 2, (300.0, 300.0), 4000)
+    everyone = swf_scenario(tmp_path, 'burst = "10m"')
+    assert [(b.name, b.jobs) for b in everyone] == [("log-1", 2), ("log-5", 2), ("log-6", 2), ("log-8", 1)]
+    assert [b.name for b in swf_scenario(tmp_path, 'burst = "10m"\nskip = 1\ncount = 2')] == ["log-5", "log-6"]
+
+
+def test_mistakes_that_ran_without_a_word_are_refused():
+    """Issue 14: a Deadline that is not a positive number fell back to instance_deadline silently, and a
+    negative spread was drawn as a positive one."""
+    base = '[pools.p]\nsize = 5\n{pool}[bags.b]\njobs = 1\nruntime = {runtime}\n{policy}'
+    for pool, runtime, policy, line, words in (
+        ("", "1", '[bags.b.policy]\nDeadline = "-5"\n', 7, "Deadline = '-5' is not a positive number"),
+        ("", "1", '[bags.b.policy]\nDeadline = "0"\n', 7, "not a positive number of seconds"),
+        ("", '{ dist = "lognormal", mu = 5, sigma = -1 }', "", 5, "sigma is a spread and cannot be negative"),
+        ('speed = { dist = "normal", mean = 1, sd = -0.2 }\n', "1", "", 3, "sd is a spread and cannot be negative"),
+    ):
+        with pytest.raises(SpecError) as e:
+            parse_scenario(base.format(pool=pool, runtime=runtime, policy=policy), "bad.toml")
+        problem = next(p for p in e.value.problems if words in p.message)
+        assert problem.line == line, e.value.problems
+    good = parse_scenario(base.format(pool="", runtime="1", policy='[bags.b.policy]\nDeadline = "Host.Slots * 60"\n'),
+                          "good.toml")
+    assert good.bags[0].policy == {"Deadline": "Host.Slots * 60"}
+
+
+def test_replaying_jobs_longer_than_their_deadlines_allow_warns(tmp_path):
+    """Issue 14: with the defaults (3 failures, 1-day deadline), every job of a log running over 3 days was
+    declared lost three times and failed for good, without a word."""
+    (tmp_path / "long.swf").write_text("1 0 0 360000 1 -1 -1 1 -1 -1 1 7 1 1 1 1 -1 -1\n"
+                                       "2 9 0 3600 1 -1 -1 1 -1 -1 1 7 1 1 1 1 -1 -1\n")
+    text = '[pools.p]\nsize = 10\n[swf_bags.log]\nswf = "long.swf"\n'
+    sc = parse_scenario(text, str(tmp_path / "s.toml"))
+    (warning,) = sc.warnings
+    assert "1 of the 2 jobs replayed run longer than max_failures x instance_deadline (3 x 1 d)" in warning.message
+    assert warning.line == 3 and 'instance_deadline = "5d"' in warning.hint
+    assert parse_scenario(text + 'instance_deadline = "5d"\n', str(tmp_path / "s.toml")).warnings == []

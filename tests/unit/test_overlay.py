@@ -83,3 +83,36 @@ def test_small_instances_exhaustively():
             capacity = dict(zip(("x", "y"), caps, strict=True))
             taken, _ = max_flow(demands, capacity)
             assert sum(taken.values()) == min_cut(demands, capacity)
+
+
+def test_the_newest_queued_pilots_are_the_ones_cancelled():
+    """Issue 14: one choice, shared by the server's overlay and the simulator."""
+    from gridbot.schedulers.overlay import pilots_to_cancel
+
+    assert pilots_to_cancel(["a", "b", "c", "d"], 2) == ["d", "c"]
+    assert pilots_to_cancel(["a", "b"], 5) == ["b", "a"]
+    assert pilots_to_cancel(["a", "b"], 0) == []
+
+
+def test_the_servers_overlay_cancels_its_newest_queued_pilots(tmp_path):
+    from types import SimpleNamespace
+
+    from gridbot.model.pools import PoolSpec
+    from gridbot.model.states import PilotState
+    from gridbot.server.overlay import Overlay, _Pool
+
+    class Adapter:
+        def __init__(self):
+            self.cancelled = []
+
+        def cancel(self, ids):
+            self.cancelled.extend(ids)
+
+    service = SimpleNamespace(dispatcher=SimpleNamespace(pool_ads={}))
+    overlay = Overlay(service, [], "http://server", tmp_path)
+    adapter = Adapter()
+    pool = _Pool(PoolSpec("p", "slurm"), adapter)
+    pool.pilots = {"1": PilotState.QUEUED, "2": PilotState.RUNNING, "3": PilotState.QUEUED, "4": PilotState.QUEUED}
+    overlay.pools["p"] = pool
+    overlay._act({}, {"p": 2}, 0.0)
+    assert adapter.cancelled == ["4", "3"]

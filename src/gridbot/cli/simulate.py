@@ -64,6 +64,9 @@ def run_simulation(path: Path, seed: int | None, out: Path | None, quiet: bool, 
             raise GridbotError(f"cannot write the results to {out}: {e.strerror or e}; choose another --out") \
                 from None
     console = Console(stderr=True)
+    if not quiet:  # allowed, but probably not what was meant (jobs of a replayed log that cannot finish)
+        for warning in scenario.warnings:
+            console.print(f"warning: {warning.format(scenario.source)}", markup=False, highlight=False, soft_wrap=True)
     progress = Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} jobs"),
                         TextColumn("sim time {task.fields[sim]}"), TimeElapsedColumn(), console=console,
                         disable=quiet or as_json or not console.is_terminal)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from gridbot.core.dispatcher import Dispatcher
 from gridbot.model.pools import PoolSpec
@@ -136,6 +137,21 @@ def plan(demands: Sequence[BagDemand], pools: Sequence[PoolCapacity]) -> Plan:
         if idle_queued and p.queued_pilots:
             cancel[p.name] = min(idle_queued, p.queued_pilots)
     return Plan(submit, cancel, {b: n for b, n in unmet.items() if n})
+
+
+PilotId = TypeVar("PilotId")
+
+
+def pilots_to_cancel(queued: Sequence[PilotId], n: int) -> list[PilotId]:
+    """Which of a pool's queued pilots to cancel when `Plan.cancel` asks for `n`: the newest first.
+
+    `queued` lists the pool's queued pilots in the order they were submitted. The oldest ones have
+    waited longest and are the likeliest to start soon (a batch queue ages its jobs up), so they are
+    kept. The server's overlay and the simulator both cancel these very pilots (issue 14: the simulator
+    once cancelled whichever pilot started next, so a fresh pilot was eaten by a stale cancellation while
+    a pilot stuck in the queue still counted as spare capacity).
+    """
+    return list(reversed(queued[max(0, len(queued) - n):])) if n > 0 else []
 
 
 def bag_demands(dispatcher: Dispatcher, pools: Iterable[str]) -> list[BagDemand]:

@@ -22,7 +22,15 @@ from gridbot.model.states import PILOT_TERMINAL, PilotState
 from gridbot.pools.adapters import make_adapter
 from gridbot.pools.base import PilotRequest, PoolAdapter, PoolError
 from gridbot.protocol import PoolInfo
-from gridbot.schedulers.overlay import BagDemand, PoolCapacity, bag_demands, host_slots, plan, pool_capacity
+from gridbot.schedulers.overlay import (
+    BagDemand,
+    PoolCapacity,
+    bag_demands,
+    host_slots,
+    pilots_to_cancel,
+    plan,
+    pool_capacity,
+)
 from gridbot.security.access import ServerAccess
 from gridbot.server.service import Service
 
@@ -153,7 +161,8 @@ class Overlay:
             log.info("pool %s: submitted %d pilots", name, len(ids))
         for name, n in cancel.items():
             pool = self.pools[name]
-            queued = [i for i, st in pool.pilots.items() if st is PilotState.QUEUED][-n:]
+            # pilots are recorded in the order they were submitted
+            queued = pilots_to_cancel([i for i, st in pool.pilots.items() if st is PilotState.QUEUED], n)
             if pool.adapter is not None and queued:
                 try:
                     pool.adapter.cancel(queued)

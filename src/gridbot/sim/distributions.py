@@ -136,9 +136,11 @@ def parse_dist(value: object, what: str, durations: bool = True) -> Dist:
         dist = Dist(f"exponential(mean {mean:g})", lambda rng: rng.expovariate(1 / mean), mean)
     elif name == "normal":
         mean, sd = num("mean"), num("sd")
+        _not_negative(what, sd=sd)
         dist = Dist(f"normal({mean:g}, {sd:g})", lambda rng: max(0.0, rng.gauss(mean, sd)), mean)
     elif name == "lognormal":
         mu, sigma = num("mu", False), num("sigma", False)
+        _not_negative(what, sigma=sigma)
         dist = Dist(f"lognormal(mu {mu:g}, sigma {sigma:g})", lambda rng: rng.lognormvariate(mu, sigma),
                     math.exp(mu + sigma**2 / 2))
     elif name == "weibull":
@@ -183,7 +185,7 @@ def _scaled(dist: Dist, table: dict[str, object], what: str, durations: bool, un
 
 
 def _trace(table: dict[str, object], key: str, what: str) -> Dist:
-    allowed = {"trace": ("trace", "unit", "min", "max"), "swf": ("swf", "unit", "min", "max"),
+    allowed = {"trace": ("trace", "unit", "min", "max"), "swf": ("swf", *traces.SwfFilter.KEYS, "unit", "min", "max"),
                "fta": ("fta", "family", "interval", "min", "max"), "lanl": ("lanl", "unit", "min", "max")}[key]
     for k in table:
         if k not in allowed:
@@ -192,7 +194,8 @@ def _trace(table: dict[str, object], key: str, what: str) -> Dist:
         if key == "trace":
             return empirical(traces.task_runtimes(str(table["trace"])), f"measured {table['trace']} runtimes")
         if key == "swf":
-            return empirical(traces.swf_runtimes(str(table["swf"])), f"runtimes of SWF log {table['swf']}")
+            return empirical(traces.swf_runtimes(str(table["swf"]), traces.SwfFilter.from_table(table)),
+                             f"runtimes of SWF log {table['swf']}")
         if key == "fta":
             return _fta(str(table["fta"]), str(table.get("family", "Wbl")), str(table.get("interval", "available")),
                         what)
@@ -221,6 +224,14 @@ def _number(value: object, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise DistError(f"{what}: {value!r} is not a number")
     return float(value)
+
+
+def _not_negative(what: str, **values: float) -> None:
+    """A spread below zero is a typo: Python's generators draw from it as from its absolute value, so the
+    scenario would run as if it were written without the sign (issue 14)."""
+    for key, v in values.items():
+        if v < 0:
+            raise DistError(f"{what}: {key} is a spread and cannot be negative, not {v:g}")
 
 
 def _positive(what: str, **values: float) -> None:

@@ -26,7 +26,7 @@ from gridbot.core.dispatcher import Dispatcher
 from gridbot.model.records import HostInfo, InstanceReport, Outcome
 from gridbot.model.spec import BagSpec, Parameter
 from gridbot.model.states import BagState, InstanceState, JobState
-from gridbot.schedulers.overlay import bag_demands, host_slots, plan, pool_capacity
+from gridbot.schedulers.overlay import bag_demands, host_slots, pilots_to_cancel, plan, pool_capacity
 from gridbot.sim.metrics import Recorder, Results
 from gridbot.sim.scenario import BagModel, PoolModel, Scenario
 from gridbot.store.memory import MemoryStore
@@ -73,10 +73,9 @@ class _PoolRt:
     model: PoolModel
     machines: list[_Machine]
     size: int = 0
-    queued: int = 0
-    """Pilots submitted and waiting in the pool's queue."""
-    cancel_queued: int = 0
-    """Queued pilots cancelled, not yet reached by their start event."""
+    queue: dict[int, float] = field(default_factory=dict)
+    """Pilots submitted and waiting in the pool's queue, in submission order: ticket → when submitted.
+    A cancelled pilot leaves it at once, and its start event, finding it gone, does nothing."""
     pilots: dict[int, _Pilot] = field(default_factory=dict)
     """Running pilots by a number of their own (insertion order keeps runs reproducible)."""
     free: list[_Machine] = field(default_factory=list)
@@ -85,6 +84,10 @@ class _PoolRt:
     @property
     def running(self) -> int:
         return len(self.pilots)
+
+    @property
+    def queued(self) -> int:
+        return len(self.queue)
 
 
 class CompactStore:
@@ -153,6 +156,8 @@ class Simulation:
                 machines.append(_Machine(info, self._speed(p), self.rng.random() < p.black_holes))
             self.pools[p.name] = _PoolRt(p, machines, free=list(machines))
         self._pilot_ids = 0
+        self._tickets = 0
+        """Numbers queued pilots, so that a cancellation names the pilots it cancels, as the server does."""
         self.runtimes: dict[int, array[float]] = {}
         self.bag_ids: dict[str, int] = {}
         self.pending_bags = len(scenario.bags)
@@ -245,9 +250,13 @@ class Simulation:
             bag_id, counts = len(self.bag_ids) + 1, BagCounts(queued=model.jobs)
         self.compact.create_bag(bag_id, model.jobs)
         self.bag_ids[model.name] = bag_id
-        rng = random.Random(f"{self.seed}:{model.name}")
-        draw = model.runtime.draw
-        self.runtimes[bag_id] = array("d", (draw(rng) for _ in range(model.jobs)))
+        if model.runtimes is not None:  # replayed from a log, job by job (evenly thinned when scaled down)
+            runs, n = model.runtimes, len(model.runtimes)
+            self.runtimes[bag_id] = array("d", (runs[i * n // model.jobs] for i in range(model.jobs)))
+        else:
+            rng = random.Random(f"{self.seed}:{model.name}")
+            draw = model.runtime.draw
+            self.runtimes[bag_id] = array("d", (draw(rng) for _ in range(model.jobs)))
         self.dispatcher.add_bag(BagSnapshot(bag_id, spec, counts, self.now))
         self.recorder.bag_arrived(bag_id, model, self.now)
         self.pending_bags -= 1
@@ -280,24 +289,27 @@ class Simulation:
         pool_obj.free.append(machine)
 
     def _submit(self, pool: _PoolRt) -> None:
-        pool.queued += 1
-        self._at(self.now + pool.model.queue_wait.sample(self.rng), _PILOT_UP, pool)
+        self._enqueue(pool, pool.model.queue_wait.sample(self.rng))
 
-    def _pilot_up(self, pool_obj: object, _: object) -> None:
+    def _enqueue(self, pool: _PoolRt, wait: float) -> None:
+        """A pilot joins the pool's queue and tries to start after `wait`."""
+        self._tickets += 1
+        pool.queue[self._tickets] = self.now
+        self._at(self.now + wait, _PILOT_UP, pool, self._tickets)
+
+    def _pilot_up(self, pool_obj: object, ticket: object) -> None:
         pool = pool_obj
-        assert isinstance(pool, _PoolRt)
-        if pool.cancel_queued:
-            pool.cancel_queued -= 1
-            pool.queued -= 1
+        assert isinstance(pool, _PoolRt) and isinstance(ticket, int)
+        if ticket not in pool.queue:  # cancelled while it waited
             return
         if pool.running >= pool.size:  # no room yet: the pilot stays queued
-            self._at(self.now + max(60.0, self.sc.overlay_interval), _PILOT_UP, pool)
+            self._at(self.now + max(60.0, self.sc.overlay_interval), _PILOT_UP, pool, ticket)
             return
         free = pool.free
         if not free:
-            self._at(self.now + max(60.0, self.sc.overlay_interval), _PILOT_UP, pool)
+            self._at(self.now + max(60.0, self.sc.overlay_interval), _PILOT_UP, pool, ticket)
             return
-        pool.queued -= 1
+        del pool.queue[ticket]
         i = int(self.rng.random() * len(free))
         machine = free[i]
         free[i] = free[-1]
@@ -311,8 +323,8 @@ class Simulation:
                      "leave" if m.volunteer else "failure")
         if not m.volunteer:
             self._at(self.now + m.spec.walltime * _WALLTIME_SHARE, _DEATH, pilot, "walltime")
-            if m.preemption > 0:
-                self._at(self.now + self.rng.expovariate(m.preemption / 3600.0), _DEATH, pilot, "preempted")
+            if m.preemption is not None:
+                self._at(self.now + m.preemption.sample(self.rng), _DEATH, pilot, "preempted")
         self._exchange_at(pilot, self.now)
 
     def _death(self, pilot_obj: object, why: object) -> None:
@@ -350,8 +362,8 @@ class Simulation:
         else:
             pool.free.append(pilot.machine)
         if pool.model.volunteer and pool.running + pool.queued < pool.size:
-            pool.queued += 1  # the same kind of host comes back after being away
-            self._at(self.now + pool.model.unavailability.sample(self.rng), _PILOT_UP, pool)
+            # the same kind of host comes back after being away
+            self._enqueue(pool, pool.model.unavailability.sample(self.rng))
 
     # -- a host's side of the protocol ------------------------------------------------------------------
 
@@ -459,15 +471,16 @@ class Simulation:
         submitted = [p for p in self.pools.values() if not p.model.volunteer]
         demands = bag_demands(d, [p.model.name for p in submitted])
         hosts = host_slots(d, self.now)
-        capacity = [pool_capacity(p.model.spec, p.queued - p.cancel_queued, p.running,
-                                  hosts.get(p.model.name, (0, 0)), True, max_running=p.size) for p in submitted]
+        capacity = [pool_capacity(p.model.spec, p.queued, p.running, hosts.get(p.model.name, (0, 0)), True,
+                                  max_running=p.size) for p in submitted]
         decision = plan(demands, capacity)
         for name, n in decision.submit.items():
             for _ in range(n):
                 self._submit(self.pools[name])
         for name, n in decision.cancel.items():
-            pool = self.pools[name]
-            pool.cancel_queued += min(n, pool.queued - pool.cancel_queued)
+            queue = self.pools[name].queue
+            for ticket in pilots_to_cancel(list(queue), n):  # the very pilots the server would cancel
+                del queue[ticket]
         self._at(self.now + self.sc.overlay_interval, _OVERLAY)
 
     def _sample(self, _: object, __: object) -> None:

@@ -20,9 +20,9 @@ import msgspec
 from gridbot.core.dispatcher import DispatchConfig
 from gridbot.model.pools import RELIABILITY, PoolSpec
 from gridbot.model.spec import NAME_RE, Problem, SpecError, closest, key_lines
-from gridbot.policy.policies import PolicyError, compile_policies
+from gridbot.policy.policies import PolicyError, PolicySet, references, representative_context, validate_policies
 from gridbot.sim import traces
-from gridbot.sim.distributions import Dist, DistError, constant, parse_dist, seconds
+from gridbot.sim.distributions import Dist, DistError, constant, empirical, parse_dist, seconds
 
 SIM_KEYS = ("seed", "horizon", "tick", "overlay_interval", "sample", "latency", "heartbeat", "store",
             "description")
@@ -62,8 +62,10 @@ class PoolModel:
     """Machines the pool's pilots land on; host statistics stay with a machine across pilots."""
     queue_wait: Dist
     speed: Dist
-    preemption: float
-    """Pilots killed per hour of a pilot's life, silently (the grid's fair share took the node back)."""
+    preemption: Dist | None
+    """How long a pilot lives before the grid takes its node back, silently (None: never). A constant
+    rate per hour is an exponential lifetime; real best-effort queues kill young pilots more often
+    (a Weibull of shape below 1), see docs/simulation.md."""
     failure_rate: float
     black_holes: float
     turnaround_ratio: Dist
@@ -94,6 +96,9 @@ class BagModel:
     instance_deadline: float
     max_failures: int
     policy: dict[str, str]
+    runtimes: tuple[float, ...] | None = None
+    """Each job's runtime, in order, when replayed from a log (a user's burst); `runtime` is then their
+    distribution. A bag scaled down to fewer jobs takes evenly spaced ones."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,8 @@ class Scenario:
     dispatch: DispatchConfig
     pools: list[PoolModel]
     bags: list[BagModel] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)
+    """What is allowed but probably not meant (jobs of a replayed log that cannot finish in time)."""
 
 
 def parse_scenario(text: str, source: str) -> Scenario:
@@ -132,10 +139,17 @@ class _Reader:
         self.base = Path(source).parent
         """Files a scenario names (size traces, SWF logs) are found relative to it."""
         self.problems: list[Problem] = []
+        self.warnings: list[Problem] = []
+
+    def line(self, path: tuple[str, ...]) -> int | None:
+        """The line of `path`'s key in the file, or of the nearest table holding it."""
+        return next((self.lines[path[:n]] for n in range(len(path), 0, -1) if path[:n] in self.lines), None)
 
     def fail(self, path: tuple[str, ...], message: str, hint: str = "") -> None:
-        line = next((self.lines[path[:n]] for n in range(len(path), 0, -1) if path[:n] in self.lines), None)
-        self.problems.append(Problem(message, line, hint))
+        self.problems.append(Problem(message, self.line(path), hint))
+
+    def warn(self, path: tuple[str, ...], message: str, hint: str = "") -> None:
+        self.warnings.append(Problem(message, self.line(path), hint))
 
     def keys(self, table: dict[str, Any], allowed: tuple[str, ...], path: tuple[str, ...], what: str) -> None:
         for key in table:
@@ -198,7 +212,7 @@ class _Reader:
         description = str(sim.get("description", ""))
         sample = sample or 300.0
         return Scenario(self.source, description, seed, horizon, tick, overlay_interval, sample, latency,
-                        heartbeat, store, dispatch, pools, bags)
+                        heartbeat, store, dispatch, pools, bags, sorted(self.warnings, key=lambda w: w.line or 0))
 
     def table(self, data: dict[str, Any], key: str) -> dict[str, Any]:
         value = data.get(key, {})
@@ -260,7 +274,7 @@ class _Reader:
             size=size, fluctuate=fluctuate, hosts=hosts,
             queue_wait=self.get(t, "queue_wait", path, constant(0.0), _dist(f"queue_wait of {what}")),
             speed=self.get(t, "speed", path, constant(1.0), _dist(f"speed of {what}", durations=False)),
-            preemption=self.get(t, "preemption", path, 0.0, _fraction(math.inf)),
+            preemption=self.get(t, "preemption", path, None, _preemption(f"preemption of {what}")),
             failure_rate=self.get(t, "failure_rate", path, 0.0, _fraction(1.0)),
             black_holes=self.get(t, "black_holes", path, 0.0, _fraction(1.0)),
             turnaround_ratio=self.get(t, "turnaround_ratio", path, constant(1.0),
@@ -278,6 +292,22 @@ class _Reader:
         if model.speed.mean <= 0:
             self.fail((*path, "speed"), f"speed of {what} must be positive (1 = the runtimes as written)")
         return model if len(self.problems) == before else None
+
+    def policies(self, written: dict[str, str], deadline: float, path: tuple[str, ...], what: str) -> bool:
+        """Validate a bag's policies as a submitted spec's are, and refuse a constant Deadline that is not a
+        positive number of seconds: the dispatcher would give every instance the bag's instance_deadline
+        instead, saying so only in the bag's diagnostics (issue 14: `Deadline = "-5"` ran as 1 day)."""
+        try:
+            compiled = validate_policies(written, deadline)
+        except PolicyError as e:
+            self.fail((*path, "policy", e.policy), f"{what}: {e}")
+            return False
+        problem = _constant_deadline_problem(compiled)
+        if problem:
+            self.fail((*path, "policy", "Deadline"), f"{what}: {problem}",
+                      'write a positive number of seconds, like Deadline = "7200", or leave Deadline out to use '
+                      "instance_deadline")
+        return not problem
 
     def bag(self, name: str, t: object) -> list[BagModel]:
         path = ("bags", name)
@@ -306,10 +336,7 @@ class _Reader:
         for copy in range(1, copies + 1):
             bag_name = name if copies == 1 else f"{name}-{copy}"
             written = {k: v.replace("{copy}", str(copy)) for k, v in policy.items()}
-            try:
-                compile_policies(written, deadline)
-            except PolicyError as e:
-                self.fail((*path, "policy", e.policy), f"bag '{bag_name}': {e}")
+            if not self.policies(written, deadline, path, f"bag '{bag_name}'"):
                 break
             out.append(BagModel(bag_name, jobs, runtime, arrival, deadline, max_failures, written))
         return out if len(self.problems) == before else []
@@ -317,14 +344,16 @@ class _Reader:
 
     def swf_bags(self, name: str, t: object) -> list[BagModel]:
         """Bags from an SWF job log: each job that ran becomes a bag of as many jobs as it had processors,
-        each running the job's run time, arriving at its submit time (from the first one taken)."""
+        each running the job's run time, arriving at its submit time (from the first one taken); with
+        `burst`, each burst of one user's jobs becomes one bag. Records are filtered by status (killed jobs'
+        run times are not run times), user, queue and partition."""
         path = ("swf_bags", name)
         if not isinstance(t, dict):
             self.fail(path, f"swf_bags '{name}' must be a table", f'[swf_bags.{name}]\nswf = "NASA-iPSC"\ncount = 20')
             return []
         before = len(self.problems)
         self.keys(t, ("swf", "skip", "count", "time_scale", "max_jobs", "instance_deadline", "max_failures",
-                      "policy"), path, f"swf_bags '{name}'")
+                      "policy", "burst", *traces.SwfFilter.KEYS), path, f"swf_bags '{name}'")
         if "swf" not in t:
             self.fail(path, f"swf_bags '{name}' names no log", 'swf = "NASA-iPSC" (shipped) or a path')
             return []
@@ -334,27 +363,84 @@ class _Reader:
         max_jobs = self.get(t, "max_jobs", path, 10_000, _int(1))
         deadline = self.get(t, "instance_deadline", path, 24 * 3600.0, _dur(False))
         max_failures = self.get(t, "max_failures", path, 3, _int(1))
+        burst = self.get(t, "burst", path, None, _dur(True))
+        for key in traces.SwfFilter.KEYS:  # each key's mistake reported on its own line
+            self.get(t, key, path, None, _swf_filter(key))
         policy = t.get("policy", {})
         if not isinstance(policy, dict) or not all(isinstance(v, str) for v in policy.values()):
             self.fail((*path, "policy"), f"the policy of swf_bags '{name}' must be a table of strings")
             policy = {}
+        self.policies(policy, deadline, path, f"swf_bags '{name}'")
+        if len(self.problems) > before:
+            return []
         log = str(t["swf"])
         if log not in traces.SWF_LOGS and not Path(log).is_absolute():
             log = str(self.base / log)
         try:
-            records = traces.swf_records(log if Path(log).exists() else str(t["swf"]))[skip:skip + count]
+            records = traces.swf_records(log if Path(log).exists() else str(t["swf"]), traces.SwfFilter.from_table(t))
         except traces.TraceError as e:
             self.fail((*path, "swf"), f"swf_bags '{name}': {e}")
             return []
-        try:
-            compile_policies(policy, deadline)
-        except PolicyError as e:
-            self.fail((*path, "policy", e.policy), f"swf_bags '{name}': {e}")
-        if len(self.problems) > before or not records:
+        groups = [[r] for r in records] if burst is None else traces.swf_bursts(records, burst)
+        groups = groups[skip:skip + count]
+        if not groups:
             return []
-        first = records[0][1]
-        return [BagModel(f"{name}-{job}", min(procs, max_jobs), constant(run), (submit - first) * scale, deadline,
-                         max_failures, dict(policy)) for job, submit, run, procs in records]
+        self.warn_overdue(path, name, [r for g in groups for r in g], max_failures, deadline)
+        first = groups[0][0].submit
+        bags = []
+        for g in groups:
+            arrival = (g[0].submit - first) * scale
+            if len(g) == 1:  # one job of the log: its processors are the bag's jobs
+                bags.append(BagModel(f"{name}-{g[0].number}", min(g[0].procs, max_jobs), constant(g[0].run),
+                                     arrival, deadline, max_failures, dict(policy)))
+                continue
+            runs = tuple(r.run for r in g for _ in range(min(r.procs, max_jobs)))[:max_jobs]
+            bags.append(BagModel(f"{name}-{g[0].number}", len(runs), empirical(runs, f"burst of {len(g)} jobs"),
+                                 arrival, deadline, max_failures, dict(policy), runs))
+        return bags
+
+    def warn_overdue(self, path: tuple[str, ...], name: str, records: list[traces.SwfJob], max_failures: int,
+                     deadline: float) -> None:
+        """Warn of replayed jobs that run longer than `max_failures` instance deadlines: each instance is
+        counted lost at its deadline and re-sent, and the job fails for good before its first instance ends
+        (issue 14: the defaults, 3 and 1 day, failed every job of a log running over 3 days, without a word;
+        the 13.5-day job of the first 40 of the CESNET log `wagap-2013` did)."""
+        limit = max_failures * deadline
+        longer = [r.run for r in records if r.run > limit]
+        if not longer:
+            return
+        longest = max(longer)
+        self.warn((*path, "instance_deadline"),
+                  f"swf_bags '{name}': {len(longer)} of the {len(records)} jobs replayed run longer than max_failures "
+                  f"x instance_deadline ({max_failures} x {_span(deadline)}), up to {_span(longest)}: each instance "
+                  "is counted lost at its deadline and the job sent again, so these jobs fail for good before one "
+                  "ends (wherever other hosts are free to take the copies)",
+                  f'raise instance_deadline above the longest run (instance_deadline = '
+                  f'"{math.ceil(longest / 86400)}d"), or leave the long jobs out (queue = [...], user = [...])')
+
+
+def _constant_deadline_problem(policies: PolicySet) -> str:
+    """Why a Deadline policy that reads no attribute is wrong on every host ("" if it is not)."""
+    text = policies.texts["Deadline"]
+    if references(text):
+        return ""
+    value = policies.exprs["Deadline"].eval(representative_context())
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
+        return ""
+    return (f"policy Deadline = {text!r} is not a positive number of seconds, so the bag's instance_deadline "
+            "would be used for every instance instead")
+
+
+def _swf_filter(key: str) -> Callable[[Any], traces.SwfFilter]:
+    return lambda v: traces.SwfFilter.from_table({key: v})
+
+
+def _span(seconds: float) -> str:
+    """A duration for a person: `3 d`, `36 h`, `20 min`, `45 s`."""
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if seconds >= size:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{seconds:.3g} s"
 
 
 def _int(low: int) -> Callable[[Any], int]:
@@ -388,6 +474,24 @@ def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
 
 def _dist(what: str, durations: bool = True) -> Callable[[Any], Dist]:
     return lambda v: parse_dist(v, what, durations)
+
+
+def _preemption(what: str) -> Callable[[Any], Dist | None]:
+    """A pilot's life until preemption: a table is its distribution (`{ fta = "nd07cpu" }`); a number is
+    the older form, a constant rate per hour of life, drawn exactly as it always was (so a scenario
+    written that way gives the same runs); 0 is no preemption."""
+    def convert(v: Any) -> Dist | None:
+        if isinstance(v, dict):
+            return parse_dist(v, what)
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < math.inf:
+            raise ValueError(f"must be a rate (pilots killed per hour of their life, like 0.1) or a table giving "
+                             f'the distribution of a pilot\'s life, like {{ dist = "weibull", shape = 0.5, '
+                             f'scale = "90h" }}, not {v!r}')
+        if v == 0:
+            return None
+        rate = float(v) / 3600.0
+        return Dist(f"exponential({v:g} per hour)", lambda rng: rng.expovariate(rate), 1 / rate)
+    return convert
 
 
 def _bool(v: Any) -> bool:

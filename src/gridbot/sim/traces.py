@@ -12,11 +12,14 @@ import gzip
 import io
 import lzma
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
 from importlib import resources
 from itertools import pairwise
 from pathlib import Path
+from typing import Any, ClassVar
 
 TASK_RUNTIMES = "task_runtimes.csv.gz"
 FTA_FITS = "fta_fitted_interval_distributions_from_opendc.csv"
@@ -67,23 +70,100 @@ def task_runtimes(program: str) -> tuple[float, ...]:
     return by_program[program]
 
 
+@dataclass(frozen=True)
+class SwfJob:
+    """One record of a Standard Workload Format log; an absent field is -1, as the format writes it."""
+
+    number: int
+    submit: float
+    run: float
+    """Run time (field 4), seconds: cut short for a job that was killed or failed."""
+    procs: int
+    """Allocated processors (field 5), or the requested ones (field 8) when not recorded."""
+    status: int
+    """Field 11: 1 completed, 0 failed, 5 cancelled, 2-4 partial runs of a checkpointed job, -1 unknown."""
+    user: int
+    queue: int
+    partition: int
+    queue_name: str = ""
+    """The queue by name, from Alea's extended SWF (a `{node ids}` field, then the queue name)."""
+
+
+SWF_STATUSES = (1, -1)
+"""Kept by default: completed jobs, and those of logs that record no status (NASA-iPSC). Failed (0),
+cancelled (5) and partial (2-4) runs ended early: their run times are not the jobs' run times."""
+
+
+@dataclass(frozen=True)
+class SwfFilter:
+    """Which records of an SWF log to replay: by status, user, queue (number or Alea's name) and partition;
+    None keeps every value."""
+
+    status: frozenset[int] = frozenset(SWF_STATUSES)
+    user: frozenset[int] | None = None
+    queue: frozenset[int | str] | None = None
+    partition: frozenset[int] | None = None
+
+    KEYS: ClassVar[tuple[str, ...]] = ("status", "user", "queue", "partition")
+
+    @classmethod
+    def from_table(cls, table: Mapping[str, object]) -> SwfFilter:
+        """The filter a scenario writes (`status = [1, 0]`, `user = 24`, `queue = ["q_2h", 3]`); raise
+        TraceError on a value that is not a whole number (or, for a queue, a name) or a list of them."""
+        chosen: dict[str, Any] = {}
+        for key in cls.KEYS:
+            if key not in table:
+                continue
+            value = table[key]
+            values: list[Any] = value if isinstance(value, list) else [value]
+            names = key == "queue"
+            if not values or not all((isinstance(v, int) and not isinstance(v, bool)) or (names and isinstance(v, str))
+                                     for v in values):
+                raise TraceError(f"{key} must be a whole number{' or a queue name' if names else ''}, or a list of "
+                                 f"them, like {key} = [1, 2], not {value!r}")
+            chosen[key] = frozenset(values)
+        return cls(**chosen)
+
+    def keeps(self, job: SwfJob) -> bool:
+        return (job.status in self.status and (self.user is None or job.user in self.user)
+                and (self.partition is None or job.partition in self.partition)
+                and (self.queue is None or job.queue in self.queue or job.queue_name in self.queue))
+
+
 @cache
-def swf_runtimes(name_or_path: str) -> tuple[float, ...]:
-    """Run times (field 4, seconds) of the jobs of a Standard Workload Format log that ran (> 0 s)."""
-    text = _open_text(SWF_LOGS.get(name_or_path, name_or_path))
+def swf_jobs(name_or_path: str) -> tuple[SwfJob, ...]:
+    """Every record of a Standard Workload Format log (a shipped one by short name, or a path), in file order."""
     out = []
-    for line in text:
+    for line in _open_text(SWF_LOGS.get(name_or_path, name_or_path)):
         if not line.strip() or line.lstrip().startswith(";"):
             continue
-        fields = line.split()
-        if len(fields) < 4:
+        f = line.split()
+        if len(f) < 8:
             raise TraceError(f"{name_or_path}: line {line.strip()[:60]!r} is not an SWF record (18 fields)")
-        run = float(fields[3])
-        if run > 0:
-            out.append(run)
-    if not out:
-        raise TraceError(f"{name_or_path}: no job with a positive run time")
+        try:
+            n = [int(float(x)) for x in (*f[4:18], *["-1"] * (18 - len(f)))]
+            procs = n[0] if n[0] > 0 else n[3]
+            alea = f[19] if len(f) > 19 and f[18].startswith("{") else ""
+            out.append(SwfJob(int(f[0]), float(f[1]), float(f[3]), procs, n[6], n[7], n[10], n[11], alea))
+        except ValueError:
+            raise TraceError(f"{name_or_path}: line {line.strip()[:60]!r} holds a field that is not a number") \
+                from None
     return tuple(out)
+
+
+def swf_runtimes(name_or_path: str, keep: SwfFilter = SwfFilter()) -> tuple[float, ...]:
+    """Run times (field 4, seconds) of the jobs of a Standard Workload Format log that ran (> 0 s) and that
+    `keep` keeps (by default, not those killed or failed)."""
+    out = tuple(j.run for j in swf_jobs(name_or_path) if j.run > 0 and keep.keeps(j))
+    if not out:
+        raise TraceError(f"{name_or_path}: no job with a positive run time{_filtered(keep)}")
+    return out
+
+
+def _filtered(keep: SwfFilter) -> str:
+    if keep == SwfFilter():
+        return f" and a status of {' or '.join(map(str, SWF_STATUSES))} (add status = [...] to keep others)"
+    return " that the filter (status, user, queue, partition) keeps"
 
 
 @cache
@@ -136,22 +216,28 @@ def lanl_intervals(kind: str) -> tuple[float, ...]:
     return data[kind]
 
 
-@cache
-def swf_records(name_or_path: str) -> tuple[tuple[int, float, float, int], ...]:
-    """(job number, submit time, run time, processors) of each SWF job that ran, in file order."""
-    out = []
-    for line in _open_text(SWF_LOGS.get(name_or_path, name_or_path)):
-        if not line.strip() or line.lstrip().startswith(";"):
-            continue
-        f = line.split()
-        if len(f) < 8:
-            raise TraceError(f"{name_or_path}: line {line.strip()[:60]!r} is not an SWF record (18 fields)")
-        procs = int(f[4]) if int(f[4]) > 0 else int(f[7])
-        if float(f[3]) > 0 and procs > 0:
-            out.append((int(f[0]), float(f[1]), float(f[3]), procs))
+def swf_records(name_or_path: str, keep: SwfFilter = SwfFilter()) -> tuple[SwfJob, ...]:
+    """The SWF jobs that ran (a positive run time and processor count) and that `keep` keeps, in file order."""
+    out = tuple(j for j in swf_jobs(name_or_path) if j.run > 0 and j.procs > 0 and keep.keeps(j))
     if not out:
-        raise TraceError(f"{name_or_path}: no job with a positive run time and processor count")
-    return tuple(out)
+        raise TraceError(f"{name_or_path}: no job with a positive run time and processor count{_filtered(keep)}")
+    return out
+
+
+def swf_bursts(jobs: Sequence[SwfJob], gap: float) -> list[list[SwfJob]]:
+    """The jobs grouped into bursts: one user's jobs, each submitted at most `gap` seconds after the one
+    before it (a user submitting a bag of tasks to a batch queue sends it as a burst of jobs). In order
+    of their first job's submission; jobs of an unknown user (-1) are grouped as if one user's."""
+    current: dict[int, list[SwfJob]] = {}
+    out: list[list[SwfJob]] = []
+    for job in sorted(jobs, key=lambda j: j.submit):
+        burst = current.get(job.user)
+        if burst is not None and job.submit - burst[-1].submit <= gap:
+            burst.append(job)
+        else:
+            current[job.user] = burst = [job]
+            out.append(burst)
+    return out
 
 
 def size_steps(path: Path) -> list[tuple[float, int]]:
