@@ -9,6 +9,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from gridbot.core.changes import Changes
 from gridbot.errors import ServerUnavailable
 from gridbot.model.pools import PoolSpec
@@ -152,3 +154,37 @@ def test_an_exchange_the_store_refuses_fails_alone_after_the_first_failed_batch(
             pass
     assert ok == ["c", "d"], "in solo mode the bad exchange fails alone"
     assert sorted(h.info.host_id for h in store.hosts()) == ["c", "d"], "a and b went down with the first batch"
+
+
+def test_a_store_that_is_down_leaves_the_dispatcher_as_it_was_and_answers_503_until_it_is_back(tmp_path,
+                                                                                             monkeypatch):
+    """The dispatcher used to be rebuilt from whatever the store gave while it was down: an empty one that
+    forgot running work. Now the service stays `stale` (503) and reloads once the store answers."""
+    from gridbot.store.base import StoreUnavailable
+
+    store = SQLiteStore(tmp_path / "s.db")
+    store.migrate()
+    service = Service(store)
+    service.submit(parse_spec('command = "true"\n[parameters]\ni = [1, 2]\n', "s", "s"), None, {}, 0.0)
+    _, changes = service.decide(ExchangeRequest(HostInfo("a", "a"), 1, []), 1.0)
+    service.commit(changes)
+    real_apply, real_snapshot = store.apply, store.snapshot
+
+    def down(*args: object) -> None:
+        raise StoreUnavailable("the database is unavailable (test)")
+
+    monkeypatch.setattr(store, "apply", down)
+    monkeypatch.setattr(store, "snapshot", down)
+    before = service.dispatcher
+    _, changes = service.decide(ExchangeRequest(HostInfo("b", "b"), 1, []), 2.0)
+    with contextlib.suppress(ServerUnavailable):
+        service.commit(changes)
+    assert service.stale and service.dispatcher is before, "no dispatcher made from an empty snapshot"
+    with pytest.raises(ServerUnavailable, match="the store is unavailable"):
+        service.decide(ExchangeRequest(HostInfo("b", "b"), 1, []), 3.0)
+    monkeypatch.setattr(store, "apply", real_apply)
+    monkeypatch.setattr(store, "snapshot", real_snapshot)
+    resp, changes = service.decide(ExchangeRequest(HostInfo("b", "b"), 1, []), 4.0)
+    service.commit(changes)
+    assert not service.stale and len(resp.assignments) == 1, "reloaded from the store, b gets the other job"
+    assert service.dispatcher.bags[1].counts.running == 2, "a's instance was not forgotten"
