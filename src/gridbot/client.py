@@ -144,6 +144,9 @@ class Client:
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise GridbotError(f"server URL {url!r} is not http://host:port")
+        if parsed.scheme == "http" and self.access.fingerprint:
+            raise GridbotError(f"the access file pins a TLS certificate, but {url} is plain http: the key would "
+                               "cross the network in clear; use the https:// URL the access file names")
         self.url = url.rstrip("/")
         self._host, self._port = parsed.hostname, parsed.port or (443 if parsed.scheme == "https" else 80)
         self._https = parsed.scheme == "https"

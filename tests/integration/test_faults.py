@@ -184,6 +184,7 @@ def test_a_store_that_is_down_leaves_the_dispatcher_as_it_was_and_answers_503_un
         service.decide(ExchangeRequest(HostInfo("b", "b"), 1, []), 3.0)
     monkeypatch.setattr(store, "apply", real_apply)
     monkeypatch.setattr(store, "snapshot", real_snapshot)
+    service._next_reload = 0.0  # as a request RELOAD_EVERY seconds later
     resp, changes = service.decide(ExchangeRequest(HostInfo("b", "b"), 1, []), 4.0)
     service.commit(changes)
     assert not service.stale and len(resp.assignments) == 1, "reloaded from the store, b gets the other job"

@@ -1,7 +1,7 @@
 """`gridbot access`: show, hand out, rotate and revoke the server's keys.
 
 These commands edit the server's key registry and access file directly (on the server's machine); a
-running server picks the change up within a second, so a revoked key is refused at its next request.
+running server picks the change up within a second, so a revoked key is refused within a second.
 """
 
 from __future__ import annotations
@@ -14,7 +14,15 @@ import msgspec
 
 from gridbot.cli import render
 from gridbot.security.access import ACCESS_NAME, REGISTRY_NAME, Access, read_access, write_access
-from gridbot.security.keys import AccessError, Registry, Role, load_registry, save_registry
+from gridbot.security.keys import (
+    ADMIN_NAME,
+    SUBMITTER_RE,
+    AccessError,
+    Registry,
+    Role,
+    load_registry,
+    save_registry,
+)
 
 access_file_option = click.option("--access-file", type=click.Path(dir_okay=False, path_type=Path),
                                   default=Path(ACCESS_NAME), show_default=True,
@@ -62,6 +70,12 @@ def show(access_file: Path, keys_file: Path | None, as_json: bool) -> None:
 def add_submitter(name: str, out: Path, access_file: Path, keys_file: Path | None) -> None:
     """A key for a new submitter NAME, who sees and changes only their own bags."""
     _, registry_path, registry, grants = _files(access_file, keys_file)
+    if not SUBMITTER_RE.match(name):
+        raise AccessError(f"submitter name {name[:70]!r} is not allowed: use 1-64 letters, digits, '.', '_' or '-', "
+                          "starting with a letter or digit")
+    if registry.live("submitter", name):
+        raise AccessError(f"a submitter named '{name}' has a key already: bags are owned by name, so a second one "
+                          f"would share them; choose another name, or `gridbot access rotate` to replace the key")
     if out.exists():
         raise AccessError(f"{out} exists; choose another --out")
     token = registry.add("submitter", name, time.time())
@@ -103,7 +117,7 @@ def rotate(role: str, pool: str | None, access_file: Path, keys_file: Path | Non
     changed = []
     if "admin" in roles and grants.admin:
         registry.revoke(key_id=grants.admin.split(".")[1])
-        grants.admin = registry.add("admin", "admin", now)
+        grants.admin = registry.add("admin", ADMIN_NAME, now)
         changed.append("admin")
     if "submitter" in roles and grants.submitter:
         old = grants.submitter.split(".")[1]

@@ -165,7 +165,8 @@ def run(spec: Path | None, each_line: Path | None, workers: int, db: str, result
               help="Jobs that failed this many times run only on reliable pools (0: never).")
 @click.option("--pools", "pools_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Pools file: submit pilots to these pools as demand comes (the overlay).")
-@click.option("--public-url", help="URL pilots use to reach this server [default: http://HOST:PORT].")
+@click.option("--public-url", help="URL pilots and the access file give for this server [default: "
+                                   "http(s)://HOST:PORT, with 127.0.0.1 for 0.0.0.0: give the name other hosts use].")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("gridbot-state"),
               show_default=True, help="Where pilots' work and log files go.")
 @click.option("--access-file", type=click.Path(dir_okay=False, path_type=Path),

@@ -241,9 +241,9 @@ class Dispatcher:
         self.pool_ads: dict[str, dict[str, object]] = {}
         """Ads of the pools in the pools file: a host of such a pool gets only bags whose GridPolicy accepts it."""
         self.live_hosts: dict[str, _Host] = {}
-        self.pool_errors: dict[str, str] = {}
-        """The last error of each pool that fails to start pilots (the overlay sets it; "" cleared)."""
         """Hosts heard from within host_timeout, as of the last tick (or since)."""
+        self.pool_errors: dict[str, str] = {}
+        """The last error of each pool that fails to start pilots (the overlay sets it)."""
         self._silence: list[tuple[float, str, _Host]] = []
         """(last time seen, id, host): at most one entry per live host, so a tick finds the silent ones
         without walking every host ever seen."""
@@ -293,6 +293,11 @@ class Dispatcher:
             else:
                 job.overdue = (job.overdue or set()) | {li.instance_id}
         self._check()
+
+    def holds(self, host_id: str, bag_id: int) -> bool:
+        """Whether the host runs (or holds) an instance of the bag now: it may then read the bag's inputs."""
+        host = self.hosts.get(host_id)
+        return host is not None and any(self.instances[i].job.bag_id == bag_id for i in host.running)
 
     def grace(self, now: float) -> None:
         """The server starts again after an absence of unknown length: no host is blamed for it. Every host
@@ -420,7 +425,8 @@ class Dispatcher:
         """A host's exchange: its reports, the instances it still runs, and a request for `want` more.
 
         Instances the server believes run on this host but that the host neither runs nor reports
-        were lost (the worker restarted, or never received them): they count as failures.
+        were lost: they count as failures when the worker restarted (another session), and not when the
+        answer that sent them never reached it (see `_Host.unconfirmed`).
         """
         changes = Changes()
         known = self.hosts.get(info.host_id)

@@ -8,7 +8,7 @@ import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, ClassVar
@@ -39,7 +39,7 @@ class LocalAdapter(PoolAdapter):
                                          str(self.workdir / "work"), "--name", f"{self.spec.name}-pilot",
                                          *self.extra_args],
                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-                                        env={**os.environ, **pilot.env})
+                                        env={**_without_keys(os.environ), **pilot.env})
             self.procs[f"local-{proc.pid}"] = proc
             ids.append(f"local-{proc.pid}")
         return ids
@@ -109,6 +109,8 @@ class BatchAdapter(PoolAdapter):
         self.psij = psij
         self.workdir = Path(str(spec.options.get("work_dir") or workdir)) / spec.name
         self.workdir.mkdir(parents=True, exist_ok=True)
+        # psij writes each pilot's job script, with the pool's worker key in it, in this folder: ours alone
+        self.workdir.chmod(0o700)
         config = psij.JobExecutorConfig(launcher_log_file=None)
         try:
             executor_config = self._config(spec.kind)
@@ -136,7 +138,7 @@ class BatchAdapter(PoolAdapter):
             spec = psij.JobSpec(executable=pilot.python, arguments=args, directory=self.workdir, attributes=attrs,
                 resources=psij.ResourceSpecV1(process_count=1, cpu_cores_per_process=self.spec.cpus),
                 stdout_path=self.workdir / "pilot.out", stderr_path=self.workdir / "pilot.err",
-                inherit_environment=True, environment=pilot.env)
+                inherit_environment=True, environment={**dict.fromkeys(USER_KEY_VARIABLES, ""), **pilot.env})
             job = psij.Job(spec)
             try:
                 self.executor.submit(job)
@@ -249,6 +251,14 @@ class EC2Adapter(PoolAdapter):
                 self.ec2.terminate_instances(InstanceIds=list(ids))
             except Exception as e:
                 raise PoolError(f"pool '{self.spec.name}': cannot terminate instances: {e}") from e
+
+
+USER_KEY_VARIABLES = ("GRIDBOT_KEY", "GRIDBOT_ACCESS")
+"""Variables of the server's own environment that may name a submitter's or admin's key: never a pilot's."""
+
+
+def _without_keys(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k not in USER_KEY_VARIABLES}
 
 
 def make_adapter(spec: PoolSpec, workdir: Path) -> PoolAdapter:

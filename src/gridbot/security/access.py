@@ -19,6 +19,7 @@ import msgspec
 
 from gridbot.model.pools import PoolSpec
 from gridbot.security.keys import (
+    ADMIN_NAME,
     AccessError,
     Authenticator,
     Registry,
@@ -134,7 +135,7 @@ def ensure_keys(access_path: Path, registry_path: Path, pools: Iterable[PoolSpec
                               "would not be accepted. Move the access file away (or pass --keys-file with the "
                               "registry it belongs to) and start again")
         registry, access = new_registry(), Access()
-        access.admin = registry.add("admin", "admin", now)
+        access.admin = registry.add("admin", ADMIN_NAME, now)
         access.submitter = registry.add("submitter", default_user(), now)
     else:
         registry = load_registry(registry_path)
@@ -155,7 +156,7 @@ def ephemeral_keys(pools: Iterable[str] = (DEFAULT_POOL,), user: str | None = No
     submitter is `user` (the login name by default): a resumed bag keeps the owner it was stored with."""
     registry: Registry = new_registry()
     submitter = registry.add("submitter", default_user() if user is None else user, 0.0)
-    access = Access(admin=registry.add("admin", "admin", 0.0), submitter=submitter)
+    access = Access(admin=registry.add("admin", ADMIN_NAME, 0.0), submitter=submitter)
     for pool in pools:
         access.workers[pool] = registry.add("worker", pool, 0.0)
     return ServerAccess(Authenticator(registry), None, None), access

@@ -19,7 +19,9 @@ import getpass
 import hashlib
 import hmac
 import os
+import re
 import secrets
+import tempfile
 import time
 from pathlib import Path
 from typing import Literal
@@ -30,11 +32,14 @@ from gridbot.errors import GridbotError
 
 Role = Literal["admin", "submitter", "worker", "host"]
 ROLES: tuple[Role, ...] = ("admin", "submitter", "worker", "host")
+ADMIN_NAME = "@admin"
+"""The name behind the admin key: no submitter can have it (their names cannot start with "@")."""
+SUBMITTER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 KEY_PREFIX = "gb1"
 HOST_PREFIX = "gbh"
-RELOAD_EVERY = 0.0
+RELOAD_EVERY = 1.0
 """Seconds between checks of the registry file for changes (rotation and revocation by `gridbot access`):
-a stat per request costs about a microsecond, and a revoked key is then refused at once."""
+a revoked key is refused within a second, and at once where it matters most (`refresh(force=True)`)."""
 
 
 class AccessError(GridbotError):
@@ -103,10 +108,11 @@ def new_registry() -> Registry:
 
 
 def default_user() -> str:
-    """The name a first submitter key gets: the login name of whoever started the server."""
+    """The name a first submitter key gets: the login name of whoever started the server (if it makes a
+    valid submitter name)."""
     with contextlib.suppress(Exception):
         name = getpass.getuser()
-        if name:
+        if SUBMITTER_RE.match(name):
             return name
     return "default"
 
@@ -114,15 +120,17 @@ def default_user() -> str:
 def write_private(path: Path, data: bytes) -> None:
     """Write `data` to `path` readable by its owner alone (mode 0600), atomically (temporary file, rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # O_EXCL, mode 0600
     try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def load_registry(path: Path) -> Registry:
@@ -148,10 +156,6 @@ class Authenticator:
         self._checked = time.monotonic()
         self._use(registry)
 
-    @classmethod
-    def from_file(cls, path: Path) -> Authenticator:
-        return cls(load_registry(path), path)
-
     def _use(self, registry: Registry) -> None:
         self.registry = registry
         self._secret = bytes.fromhex(registry.secret)
@@ -167,9 +171,9 @@ class Authenticator:
             return None
         return st.st_mtime_ns, st.st_ino
 
-    def refresh(self) -> None:
-        """Pick up a registry rewritten by `gridbot access` (at most once a second)."""
-        if self.path is None or time.monotonic() - self._checked < RELOAD_EVERY:
+    def refresh(self, force: bool = False) -> None:
+        """Pick up a registry rewritten by `gridbot access` (checked at most once a second unless `force`)."""
+        if self.path is None or (not force and time.monotonic() - self._checked < RELOAD_EVERY):
             return
         self._checked = time.monotonic()
         stamp = self._stat()
@@ -182,19 +186,23 @@ class Authenticator:
         self._stamp = stamp
         self._use(registry)
 
-    def save(self) -> None:
-        """Write the registry back to its file (after keys were added or revoked here)."""
-        if self.path is not None:
-            save_registry(self.path, self.registry)
-            self._stamp = self._stat()
-        self._use(self.registry)
-
-    def authenticate(self, token: str) -> Principal | None:
-        """The principal of a valid, unrevoked token; None otherwise."""
-        self.refresh()
+    def authenticate(self, token: str, fresh: bool = False) -> Principal | None:
+        """The principal of a valid, unrevoked token; None otherwise (`fresh`: against the registry file as
+        it is now, not as it was up to a second ago)."""
+        self.refresh(force=fresh)
         known = self._seen.get(token)
         if known is not None:
             return known
+        principal = self._check(token)
+        if principal is None and not fresh and self._stamp != self._stat():
+            self.refresh(force=True)  # a key made in the last second (`gridbot access add-submitter`)
+            principal = self._check(token)
+        if principal is not None and len(self._seen) < 100_000:
+            self._seen[token] = principal
+        return principal
+
+    def _check(self, token: str) -> Principal | None:
+        """The principal of `token` against the keys loaded now."""
         parts = token.split(".")
         principal: Principal | None = None
         if len(parts) == 3 and parts[0] == KEY_PREFIX:
@@ -206,8 +214,6 @@ class Authenticator:
             mac = self._mac(parts[1], parts[2])
             if key is not None and key.role == "worker" and hmac.compare_digest(parts[3], mac):
                 principal = Principal("host", key.name, key.key_id, parts[2])
-        if principal is not None and len(self._seen) < 100_000:
-            self._seen[token] = principal
         return principal
 
     def _mac(self, key_id: str, host_id: str) -> str:

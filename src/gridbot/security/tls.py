@@ -3,8 +3,8 @@
 `gridbot server --tls self-signed` makes a key and a certificate once and keeps them beside the access
 file; the access file carries the certificate's SHA-256 fingerprint, and clients that have it accept that
 certificate and no other, with no certificate authority involved (as SSH pins host keys). A server with
-a certificate from a CA (`--tls-cert/--tls-key`) is checked by clients the ordinary way, unless a
-fingerprint is given too.
+a certificate from a CA (`--tls-cert/--tls-key`) is pinned the same way by the access file the server
+writes; a client given no fingerprint checks it the ordinary way (system authorities, host name).
 """
 
 from __future__ import annotations

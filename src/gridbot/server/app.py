@@ -291,7 +291,8 @@ class Server:
                 await asyncio.wait_for(work.wait(), min(resp.backoff, LONG_POLL_S))
             if not self._still_valid(request):
                 return _error(request, 401, "this host's key was revoked while its request was held", "unauthorized")
-            if work.is_set() and not self._closing:
+            gone = request.transport is None or request.transport.is_closing()
+            if work.is_set() and not self._closing and not gone:  # a host that left gets no work
                 resp = await self._answer(req)
             else:
                 resp = msgspec.structs.replace(resp, backoff=0.0)
@@ -306,7 +307,7 @@ class Server:
         if self.access is None:
             return True
         token = request.headers.get("Authorization", "").partition(" ")[2].strip()
-        return self.access.auth.authenticate(token) is not None
+        return self.access.auth.authenticate(token, fresh=True) is not None
 
     async def _answer(self, req: ExchangeRequest) -> ExchangeResponse:
         """Decide an exchange and wait until its changes are durable (group commit)."""
@@ -351,7 +352,9 @@ class Server:
         """A host joins with its pool's worker key and gets its id and credential from the server."""
         req = _decode(_register_decoder, await request.read())
         principal: Principal = request[PRINCIPAL]
-        assert self.access is not None
+        if self.access is None:
+            return _error(request, 400, "this server runs without keys (--no-auth): workers need no registration",
+                          "bad_request")
         count = self.registered.get(principal.key_id, 0)
         if count >= self.max_hosts_per_key:
             return _error(request, 429, f"pool '{principal.name}' has registered {count:,} hosts with this key since "
@@ -435,7 +438,12 @@ class Server:
                                                     _int(q, "limit", 200, MAX_RESULTS_PAGE), time.time()))
 
     async def input_file(self, request: web.Request) -> web.Response:
-        data = self.service.input_file(self._bag(request), request.match_info["name"])
+        """An input file of a bag: to its owner (or an admin), or to a host that holds one of its instances."""
+        row = self._bag(request)
+        principal: Principal = request[PRINCIPAL]
+        if principal.role == "host" and not self.service.dispatcher.holds(principal.host_id, row.bag_id):
+            raise NotFound(f"no bag '{request.match_info['bag'][:100]}'; `gridbot status` lists the bags")
+        data = self.service.input_file(row, request.match_info["name"])
         return web.Response(body=data, content_type="application/octet-stream")
 
     async def instances(self, request: web.Request) -> web.Response:

@@ -65,6 +65,8 @@ class ServiceConfig:
 
 
 Waiter = Callable[[BaseException | None], None]
+RELOAD_EVERY = 2.0
+"""Seconds between tries to reload the dispatcher from a store that was unavailable."""
 SOLO_SECONDS = 10.0
 """How long exchanges are committed one by one after a batch of several failed."""
 PAUSE_GAP = 5.0
@@ -102,6 +104,9 @@ class Service:
         """Transactions committed (each may carry many exchanges)."""
         self._last_tick = 0.0
         self.stale = False
+        self._outage = True
+        """The server could not hear hosts before this load (it starts, or its store was unavailable)."""
+        self._next_reload = 0.0
         self.solo_until = 0.0
         """While the clock is before this, each exchange is committed alone (after a failed batch, so an
         exchange whose changes the store refuses fails alone instead of taking its batch with it)."""
@@ -121,18 +126,25 @@ class Service:
             snapshot = msgspec.structs.replace(snapshot, bags=[b for b in snapshot.bags if b.bag_id in only],
                                                instances=[i for i in snapshot.instances if i.bag_id in only])
         fresh.restore(snapshot)
-        fresh.grace(time.time())
+        if self._outage:  # started, or the store was away: nobody could reach the server meanwhile
+            fresh.grace(time.time())
+        fresh.pool_errors = self.dispatcher.pool_errors
         self.dispatcher = fresh
-        self.stale = False
+        self.stale = self._outage = False
+        self._last_tick = 0.0  # the gap since the last tick is covered by the grace, not shifted again
         self.feed()
 
     def ready(self) -> None:
-        """Raise ServerUnavailable while the dispatcher waits to be reloaded from a store that was down."""
+        """Raise ServerUnavailable while the dispatcher waits to be reloaded from a store that was down
+        (a reload is tried at most every RELOAD_EVERY seconds; requests in between are refused at once)."""
         if not self.stale:
             return
+        if time.monotonic() < self._next_reload:
+            raise ServerUnavailable("the store is unavailable; try again shortly")
         try:
             self._load()
-        except Exception as e:
+        except ServerUnavailable as e:
+            self._next_reload = time.monotonic() + RELOAD_EVERY
             raise ServerUnavailable(f"the store is unavailable ({e}); try again shortly") from e
         log.info("the store is back; the dispatcher was reloaded from it")
 
@@ -163,7 +175,9 @@ class Service:
         applied: the dispatcher is rebuilt from the store, every waiter gets the error, and so does the
         caller (ServerUnavailable).
         """
-        self._settle()
+        lost = self._settle()
+        if lost is not None:  # the batch in flight failed, and what was staged after it went with it
+            raise lost
         if not self._pending:
             return
         batch, waiters = self._take()
@@ -200,21 +214,21 @@ class Service:
 
         flight.future.add_done_callback(lambda _: post(landed))
 
-    def _settle(self) -> None:
-        """Wait for the batch on the writer thread, if any, and tell its waiters how it went."""
+    def _settle(self) -> ServerUnavailable | None:
+        """Wait for the batch on the writer thread, if any, and tell its waiters how it went; the error
+        when it failed (staged changes decided after it failed with it, and the dispatcher reloads)."""
         flight = self._flight
         if flight is None:
-            return
+            return None
         self._flight = None
         flight.settled = True
         error = flight.future.exception()
         if error is None:
             self._applied(flight.batch, flight.waiters)
-            return
-        # what was decided after it assumed it: those exchanges fail too, and the dispatcher reloads
+            return None
         later = self._waiters
         self._pending, self._waiters = [], []
-        self._failed(error, flight.waiters + later)
+        return self._failed(error, flight.waiters + later)
 
     def _failed(self, e: BaseException, waiters: list[Waiter]) -> ServerUnavailable:
         log.error("store failed to apply a batch (%s); reloading the dispatcher from the store", e, exc_info=e)
@@ -224,9 +238,11 @@ class Service:
         if len(waiters) > 1:
             self.solo_until = time.monotonic() + SOLO_SECONDS
         self.stale = True
+        self._outage = isinstance(e, ServerUnavailable)
         try:
             self._load()
-        except Exception as reload_error:
+        except ServerUnavailable as reload_error:
+            self._next_reload = time.monotonic() + RELOAD_EVERY
             log.error("cannot reload the dispatcher from the store (%s); answering 503 until it can", reload_error)
         return error
 

@@ -638,9 +638,16 @@ class PostgresStore(SqlStore):
     def _writer(self) -> Any:
         """The writing connection, opened again if it was lost (its claim on the database taken again)."""
         if self.conn.closed or self.conn.broken:
-            self.conn = self._connect("lost the connection to PostgreSQL at {url} and cannot reconnect: {e}")
-            if self._claimed:
-                self.claim()
+            conn = self._connect("lost the connection to PostgreSQL at {url} and cannot reconnect: {e}")
+            if self._claimed:  # the claim went with the old connection: take it again before any write
+                with conn.cursor() as cur:
+                    cur.execute("SELECT pg_try_advisory_lock(7715371)")
+                    claimed = cur.fetchone()[0]
+                if not claimed:
+                    conn.close()
+                    raise StoreUnavailable("reconnected to PostgreSQL, but the database is claimed by another "
+                                           "gridbot server (or the old connection's lock is not released yet)")
+            self.conn = conn
         return self.conn
 
     @contextlib.contextmanager

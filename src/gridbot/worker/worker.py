@@ -93,6 +93,7 @@ class WorkerConfig:
 EXECUTORS = ("shell", "noop")
 PREFETCH_MAX = 500
 """Most instances held beyond the slots, whatever `prefetch_seconds` asks for."""
+REFUSED = "the server refused the result"
 GOODBYE_TIMEOUT = 5.0
 """Seconds each of the last exchanges of a stopping worker may take: a server that does not answer then
 gets the results from the disk at the host's next start."""
@@ -149,6 +150,8 @@ class Worker:
         self.starved: dict[int, str] = {}
         self._parent = os.getppid()
         self._session: aiohttp.ClientSession | None = None
+        self.one_by_one = 0
+        """Exchanges still to carry a single report, after the server refused a batch (a 4xx)."""
         self.outage = False
         """The last exchange failed: results are kept on disk as they end, until the server answers."""
         self.spool = ReportSpool(self.workdir / ".pending")
@@ -335,17 +338,23 @@ class Worker:
                     return None
                 continue
             except ProtocolError as e:
-                if len(batch) > 1 or not batch:
+                if not batch:
                     log.error("server refused the exchange: %s", e)
-                    if not batch:
-                        return None
-                    self.reports[:0] = batch[1:]
-                    batch = batch[:1]
+                    return None
+                self.reports[:0] = batch
+                if len(batch) > 1:  # find the report it refuses: send them one at a time
+                    log.warning("server refused an exchange of %d reports (%s); sending them one by one",
+                                len(batch), e)
+                    self.one_by_one = len(batch)
                     continue
-                log.error("server refused the report of instance %d: %s", batch[0].instance_id, e)
-                r = batch[0]
+                r = self.reports.pop(0)
+                if r.reason.startswith(REFUSED):
+                    log.error("server refused instance %d's failure report too (%s); dropping it", r.instance_id, e)
+                    continue
+                log.error("server refused the report of instance %d: %s", r.instance_id, e)
                 self.reports.insert(0, InstanceReport(r.instance_id, Outcome.FAILURE, r.exit_code, r.wall_s, r.cpu_s,
-                                                      f"the server refused the result: {e}"[:500]))
+                                                      f"{REFUSED}: {e}"[:500]))
+                await asyncio.sleep(random.uniform(0.5, 1.5))
                 continue
             except (aiohttp.ClientError, TimeoutError, OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
                 # the server is down, overloaded (5xx), unreachable or answered garbage: keep the results
@@ -416,7 +425,12 @@ class Worker:
         return max(cfg.prefetch, min(PREFETCH_MAX, int(cfg.slots * cfg.prefetch_seconds / self.avg_wall)))
 
     def _batch(self) -> list[InstanceReport]:
-        """Take pending reports up to one result-size limit's worth per request."""
+        """Take pending reports up to one result-size limit's worth per request (one at a time while the
+        server is refusing one of them)."""
+        if self.one_by_one > 0:
+            self.one_by_one -= 1
+            batch, self.reports = self.reports[:1], self.reports[1:]
+            return batch
         size, n = 0, 0
         for r in self.reports:
             size += r.result_bytes + 256
