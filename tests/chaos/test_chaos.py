@@ -247,8 +247,8 @@ def test_a_network_cut_between_workers_and_server_loses_nothing(tmp_path):
         _workers_alive(workers[1:])
         spooled = sum(w.log.count("results kept for the next run") + w.log.count("handing in") for w in workers)
         assert "handing in" in workers[-1].log, "the restarted worker handed in its earlier run's results"
-        print(f"network cut {CUT_SECONDS:.0f} s, one worker restarted during it: done before the cut ended "
-              f"{during}, spool messages {spooled},", figures)
+        print(f"network cut {CUT_SECONDS:.0f} s, one worker restarted during it: done at the server when the "
+              f"worker restarted {during}, spool messages {spooled},", figures)
     finally:
         if proxy is not None:
             proxy.stop()
