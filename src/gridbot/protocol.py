@@ -177,18 +177,9 @@ class RetryAnswer(msgspec.Struct, frozen=True):
     requeued: int
 
 
-class InstanceLog(msgspec.Struct, frozen=True):
+class InstanceLog(InstanceInfo, frozen=True):
     """One instance of a job with what its host reported; `kept` marks the one whose result the job keeps."""
 
-    instance_id: int
-    host_id: str
-    state: str
-    sent_at: float
-    ended_at: float | None
-    reason: str | None
-    exit_code: int | None
-    wall_s: float | None
-    cpu_s: float | None
     stdout_tail: str
     stderr_tail: str
     kept: bool = False

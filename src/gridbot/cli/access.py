@@ -93,6 +93,8 @@ def add_submitter(name: str, out: Path, access_file: Path, keys_file: Path | Non
 def export_worker(pool: str, out: Path, access_file: Path, keys_file: Path | None) -> None:
     """An access file with only POOL's worker key: it lets a host pull work, and nothing else."""
     _, _, _, grants = _files(access_file, keys_file)
+    if out.exists():
+        raise AccessError(f"{out} exists; choose another --out")
     if pool not in grants.workers:
         raise AccessError(f"the access file has no worker key for pool '{pool}'; it has {sorted(grants.workers)}")
     write_access(out, Access(server=grants.server, fingerprint=grants.fingerprint,
