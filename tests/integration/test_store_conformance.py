@@ -321,3 +321,25 @@ def test_a_job_with_an_overdue_and_a_running_instance_is_restored_running(store)
     job = restored.jobs[second.assignments[0].job_id]
     assert job.state is JobState.RUNNING and job.attempts == 2
     assert restored.bags[row.bag_id].counts.running == 1
+
+
+def test_a_retried_jobs_overdue_instance_does_not_come_back_after_a_restart(store):
+    """A job lost (overdue) and failed for good, then retried: its old overdue instance must not return
+    with the active bag at the next restart, where a late report of it could complete the job."""
+    spec = parse_spec('command = "true"\ninstance_deadline = 10\nmax_failures = 1\n', "t", "one")
+    row = store.create_bag(spec, None, {}, 0.0)
+    d = Dispatcher(DispatchConfig(check_invariants=True, host_timeout=1e9))
+    d.restore(store.snapshot())
+    for req in d.needs_feed():
+        d.feed(req.bag_id, store.queued_jobs(req.bag_id, req.after, req.limit), req.limit)
+    first, changes = d.request_work(HostInfo("a", "a", "Linux", 1, 0, 1, "local"), 1, [], 1.0)
+    store.apply(changes)
+    store.apply(d.tick(20.0))  # overdue: one failure, the job fails for good, the bag ends
+    bag = store.bag(row.bag_id)
+    assert bag.state is BagState.FAILED
+    failed = [QueuedJob(j.job_id, j.index, j.line, j.failures, j.attempts)
+              for j in store.jobs(row.bag_id, JobState.FAILED)]
+    store.apply(d.retry(BagSnapshot(bag.bag_id, bag.spec, bag.counts, bag.created_at), bag.state, failed, 30.0))
+    assert [i.instance_id for i in store.snapshot().instances] == [], "the old overdue instance is retired"
+    old = store.instances_of(first.assignments[0].job_id)[0]
+    assert old.state is InstanceState.CANCELLED and "retried" in (old.reason or "")

@@ -107,6 +107,9 @@ class Changes:
     reopened_bags: list[int] = field(default_factory=list)
     """Ended bags made active again by their owner's retry: the store clears their end time and the mark of
     their results having been downloaded (new results are coming)."""
+    retired_jobs: list[int] = field(default_factory=list)
+    """Jobs retried or revised: the store cancels their overdue instances of the old run, so that after a
+    restart a late report of one cannot complete the job as it is now."""
 
     def merge(self, other: Changes) -> Changes:
         """Append `other` to this batch (later updates of the same job or bag win, but a result, a reason
@@ -130,11 +133,12 @@ class Changes:
         self.hosts.update(other.hosts)
         self.cancelled_bags.extend(other.cancelled_bags)
         self.reopened_bags.extend(other.reopened_bags)
+        self.retired_jobs.extend(other.retired_jobs)
         return self
 
     def __bool__(self) -> bool:
         return bool(self.new_instances or self.instances or self.jobs or self.bags or self.hosts
-                    or self.cancelled_bags or self.reopened_bags)
+                    or self.cancelled_bags or self.reopened_bags or self.retired_jobs)
 
 
 class QueuedJob(msgspec.Struct, frozen=True):

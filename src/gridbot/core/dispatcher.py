@@ -659,6 +659,7 @@ class Dispatcher:
         ids = {q.job_id for q in failed}
         for iid in [i for i, inst in self.instances.items() if inst.job.job_id in ids]:
             del self.instances[iid]  # overdue instances of the failed run: a late report of one is ignored
+        changes.retired_jobs.extend(sorted(ids))  # and in the store, where a restart would find them
         for q in failed:
             job = _Job(q.job_id, bag.bag_id, q.index, q.line, JobState.FAILED, 0, q.attempts)
             check_transition(JOB_RETRY, job.state, JobState.QUEUED)
@@ -689,7 +690,9 @@ class Dispatcher:
         bag.replicas.clear()
         for iid in [i for i, inst in self.instances.items()
                     if inst.job.bag_id == bag_id and inst.state is InstanceState.OVERDUE]:
-            self._detach(self.instances.pop(iid))  # a late result of the old command is not wanted now
+            inst = self.instances.pop(iid)  # a late result of the old command is not wanted now
+            self._detach(inst)
+            changes.retired_jobs.append(inst.job.job_id)
         held = [j for j in self.jobs.values() if j.bag_id == bag_id]
         for job in held:
             for iid in sorted(job.live):

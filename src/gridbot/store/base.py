@@ -98,6 +98,8 @@ class ResultRow(msgspec.Struct, frozen=True):
     outputs: dict[str, bytes]
 
 
+RETIRED = "the job was retried or revised: a late result of this run is not wanted"
+"""The reason the stores give the overdue instances of a retried or revised job (`Changes.retired_jobs`)."""
 LATER_FIELDS = ("memory", "cpu_time", "max_file_size", "max_processes")
 """Spec fields added since the first stores were made (issue 11's limits)."""
 

@@ -19,7 +19,7 @@ from gridbot.core.changes import (
 )
 from gridbot.model.spec import BagSpec
 from gridbot.model.states import BagState, InstanceState, JobState
-from gridbot.store.base import BagExists, BagRow, InstanceRow, JobRow, ResultRow, Store, spec_hash
+from gridbot.store.base import RETIRED, BagExists, BagRow, InstanceRow, JobRow, ResultRow, Store, spec_hash
 
 
 @dataclass
@@ -170,6 +170,11 @@ class MemoryStore(Store):
                                       j.failures, j.attempts, j.reason or old_job.reason,
                                       j.result_instance if j.result_instance is not None else old_job.result_instance,
                                       old_job.revision)
+        for job_id in dict.fromkeys(changes.retired_jobs):
+            for iid in d.by_job.get(job_id, []):
+                inst = d.instances[iid]
+                if inst.row.state is InstanceState.OVERDUE:
+                    inst.row = msgspec.structs.replace(inst.row, state=InstanceState.CANCELLED, reason=RETIRED)
         for bag_id in changes.reopened_bags:  # before the bag's update, which may end it again
             d.bags[bag_id] = msgspec.structs.replace(d.bags[bag_id], finished_at=None, downloaded_at=None)
         for b in changes.bags.values():

@@ -31,6 +31,7 @@ from gridbot.model.records import HostInfo
 from gridbot.model.spec import BagSpec
 from gridbot.model.states import BagState, InstanceState, JobState
 from gridbot.store.base import (
+    RETIRED,
     BagExists,
     BagRow,
     InstanceRow,
@@ -70,6 +71,7 @@ SQL = {
     "set_line": "UPDATE jobs SET line = ? WHERE id = ?",
     "revisions": "SELECT revision, spec FROM bag_revisions WHERE bag_id = ? ORDER BY revision",
     "reopen_bag": "UPDATE bags SET finished_at = NULL, downloaded_at = NULL WHERE id = ?",
+    "retire_overdue": "UPDATE instances SET state = 'cancelled', reason = ? WHERE job_id = ? AND state = 'overdue'",
     "mark_downloaded": "UPDATE bags SET downloaded_at = ? WHERE id = ?",
     "delete_inputs": "DELETE FROM bag_inputs WHERE bag_id = ?",
     "delete_outputs": "DELETE FROM outputs WHERE instance_id IN "
@@ -404,6 +406,8 @@ class SqlStore(Store):
             self._write(cur, "update_job", rows.jobs)
             for bag_id in changes.reopened_bags:  # before the bag's update, which may end it again
                 cur.execute(self._sql("reopen_bag"), (bag_id,))
+            for job_id in dict.fromkeys(changes.retired_jobs):
+                cur.execute(self._sql("retire_overdue"), (RETIRED, job_id))
             self._write_rest(cur, changes)
 
     def _write(self, cur: Any, name: str, rows: list[tuple[Any, ...]]) -> None:
