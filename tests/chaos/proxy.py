@@ -56,9 +56,7 @@ class CuttableProxy:
         except OSError:
             pass
         finally:
-            self._writers.discard(writer)
-            with contextlib.suppress(Exception):
-                writer.close()
+            self._close(writer)
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -70,9 +68,12 @@ class CuttableProxy:
         except OSError:
             pass
         finally:
-            self._writers.discard(writer)
-            with contextlib.suppress(Exception):
-                writer.close()
+            self._close(writer)
+
+    def _close(self, writer: asyncio.StreamWriter) -> None:
+        self._writers.discard(writer)
+        with contextlib.suppress(Exception):
+            writer.close()
 
     def cut(self) -> None:
         self.cut_now = True

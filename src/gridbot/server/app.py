@@ -35,7 +35,7 @@ from gridbot.protocol import (
 from gridbot.security.access import Access, ServerAccess, ephemeral_keys
 from gridbot.security.keys import Principal, Role
 from gridbot.server.overlay import Overlay
-from gridbot.server.service import BadRequest, Conflict, NotFound, Service, job_state
+from gridbot.server.service import BadRequest, Conflict, NotFound, Service, job_state, whole_number
 from gridbot.store.base import BagExists, BagRow
 
 log = logging.getLogger("gridbot.server")
@@ -464,29 +464,18 @@ MAX_RESULTS_PAGE = 1_000
 """Most results one request returns (each may carry outputs up to the result size limit)."""
 
 
-def _whole(text: str) -> int | None:
-    """`text` as a number that ids, indices and counts can be (ASCII digits, below 2^63), else None.
-
-    Python's int() also reads ' 7', '1_000' and other scripts' digits, and any length; the stores take
-    64-bit integers only (a larger one was an OverflowError, a 500, on SQLite)."""
-    if not (0 < len(text) <= 19 and text.isascii() and text.isdigit()):
-        return None
-    value = int(text)
-    return value if value < 2**63 else None
-
-
 def _int(query: Any, key: str, default: int, cap: int | None = None) -> int:
     raw = query.get(key)
     if raw is None:
         return default
-    value = _whole(raw)
+    value = whole_number(raw)
     if value is None:
         raise BadRequest(f"query parameter {key}={raw[:40]!r} is not a whole number from 0 to {2**63 - 1}")
     return min(value, cap) if cap is not None else value
 
 
 def _path_int(request: web.Request, key: str) -> int:
-    value = _whole(request.match_info[key])
+    value = whole_number(request.match_info[key])
     if value is None:
         raise NotFound(f"no {key} {request.match_info[key][:40]!r}: it is a whole number from 0 up")
     return value

@@ -582,6 +582,17 @@ class Service:
         return out
 
 
+def whole_number(text: str) -> int | None:
+    """`text` as a number that ids, indices and counts can be (ASCII digits, below 2^63), else None.
+
+    Python's int() also reads ' 7', '1_000' and other scripts' digits, and any length; the stores take
+    64-bit integers only (a larger one was an OverflowError, a 500, on SQLite)."""
+    if not (0 < len(text) <= 19 and text.isascii() and text.isdigit()):
+        return None
+    value = int(text)
+    return value if value < 2**63 else None
+
+
 def _bag_key(ref: str | int) -> str | int | None:
     """What the store may be asked for a bag named or numbered `ref` in a request: an id below 2^63, or a name
     without NUL of at most 255 characters; None when `ref` can name no bag. (A 30-digit id overflowed SQLite's
@@ -589,7 +600,7 @@ def _bag_key(ref: str | int) -> str | int | None:
     if isinstance(ref, int):
         return ref
     if ref.isdigit():  # what the stores read as an id
-        return int(ref) if ref.isascii() and len(ref) <= 19 and int(ref) < 2**63 else None
+        return whole_number(ref)
     return ref if 0 < len(ref) <= 255 and "\0" not in ref else None
 
 
