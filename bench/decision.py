@@ -20,7 +20,7 @@ from pathlib import Path
 
 import msgspec
 
-from gridbot.core.dispatcher import DispatchConfig
+from gridbot.core.config import DispatchConfig
 from gridbot.model.records import HostInfo, InstanceReport, Outcome
 from gridbot.model.spec import parse_spec
 from gridbot.protocol import ExchangeRequest

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gridbot.core.dispatcher import DispatchConfig
+from gridbot.core.config import DispatchConfig
 from gridbot.model.spec import BagSpec, Parameter, check_spec
 from gridbot.protocol import SubmitRequest
 from gridbot.server.service import ServiceConfig

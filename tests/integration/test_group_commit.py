@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from gridbot.core.changes import Changes, JobUpdate
-from gridbot.core.dispatcher import DispatchConfig
+from gridbot.core.config import DispatchConfig
 from gridbot.errors import ServerUnavailable
 from gridbot.model.records import HostInfo, InstanceReport, Outcome
 from gridbot.model.spec import parse_spec

@@ -6,7 +6,8 @@ import threading
 import pytest
 
 from gridbot.core.changes import BagCounts, BagSnapshot, Changes, NewInstance, QueuedJob
-from gridbot.core.dispatcher import DispatchConfig, Dispatcher
+from gridbot.core.config import DispatchConfig
+from gridbot.core.dispatcher import Dispatcher
 from gridbot.model.records import HostInfo, InstanceReport, Outcome
 from gridbot.model.spec import each_line_spec, parse_spec
 from gridbot.model.states import BagState, InstanceState, JobState

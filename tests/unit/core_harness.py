@@ -8,7 +8,8 @@ from __future__ import annotations
 import msgspec
 
 from gridbot.core.changes import BagSnapshot
-from gridbot.core.dispatcher import DispatchConfig, Dispatcher, WorkAnswer
+from gridbot.core.config import DispatchConfig
+from gridbot.core.dispatcher import Dispatcher, WorkAnswer
 from gridbot.model.records import Assignment, HostInfo, InstanceReport, Outcome
 from gridbot.model.spec import parse_spec
 from gridbot.store.memory import MemoryStore

@@ -6,7 +6,8 @@ does: every Changes batch is applied before the next event.
 
 import msgspec
 
-from gridbot.core.dispatcher import DispatchConfig, Dispatcher
+from gridbot.core.config import DispatchConfig
+from gridbot.core.dispatcher import Dispatcher
 from gridbot.model.records import HostInfo, InstanceReport, Outcome
 from gridbot.model.states import BagState, InstanceState, JobState
 from tests.unit.core_harness import CoreSim

@@ -199,7 +199,7 @@ def server(db: str, host: str, port: int, max_result_size: str, max_jobs: int, h
     """
     from aiohttp import web
 
-    from gridbot.core.dispatcher import DispatchConfig
+    from gridbot.core.config import DispatchConfig
     from gridbot.model.pools import PoolSpec, parse_pools
     from gridbot.server import secure
     from gridbot.server.app import Server

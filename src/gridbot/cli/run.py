@@ -16,7 +16,7 @@ from pathlib import Path
 
 from gridbot.cli import render
 from gridbot.client import TERMINAL_BAG_STATES, Client
-from gridbot.core.dispatcher import DispatchConfig
+from gridbot.core.config import DispatchConfig
 from gridbot.errors import GridbotError
 from gridbot.model.pools import PoolSpec
 from gridbot.model.spec import BagSpec

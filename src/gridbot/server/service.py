@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import msgspec
 
 from gridbot.core.changes import BagSnapshot, Changes, QueuedJob
-from gridbot.core.dispatcher import DispatchConfig, Dispatcher
+from gridbot.core.config import DispatchConfig
+from gridbot.core.dispatcher import Dispatcher
 from gridbot.errors import GridbotError, ServerUnavailable
 from gridbot.model.spec import MAX_PATH, BagSpec, check_spec
 from gridbot.model.states import BAG_TERMINAL, BagState, JobState

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from gridbot.core.dispatcher import DispatchConfig
+from gridbot.core.config import DispatchConfig
 from gridbot.model.pools import RELIABILITY, PoolSpec
 from gridbot.model.spec import NAME_RE, Problem, SpecError, closest, key_lines
 from gridbot.policy.policies import PolicyError, PolicySet, references, representative_context, validate_policies
