@@ -17,6 +17,32 @@ from gridbot.model.spec import BagSpec
 from gridbot.model.states import BagState, InstanceState, JobState
 
 
+class Event(msgspec.Struct, frozen=True):
+    """What caused a batch of changes: one call into the dispatcher. Every change made by it carries its
+    `event_id`, so a job's story can say, of each of its instances, why it started and why it ended."""
+
+    event_id: int
+    """Increasing over the server's life (the store gives the next one after a restart)."""
+    at: float
+    kind: str
+    """request (a host's exchange), report, tick, cancel, retry, revise, policy (a live policy change)."""
+    source: str = ""
+    """The host of a request or report; the bag of an owner's act."""
+
+
+class Decision(msgspec.Struct, frozen=True):
+    """A strategy's decision about a job, and why: `gridbot jobs BAG JOB --story` prints them."""
+
+    event_id: int
+    bag_id: int
+    job_id: int
+    strategy: str
+    """Which strategy decided, as the bag's spec names it: `tail=gridbot`, `placement=gridbot`."""
+    action: str
+    """replicate, migrate, veto or deadline."""
+    why: str
+
+
 class NewInstance(msgspec.Struct, frozen=True):
     """An instance created and sent to a host."""
 
@@ -26,6 +52,10 @@ class NewInstance(msgspec.Struct, frozen=True):
     host_id: str
     sent_at: float
     instance_deadline: float
+    event_id: int = 0
+    """The event that sent it (a host's request)."""
+    replica: bool = False
+    """Sent as a speculative replica (the tail strategy's decision) rather than for a queued job."""
 
 
 class InstanceUpdate(msgspec.Struct, frozen=True):
@@ -36,6 +66,8 @@ class InstanceUpdate(msgspec.Struct, frozen=True):
     at: float
     reason: str = ""
     report: InstanceReport | None = None
+    event_id: int = 0
+    """The event that moved it (a report, a tick that found it late, a cancel, ...)."""
 
 
 class JobUpdate(msgspec.Struct, frozen=True):
@@ -97,6 +129,10 @@ class HostUpdate(msgspec.Struct, frozen=True):
 class Changes:
     """Everything one event changed, in the order a store must apply it."""
 
+    events: list[Event] = field(default_factory=list)
+    """The events these changes came from (one, or several merged into one commit)."""
+    decisions: list[Decision] = field(default_factory=list)
+    """Strategies' decisions made by these events, for the jobs' stories."""
     new_instances: list[NewInstance] = field(default_factory=list)
     instances: list[InstanceUpdate] = field(default_factory=list)
     jobs: dict[int, JobUpdate] = field(default_factory=dict)
@@ -115,6 +151,8 @@ class Changes:
         """Append `other` to this batch (later updates of the same job or bag win, but a result, a reason
         or an end time already in this batch is kept when the later update leaves it out, as a store
         applying the two batches one after the other would keep it)."""
+        self.events.extend(other.events)
+        self.decisions.extend(other.decisions)
         self.new_instances.extend(other.new_instances)
         self.instances.extend(other.instances)
         for job_id, j in other.jobs.items():
@@ -138,7 +176,7 @@ class Changes:
 
     def __bool__(self) -> bool:
         return bool(self.new_instances or self.instances or self.jobs or self.bags or self.hosts
-                    or self.cancelled_bags or self.reopened_bags or self.retired_jobs)
+                    or self.cancelled_bags or self.reopened_bags or self.retired_jobs or self.decisions)
 
 
 class QueuedJob(msgspec.Struct, frozen=True):
@@ -196,3 +234,5 @@ class Snapshot(msgspec.Struct, frozen=True):
     instances: list[LiveInstance]
     hosts: list[HostSnapshot]
     next_instance_id: int
+    next_event_id: int = 1
+    """One more than the highest event id the store holds."""
