@@ -35,6 +35,7 @@ from gridbot.model.spec import (
     parse_lines,
     parse_spec,
 )
+from gridbot.model.states import BAG_TERMINAL
 from gridbot.policy.policies import PolicyError, validate_policies
 from gridbot.protocol import (
     DEFAULT_PORT,
@@ -45,6 +46,7 @@ from gridbot.protocol import (
     InstanceInfo,
     JobInfo,
     JobLog,
+    JobStory,
     PolicyChange,
     PoolInfo,
     ResultInfo,
@@ -53,12 +55,15 @@ from gridbot.protocol import (
     SubmitRequest,
 )
 from gridbot.results import ResultsFolder
+from gridbot.schedulers import registry
+from gridbot.schedulers.base import StrategyError
 from gridbot.security.access import Access, find_access
 from gridbot.security.keys import AccessError
 from gridbot.security.tls import PinnedHTTPSConnection, client_context
 
 T = TypeVar("T")
-TERMINAL_BAG_STATES = ("completed", "failed", "cancelled")
+TERMINAL_BAG_STATES: frozenset[str] = BAG_TERMINAL
+"""States in which a bag has ended (the model's `BAG_TERMINAL`; `BagInfo.state` is one of `BagState`)."""
 DEFAULT_SERVER = f"http://127.0.0.1:{DEFAULT_PORT}"
 
 
@@ -88,6 +93,11 @@ def load_spec_file(path: str | Path, name: str | None = None,
         lines = key_lines(text)
         line = lines.get(("policy", e.policy)) or lines.get(("policy",))
         raise SpecError(str(path), [Problem(f"policy {e.policy} = {e.text!r}: {e.problem}", line, e.hint)]) from None
+    try:
+        registry.check(spec.strategy)
+    except StrategyError as e:
+        line = key_lines(text).get(("strategy",))
+        raise SpecError(str(path), [Problem(str(e), line, "see docs/architecture.md for the strategies")]) from None
     inputs = {}
     for p in spec.inputs:
         f = path.parent / p
@@ -355,6 +365,11 @@ class Client:
     def logs(self, ref: str | int, index: int) -> JobLog:
         """The job at `index` of the bag with every instance of it: hosts, reasons, output tails."""
         return self._request("GET", f"/v1/bags/{_q(ref)}/logs/{index}", None, JobLog)  # type: ignore[no-any-return]
+
+    def story(self, ref: str | int, index: int) -> JobStory:
+        """The life of the job at `index` of the bag: its instances, hosts and outcomes, the events that sent
+        and ended each, and the strategies' decisions about it."""
+        return self._request("GET", f"/v1/bags/{_q(ref)}/story/{index}", None, JobStory)  # type: ignore[no-any-return]
 
 
 JOBS_PAGE = 10_000

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import msgspec
 
-from gridbot.core.changes import BagCounts
+from gridbot.core.changes import BagCounts, Decision, Event
 from gridbot.model.records import Assignment, HostInfo, InstanceReport, Int64, Label
 from gridbot.model.spec import BagSpec
 
@@ -192,6 +192,32 @@ class JobLog(msgspec.Struct, frozen=True):
     job: JobInfo
     params: dict[str, str]
     instances: list[InstanceLog]
+
+
+class StoryInstance(InstanceInfo, frozen=True):
+    """One instance in a job's life: where it ran, whether it was a replica, and the events (ids into
+    `JobStory.events`; None: not recorded, or not yet) that sent it, found it overdue and ended it."""
+
+    host_name: str | None
+    pool: str | None
+    instance_deadline: float
+    replica: bool
+    sent_event: int | None
+    end_event: int | None
+    overdue_event: int | None
+
+
+class JobStory(msgspec.Struct, frozen=True):
+    """A job's life (`gridbot jobs BAG JOB --story`): its instances oldest first, the strategies' decisions
+    about it in the order they were made, and the events these cite, by id."""
+
+    bag: str
+    job: JobInfo
+    result_instance: int | None
+    """The instance whose result the job keeps."""
+    instances: list[StoryInstance]
+    decisions: list[Decision]
+    events: list[Event]
 
 
 class Deleted(msgspec.Struct, frozen=True):

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from gridbot.errors import GridbotError
+from gridbot.model.states import JobState
 from gridbot.protocol import BagInfo, ResultInfo
 
 MARKER = ".gridbot-results.json"
@@ -112,7 +113,7 @@ def _index_line(index: IO[str], r: ResultInfo) -> None:
     index.write(json.dumps({
         "index": r.job.index, "state": r.job.state, "command": r.job.command, "params": r.params,
         "exit_code": r.exit_code, "wall_s": r.wall_s, "cpu_s": r.cpu_s, "host": r.host_id,
-        "attempts": r.job.attempts, "reason": r.job.reason if r.job.state != "done" else None,
+        "attempts": r.job.attempts, "reason": r.job.reason if r.job.state != JobState.DONE else None,
         "outputs": sorted(r.outputs), "revision": r.job.revision}) + "\n")
 
 

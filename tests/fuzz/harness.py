@@ -100,8 +100,8 @@ class App:
 
     def running(self) -> list[int]:
         """Instances the dispatcher has out on this app's host."""
-        host = self.service.dispatcher.hosts.get(self.host_id)
-        return sorted(host.running) if host is not None else []
+        d = self.service.dispatcher
+        return sorted(i for i in d.view.running_instances() if d.view.instance(i).host_id == self.host_id)
 
     # -- state ----------------------------------------------------------------------------------------
 
@@ -112,8 +112,8 @@ class App:
         bags = store.bags()
         jobs = {b.bag_id: store.jobs(b.bag_id, None, b.total, 0) for b in bags}
         hosts = sorted(store.hosts(), key=lambda h: h.info.host_id)
-        counts = {i: msgspec.to_builtins(b.counts) for i, b in d.bags.items()}
-        policies = {i: dict(b.spec.policy) for i, b in d.bags.items()}
-        live = {h: (sorted(x.running), msgspec.to_builtins(x.stats)) for h, x in d.hosts.items()}
+        counts = {b.bag_id: msgspec.to_builtins(b.counts) for b in d.view.bags()}
+        policies = {b.bag_id: dict(b.spec.policy) for b in d.view.bags()}
+        live = {h.host_id: (h.running, msgspec.to_builtins(h.stats)) for h in d.view.known_hosts()}
         return (msgspec.to_builtins(bags), msgspec.to_builtins(jobs), msgspec.to_builtins(hosts), counts, policies,
-                live, sorted(d.instances), d.next_instance_id)
+                live, d.view.running_instances())

@@ -83,6 +83,8 @@ class Cluster:
         self.url = f"http://127.0.0.1:{self.port}"
         self.db = db or f"sqlite:///{tmp}/server.db"
         self.server_args = server_args
+        self.cancel_pilots = True
+        """Start the server with --cancel-pilots-on-exit, so that no test leaves pilots running behind it."""
         self.access = tmp / "gridbot-access.json"
         """The access file the server makes on its first start; the test's CLI calls and workers use it
         (through GRIDBOT_ACCESS, set while the cluster runs)."""
@@ -92,7 +94,8 @@ class Cluster:
 
     def start_server(self) -> Proc:
         self.server = Proc(["--log-level", "info", "server", "--db", self.db, "--port", str(self.port),
-                            "--access-file", str(self.access), *self.server_args], self.tmp / "server.log",
+                            "--access-file", str(self.access), *self.server_args,
+                            *(["--cancel-pilots-on-exit"] if self.cancel_pilots else [])], self.tmp / "server.log",
                            self.tmp).start()
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

@@ -64,3 +64,39 @@ def test_a_refused_request_is_a_clear_pool_error(ec2):
     pool = EC2Adapter(spec, ec2)
     with pytest.raises(PoolError, match=r"pool 'cloud': EC2 refused to start 1 instances: .*InvalidSubnetID"):
         pool.submit(1, PilotRequest("http://x:1"))
+
+
+def test_a_restarted_overlay_takes_up_the_instances_it_left_running(ec2, tmp_path):
+    """Issue 13: pilots live in the store; a clean stop leaves them running, the next server counts them,
+    and one started with --cancel-pilots-on-exit terminates them when it stops."""
+    from types import SimpleNamespace
+
+    from gridbot.server.overlay import Overlay
+    from gridbot.store.memory import MemoryStore
+
+    [spec] = parse_pools(POOLS.format(image=image_id(ec2), spot="false"), "pools.toml")
+    store = MemoryStore()
+
+    def overlay(**kw):
+        service = SimpleNamespace(store=store, dispatcher=SimpleNamespace(pool_ads={}))
+        return Overlay(service, [spec], "http://gridbot.example:8470", tmp_path, **kw)
+
+    def states(ids):
+        found = ec2.describe_instances(InstanceIds=ids)["Reservations"]
+        return {i["State"]["Name"] for r in found for i in r["Instances"]}
+
+    first = overlay()
+    first.restore()
+    first._act({"cloud": 2}, {}, 1.0)
+    first.close()
+    ids = [p.native_id for p in store.pilots(live=True)]
+    assert len(ids) == 2 and states(ids) <= {"pending", "running"}, "a clean stop leaves them running"
+    second = overlay(cancel_on_exit=True)
+    second.restore()
+    pool = second.pools["cloud"]
+    assert list(pool.pilots) == ids
+    second._observe(pool, second._poll({"cloud": ids}, 2.0)["cloud"], 2.0)
+    assert [(r.state, r.started_at) for r in pool.pilots.values()] == [(PilotState.RUNNING, 2.0)] * 2
+    second.close()
+    assert store.pilots(live=True) == [] and states(ids) <= {"shutting-down", "terminated"}
+    assert [r.state for r in store.pilots()] == [PilotState.COMPLETED] * 2, "running pilots asked to stop"

@@ -188,4 +188,4 @@ def test_a_store_that_is_down_leaves_the_dispatcher_as_it_was_and_answers_503_un
     resp, changes = service.decide(ExchangeRequest(HostInfo("b", "b"), 1, []), 4.0)
     service.commit(changes)
     assert not service.stale and len(resp.assignments) == 1, "reloaded from the store, b gets the other job"
-    assert service.dispatcher.bags[1].counts.running == 2, "a's instance was not forgotten"
+    assert service.dispatcher.view.bag(1).running == 2, "a's instance was not forgotten"

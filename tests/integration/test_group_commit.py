@@ -68,8 +68,8 @@ def test_a_window_refills_from_committed_rows_without_flushing_staged_exchanges(
     assert [a.index for a in resp.assignments] == [0, 1, 2]
     service.feed()
     assert told == [], "the refill reads after the window's cursor: the staged batch need not land first"
-    [bag] = service.dispatcher.bags.values()
-    assert [j.index for j in bag.buffer] == [3, 4, 5, 6], "the sent jobs, not yet stored as such, are not re-read"
+    [bag] = service.dispatcher._s.bags.values()  # the window's jobs themselves
+    assert [j.index for j in bag.window.buffer] == [3, 4, 5, 6], "the sent jobs, not yet stored, are not re-read"
     service.flush()
     assert told == [None] and store.bag("s").counts.running == 3
 
@@ -82,14 +82,11 @@ def test_a_window_read_again_from_its_start_waits_for_staged_exchanges(tmp_path)
     _, changes = service.decide(ExchangeRequest(THREE_SLOTS, 3, []), 1.0)
     told: list[BaseException | None] = []
     service.stage(changes, told.append)
-    [bag] = service.dispatcher.bags.values()
-    for job in bag.buffer:
-        job.in_buffer = False
-    bag.buffer.clear()
-    bag.cursor = 0  # what parking a window does
+    [bag] = service.dispatcher._s.bags.values()
+    bag.window.reset()  # what parking a window does
     service.feed()
     assert told == [None], "read over jobs already sent: the staged batch landed first"
-    assert [j.index for j in bag.buffer] == [3], "no sent job came back into the window"
+    assert [j.index for j in bag.window.buffer] == [3], "no sent job came back into the window"
 
 
 def test_a_failed_transaction_fails_every_exchange_in_it_and_stores_none(tmp_path, monkeypatch):

@@ -1,6 +1,10 @@
 """The overlay on a real Slurm (two partitions as two pools) and this machine's local pool."""
 
+import contextlib
+import sqlite3
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -39,10 +43,11 @@ def write(tmp_path, name, text):
     return str(tmp_path / name)
 
 
-def start(tmp_path, pools=POOLS):
+def start(tmp_path, pools=POOLS, cancel_pilots=True):
     pools_file = write(tmp_path, "pools.toml", pools)
     cluster = Cluster(tmp_path, server_args=("--pools", pools_file, "--state-dir", str(tmp_path / "state"),
                                              "--heartbeat", "2"))
+    cluster.cancel_pilots = cancel_pilots
     cluster.start_server()
     return cluster
 
@@ -145,3 +150,108 @@ def test_a_bad_pools_file_is_refused_at_start(tmp_path):
     path = write(tmp_path, "p.toml", '[pools.x]\nkind = "slurmm"\n')
     proc = gridbot("server", "--pools", path, "--port", "0", "--db", f"sqlite:///{tmp_path}/db.db")
     assert proc.returncode == 2 and "p.toml:2: pool 'x' has unknown kind 'slurmm'" in proc.stderr
+
+
+def wait_pools(cluster, ok, what, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with cluster.client() as c:
+            pools = {p.name: p for p in c.pools()}
+        if ok(pools):
+            return pools
+        time.sleep(0.5)
+    raise AssertionError(f"not {what} within {timeout} s: {pools}")
+
+
+def stored_pilots(cluster, state):
+    with contextlib.closing(sqlite3.connect(cluster.db.removeprefix("sqlite:///"))) as db:
+        return [r[0] for r in db.execute("SELECT native_id FROM pilots WHERE state = ? ORDER BY id", (state,))]
+
+
+def squeue():
+    out = subprocess.run(["squeue", "-h", "-o", "%i %T"], capture_output=True, text=True, check=True).stdout
+    return dict(line.split() for line in out.splitlines())
+
+
+def alive(pid):
+    """Whether process `pid` runs (a zombie, which nobody has waited for yet, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def restart(cluster, cancel_pilots):
+    cluster.server.stop()
+    assert "Traceback" not in cluster.server.log, cluster.server.log
+    cluster.cancel_pilots = cancel_pilots
+    cluster.start_server()
+
+
+RESTART = """\
+[pools.{name}]
+kind = "{kind}"{partition}
+cpus = {cpus}
+max_running = 2
+max_queued = 2
+walltime = "30m"
+idle_timeout = 20
+min_cpu = 0
+allow_root = true          # the tests run as root
+"""
+BAG = 'name = "b"\ncommand = "sleep 0.2"\n[parameters]\ni = {{ from = 1, to = {n} }}\n'
+
+
+def test_slurm_pilots_outlive_a_clean_stop_and_a_restarted_server_counts_and_keeps_them(tmp_path, slurm):
+    """Issue 13: pilots live in the store. A clean stop leaves the Slurm jobs where they are, running or
+    pending; the next server takes them up (no pilot beyond max_running) and they serve it; with
+    --cancel-pilots-on-exit they go. Two pilots of 3 CPUs do not fit the partition's 4 at once: one waits."""
+    pools = RESTART.format(name="fast", kind="slurm", partition='\npartition = "fast"', cpus=3)
+    cluster = start(tmp_path, pools, cancel_pilots=False)
+    try:
+        gridbot_json("submit", write(tmp_path, "b.toml", BAG.format(n=150)), "--server", cluster.url)
+        wait_pools(cluster, lambda p: (p["fast"].pilots_running, p["fast"].pilots_queued) == (1, 1),
+                   "one pilot running and one queued")
+        (running,), (queued,) = stored_pilots(cluster, "running"), stored_pilots(cluster, "queued")
+        restart(cluster, cancel_pilots=True)
+        ours = {running, queued}  # other tests' jobs may be in the queue too
+        assert {j: squeue().get(j) for j in ours} == {running: "RUNNING", queued: "PENDING"}, "none cancelled"
+        with cluster.client() as c:
+            done = c.bag("b").counts.done
+        wait_pools(cluster, lambda p: p["fast"].pilots_running == 1, "the running pilot taken up", 20)
+        time.sleep(4)  # more than one step of the overlay, which would submit here if it did not count them
+        with cluster.client() as c:
+            fast = next(p for p in c.pools() if p.name == "fast")
+            assert (fast.pilots_running, fast.pilots_queued, fast.pilots_submitted) == (1, 1, 0), fast
+            assert c.bag("b").counts.done > done, "the pilot taken up goes on serving"
+        assert set(squeue()) & ours == ours
+        assert cluster.wait_bag("b", timeout=120).counts.done == 150
+        cluster.server.stop()
+        deadline = time.monotonic() + 20
+        while set(squeue()) & ours and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not set(squeue()) & ours, "--cancel-pilots-on-exit cancels them"
+        assert (stored_pilots(cluster, "completed"), stored_pilots(cluster, "cancelled")) == ([running], [queued])
+    finally:
+        cluster.stop()
+
+
+def test_local_pilots_outlive_a_clean_stop_and_a_restarted_server_counts_them(tmp_path):
+    """Issue 13, the local pool: the workers run on after a clean stop, the next server finds them by pid."""
+    cluster = start(tmp_path, RESTART.format(name="here", kind="local", partition="", cpus=1), cancel_pilots=False)
+    try:
+        gridbot_json("submit", write(tmp_path, "b.toml", BAG.format(n=60)), "--server", cluster.url)
+        wait_pools(cluster, lambda p: p["here"].pilots_running == 2, "two pilots running")
+        pids = [int(i.removeprefix("local-")) for i in stored_pilots(cluster, "running")]
+        restart(cluster, cancel_pilots=True)
+        assert len(pids) == 2 and all(alive(pid) for pid in pids), "a clean stop stops none"
+        wait_pools(cluster, lambda p: p["here"].pilots_running == 2, "the two pilots taken up", 20)
+        time.sleep(3)
+        with cluster.client() as c:
+            here = next(p for p in c.pools() if p.name == "here")
+        assert (here.pilots_running, here.pilots_submitted) == (2, 0), here
+        assert cluster.wait_bag("b", timeout=60).counts.done == 60
+        cluster.server.stop()
+        assert not [pid for pid in pids if alive(pid)], "--cancel-pilots-on-exit stops them"
+    finally:
+        cluster.stop()

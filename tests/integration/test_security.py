@@ -258,7 +258,7 @@ def test_pilots_get_their_pools_worker_key_in_the_environment_not_on_the_command
         assert b"secret-worker-key" not in cmdline
         assert b"GRIDBOT_WORKER_KEY=" + key.encode() in environ
     finally:
-        pool.close()
+        pool.stop()
 
 
 def test_a_worker_pins_the_servers_certificate(tmp_path):

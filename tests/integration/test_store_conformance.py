@@ -5,12 +5,25 @@ import threading
 
 import pytest
 
-from gridbot.core.changes import BagCounts, BagSnapshot, Changes, NewInstance, QueuedJob
+from gridbot.core.changes import (
+    BagCounts,
+    BagSnapshot,
+    Changes,
+    Decision,
+    Event,
+    HostUpdate,
+    InstanceUpdate,
+    JobUpdate,
+    NewInstance,
+    QueuedJob,
+)
 from gridbot.core.config import DispatchConfig
 from gridbot.core.dispatcher import Dispatcher
+from gridbot.core.hosts import HostStats
 from gridbot.model.records import HostInfo, InstanceReport, Outcome
 from gridbot.model.spec import each_line_spec, parse_spec
 from gridbot.model.states import BagState, InstanceState, JobState
+from gridbot.schedulers.registry import factory
 from gridbot.store.base import BagExists, spec_hash
 from gridbot.store.memory import MemoryStore
 
@@ -19,8 +32,8 @@ H = HostInfo("h1", "host-1", "Linux-x86_64", 4, 1024, 8, "local")
 
 
 def drive(store, want, now, reports=(), d=None):
-    d = d or Dispatcher(DispatchConfig(check_invariants=True))
-    if not d.bags and not d.hosts:
+    d = d or Dispatcher(DispatchConfig(check_invariants=True), factory())
+    if not d.view.bags() and not d.view.known_hosts():
         d.restore(store.snapshot())
     for req in d.needs_feed():
         d.feed(req.bag_id, store.queued_jobs(req.bag_id, req.after, req.limit), req.limit)
@@ -97,7 +110,7 @@ def test_snapshot_restores_a_dispatcher_mid_bag(store):
 
 def test_cancelled_bag_cancels_queued_jobs_in_the_store(store):
     row = store.create_bag(SPEC, None, {}, 1.0)
-    d = Dispatcher(DispatchConfig(buffer_size=2))
+    d = Dispatcher(DispatchConfig(buffer_size=2), factory())
     d.restore(store.snapshot())
     store.apply(d.cancel_bag(row.bag_id, 2.0))
     assert {j.state for j in store.jobs(row.bag_id)} == {JobState.CANCELLED}
@@ -161,7 +174,7 @@ def test_a_read_sees_the_last_commit_without_waiting_for_a_write_in_progress(sto
     if isinstance(store, MemoryStore):
         pytest.skip("the memory store is used from one thread: there is no write in progress to wait for")
     row = store.create_bag(SPEC, None, {}, 1.0)
-    d = Dispatcher(DispatchConfig(check_invariants=True))
+    d = Dispatcher(DispatchConfig(check_invariants=True), factory())
     d.restore(store.snapshot())
     for req in d.needs_feed():
         d.feed(req.bag_id, store.queued_jobs(req.bag_id, req.after, req.limit), req.limit)
@@ -197,7 +210,7 @@ def test_a_nul_character_in_a_report_is_stored_not_refused(store, reports):
     """A job may print a NUL byte; PostgreSQL's text cannot hold one, so it keeps U+FFFD in its place."""
     row = store.create_bag(SPEC, None, {}, 1.0)
     nul_host = HostInfo("h\x00", "host\x00", "Linux", 4, 1024, 8, "local")
-    d = Dispatcher(DispatchConfig(check_invariants=True))
+    d = Dispatcher(DispatchConfig(check_invariants=True), factory())
     d.restore(store.snapshot())
     for req in d.needs_feed():
         d.feed(req.bag_id, store.queued_jobs(req.bag_id, req.after, req.limit), req.limit)
@@ -239,7 +252,7 @@ def _ended(store, lines, outcomes):
 def _retry(store, row, now):
     """What the server does for `gridbot retry`: the failed jobs as stored, queued again by a dispatcher."""
     row = store.bag(row.bag_id)
-    d = Dispatcher(DispatchConfig(check_invariants=True))
+    d = Dispatcher(DispatchConfig(check_invariants=True), factory())
     d.restore(store.snapshot())
     failed = [QueuedJob(j.job_id, j.index, j.line, 0, j.attempts) for j in store.jobs(row.bag_id, JobState.FAILED)]
     store.apply(d.retry(BagSnapshot(row.bag_id, row.spec, row.counts, row.created_at, row.revision), row.state,
@@ -305,7 +318,7 @@ def test_a_job_with_an_overdue_and_a_running_instance_is_restored_running(store)
     it came back queued from the SQL stores, and the feeder could send it a third time (issue 12)."""
     spec = parse_spec('command = "true"\ninstance_deadline = 10\n', "t", "one")
     row = store.create_bag(spec, None, {}, 0.0)
-    d = Dispatcher(DispatchConfig(check_invariants=True, host_timeout=1e9))
+    d = Dispatcher(DispatchConfig(check_invariants=True, host_timeout=1e9), factory())
     d.restore(store.snapshot())
     for req in d.needs_feed():
         d.feed(req.bag_id, store.queued_jobs(req.bag_id, req.after, req.limit), req.limit)
@@ -317,11 +330,11 @@ def test_a_job_with_an_overdue_and_a_running_instance_is_restored_running(store)
     second, changes = d.request_work(b, 1, [], 21.0)
     store.apply(changes)
     assert len(first.assignments) == len(second.assignments) == 1
-    restored = Dispatcher(DispatchConfig(check_invariants=True, host_timeout=1e9))
+    restored = Dispatcher(DispatchConfig(check_invariants=True, host_timeout=1e9), factory())
     restored.restore(store.snapshot())
-    job = restored.jobs[second.assignments[0].job_id]
-    assert job.state is JobState.RUNNING and job.attempts == 2
-    assert restored.bags[row.bag_id].counts.running == 1
+    job = restored.view.job(second.assignments[0].job_id)
+    assert job is not None and job.state is JobState.RUNNING and job.attempts == 2
+    assert restored.view.bag(row.bag_id).running == 1
 
 
 def test_a_retried_jobs_overdue_instance_does_not_come_back_after_a_restart(store):
@@ -329,7 +342,7 @@ def test_a_retried_jobs_overdue_instance_does_not_come_back_after_a_restart(stor
     with the active bag at the next restart, where a late report of it could complete the job."""
     spec = parse_spec('command = "true"\ninstance_deadline = 10\nmax_failures = 1\n', "t", "one")
     row = store.create_bag(spec, None, {}, 0.0)
-    d = Dispatcher(DispatchConfig(check_invariants=True, host_timeout=1e9))
+    d = Dispatcher(DispatchConfig(check_invariants=True, host_timeout=1e9), factory())
     d.restore(store.snapshot())
     for req in d.needs_feed():
         d.feed(req.bag_id, store.queued_jobs(req.bag_id, req.after, req.limit), req.limit)
@@ -344,3 +357,168 @@ def test_a_retried_jobs_overdue_instance_does_not_come_back_after_a_restart(stor
     assert [i.instance_id for i in store.snapshot().instances] == [], "the old overdue instance is retired"
     old = store.instances_of(first.assignments[0].job_id)[0]
     assert old.state is InstanceState.CANCELLED and "retried" in (old.reason or "")
+
+
+def test_pilots_round_trip_in_the_order_they_were_submitted(store):
+    """Issue 13: the overlay's pilots live in the store; only live rows move, and a reused id is a new pilot."""
+    from gridbot.model.states import PilotState
+    from gridbot.store.base import PilotRow
+
+    a, b, c = (PilotRow("fast", i, PilotState.QUEUED, t) for i, t in (("17", 1.0), ("18", 2.0), ("i-9", 3.0)))
+    store.save_pilots([a, b], [])
+    store.save_pilots([c], [PilotRow("fast", "17", PilotState.RUNNING, 1.0, started_at=4.0)])
+    store.save_pilots([], [PilotRow("fast", "18", PilotState.CANCELLED, 2.0, ended_at=5.0),
+                           PilotRow("nope", "17", PilotState.FAILED, 0.0, ended_at=5.0)])
+    running = PilotRow("fast", "17", PilotState.RUNNING, 1.0, 4.0)
+    assert store.pilots() == [running, PilotRow("fast", "18", PilotState.CANCELLED, 2.0, None, 5.0), c]
+    assert store.pilots(live=True) == [running, c]
+    store.save_pilots([], [PilotRow("fast", "18", PilotState.RUNNING, 2.0, started_at=6.0)])
+    assert store.pilots()[1].state is PilotState.CANCELLED, "an ended pilot stays ended"
+    store.save_pilots([PilotRow("fast", "18", PilotState.QUEUED, 7.0)], [])
+    assert [(p.native_id, p.state) for p in store.pilots(live=True)] == [
+        ("17", PilotState.RUNNING), ("i-9", PilotState.QUEUED), ("18", PilotState.QUEUED)]
+
+
+def test_live_pilots_are_there_after_a_restart(tmp_path, pg_url):
+    from gridbot.model.states import PilotState
+    from gridbot.store.base import PilotRow
+    from gridbot.store.sql import open_store
+
+    for url in (f"sqlite:///{tmp_path}/pilots.db", pg_url):
+        first = open_store(url)
+        first.save_pilots([PilotRow("big", i, PilotState.QUEUED, t) for i, t in (("41", 1.0), ("42", 1.5))], [])
+        first.save_pilots([], [PilotRow("big", "41", PilotState.COMPLETED, 1.0, ended_at=2.0)])
+        first.close()
+        again = open_store(url)
+        assert again.pilots(live=True) == [PilotRow("big", "42", PilotState.QUEUED, 1.5)]
+        assert [p.state for p in again.pilots()] == [PilotState.COMPLETED, PilotState.QUEUED]
+        again.close()
+
+
+# -- issue 13: events, decisions and a job's story ------------------------------------------------------------
+
+
+def _reopened(store):
+    """The same database through a new connection (a restarted server); the memory store is its own."""
+    from gridbot.store.sql import PostgresStore, SQLiteStore
+
+    if isinstance(store, SQLiteStore):
+        return SQLiteStore(store.path)
+    if isinstance(store, PostgresStore):
+        return PostgresStore(store.url)
+    return store
+
+
+def _event_ids(store):
+    if isinstance(store, MemoryStore):
+        return sorted(store.d.events)
+    with store._tx(write=False) as cur:
+        cur.execute("SELECT event_id FROM events ORDER BY event_id")
+        return [r[0] for r in cur.fetchall()]
+
+
+def _seen(host, at):
+    return HostUpdate(host, at, at, HostStats())
+
+
+def test_a_jobs_story_keeps_its_events_decisions_and_replicas(store):
+    """Each instance keeps the events that sent it, found it overdue and ended it; the decisions about a
+    job and the events they cite come back in order, across a restart; an event no row cites is not kept."""
+    row = store.create_bag(SPEC, None, {}, 1.0)
+    job, other = store.queued_jobs(row.bag_id, 0, 2)
+    b, h2 = row.bag_id, HostInfo("h2", "host-2", "Linux", 2, 512, 2, "ec2")
+    done = InstanceReport(2, Outcome.SUCCESS, 0, 1.5, 1.0, stdout_tail="ok")
+    late = InstanceReport(1, Outcome.SUCCESS, 0, 9.0, 8.0)
+    store.apply(Changes(events=[Event(1, 10.0, "request", "h1")], hosts={"h1": _seen(H, 10.0)},
+                        new_instances=[NewInstance(1, job.job_id, b, "h1", 10.0, 100.0, 1)],
+                        jobs={job.job_id: JobUpdate(job.job_id, JobState.RUNNING, 0, 1, sent=True)}))
+    store.apply(Changes(events=[Event(2, 110.0, "tick")],
+                        instances=[InstanceUpdate(1, InstanceState.OVERDUE, 110.0, "deadline passed", None, 2)],
+                        jobs={job.job_id: JobUpdate(job.job_id, JobState.QUEUED, 1, 1, "instance deadline passed")}))
+    store.apply(Changes(events=[Event(3, 111.0, "request", "h2"), Event(4, 111.5, "request", "h9")],
+                        hosts={"h2": _seen(h2, 111.0)},
+                        new_instances=[NewInstance(2, job.job_id, b, "h2", 111.0, 211.0, 3, replica=True)],
+                        decisions=[Decision(3, b, job.job_id, "tail=gridbot", "replicate", "ReplicationRequirements"),
+                                   Decision(3, b, other.job_id, "tail=gridbot", "veto", "not this one")],
+                        jobs={job.job_id: JobUpdate(job.job_id, JobState.RUNNING, 1, 2)}))
+    store.apply(Changes(events=[Event(5, 112.0, "report", "h2")],
+                        instances=[InstanceUpdate(2, InstanceState.DONE, 112.0, "", done, 5)],
+                        jobs={job.job_id: JobUpdate(job.job_id, JobState.DONE, 1, 2, "", 2)}))
+    store.apply(Changes(events=[Event(6, 113.0, "report", "h1"), Event(7, 114.0, "request", "h2")],
+                        instances=[InstanceUpdate(1, InstanceState.WASTED, 113.0, "", late, 6)]))
+
+    for s in (store, _reopened(store)):
+        assert s.snapshot().next_event_id == 7, "event 7 (a request that changed nothing of a job) is not kept"
+        story = s.story(job.job_id)
+        assert (story.job.state, story.job.failures, story.job.attempts, story.job.result_instance) == (
+            JobState.DONE, 1, 2, 2)
+        first, second = story.instances
+        assert (first.instance_id, first.host_id, first.host_name, first.pool, first.state, first.replica) == (
+            1, "h1", "host-1", "local", InstanceState.WASTED, False)
+        assert (first.sent_event, first.overdue_event, first.end_event) == (1, 2, 6)
+        assert (first.sent_at, first.instance_deadline, first.ended_at, first.wall_s) == (10.0, 100.0, 113.0, 9.0)
+        assert (second.host_name, second.pool, second.state, second.replica, second.exit_code) == (
+            "host-2", "ec2", InstanceState.DONE, True, 0)
+        assert (second.sent_event, second.overdue_event, second.end_event) == (3, None, 5)
+        assert story.decisions == [Decision(3, b, job.job_id, "tail=gridbot", "replicate", "ReplicationRequirements")]
+        assert story.events == [Event(1, 10.0, "request", "h1"), Event(2, 110.0, "tick"),
+                                Event(3, 111.0, "request", "h2"), Event(5, 112.0, "report", "h2"),
+                                Event(6, 113.0, "report", "h1")]
+        assert [e.event_id for e in s.story(other.job_id).events] == [3]
+        if s is not store:
+            s.close()
+    assert store.story(10**9) is None
+    assert _event_ids(store) == [1, 2, 3, 5, 6]
+
+
+def test_an_overdue_event_survives_a_late_report_in_the_same_batch(store):
+    """Group commit merges batches: an instance found overdue and then reported late in one batch keeps both
+    events, and an instance whose cause is unknown (event 0) stores none."""
+    row = store.create_bag(SPEC, None, {}, 1.0)
+    job = store.queued_jobs(row.bag_id, 0, 1)[0]
+    store.apply(Changes(new_instances=[NewInstance(1, job.job_id, row.bag_id, "h1", 1.0, 2.0)]))
+    batch = Changes(events=[Event(8, 3.0, "tick")],
+                    instances=[InstanceUpdate(1, InstanceState.OVERDUE, 3.0, "instance deadline passed", None, 8)])
+    report = InstanceReport(1, Outcome.SUCCESS, 0)
+    batch.merge(Changes(events=[Event(9, 3.5, "report", "h1")],
+                        instances=[InstanceUpdate(1, InstanceState.DONE, 3.5, "", report, 9)]))
+    store.apply(batch)
+    (inst,) = store.story(job.job_id).instances
+    assert (inst.state, inst.sent_event, inst.overdue_event, inst.end_event) == (InstanceState.DONE, None, 8, 9)
+    assert store.snapshot().next_event_id == 10
+
+
+def test_deleting_a_bag_deletes_its_decisions_and_prunes_the_events_only_it_cited(store):
+    gone, kept = store.create_bag(SPEC, None, {}, 1.0), store.create_bag(each_line_spec("keep"), ["true"], {}, 1.0)
+    g, k = store.queued_jobs(gone.bag_id, 0, 1)[0], store.queued_jobs(kept.bag_id, 0, 1)[0]
+    report = InstanceReport(0, Outcome.SUCCESS, 0)
+    store.apply(Changes(events=[Event(1, 1.0, "request", "h1")],
+                        new_instances=[NewInstance(1, g.job_id, gone.bag_id, "h1", 1.0, 9.0, 1),
+                                       NewInstance(2, k.job_id, kept.bag_id, "h1", 1.0, 9.0, 1)]))
+    store.apply(Changes(events=[Event(2, 2.0, "request", "h2")],
+                        decisions=[Decision(2, gone.bag_id, g.job_id, "tail=gridbot", "replicate", "why")],
+                        new_instances=[NewInstance(3, g.job_id, gone.bag_id, "h2", 2.0, 9.0, 2, replica=True)]))
+    store.apply(Changes(events=[Event(3, 3.0, "report", "h1")],
+                        instances=[InstanceUpdate(1, InstanceState.DONE, 3.0, "", report, 3),
+                                   InstanceUpdate(2, InstanceState.DONE, 3.0, "", report, 3)]))
+    store.apply(Changes(events=[Event(4, 4.0, "policy", "ten"), Event(5, 10.0, "tick")],
+                        instances=[InstanceUpdate(3, InstanceState.OVERDUE, 10.0, "deadline passed", None, 5)]))
+    store.apply(Changes(events=[Event(6, 11.0, "retry", str(gone.bag_id)), Event(7, 11.0, "retry", "0")],
+                        retired_jobs=[g.job_id]))
+    store.apply(Changes(events=[Event(8, 12.0, "tick")],
+                        decisions=[Decision(8, gone.bag_id, g.job_id, "placement=gridbot", "deadline", "late")]))
+    (retired,) = [i for i in store.story(g.job_id).instances if i.instance_id == 3]
+    assert (retired.state, retired.overdue_event, retired.end_event) == (InstanceState.CANCELLED, 5, 7)
+    assert _event_ids(store) == [1, 2, 3, 5, 7, 8], "the last retry of the batch retired it; 4 and 6 cite nothing"
+    store.delete_bag(gone.bag_id)
+    assert _event_ids(store) == [1, 3, 8], "1 and 3 are the kept bag's too; 8, the highest, stays for the next ids"
+    assert store.snapshot().next_event_id == 9
+    assert [e.event_id for e in store.story(k.job_id).events] == [1, 3]
+    assert store.story(g.job_id) is None
+    again = store.create_bag(SPEC, None, {}, 6.0)
+    assert store.story(store.queued_jobs(again.bag_id, 0, 1)[0].job_id).decisions == [], "no decision is left over"
+    store.apply(Changes(events=[Event(9, 13.0, "request", "h1")],
+                        new_instances=[NewInstance(4, k.job_id, kept.bag_id, "h1", 13.0, 20.0, 9)]))
+    store.delete_bag(kept.bag_id)
+    assert _event_ids(store) == [9], "8 is no longer the highest, and nothing cites it"
+

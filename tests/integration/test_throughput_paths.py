@@ -15,6 +15,7 @@ import pytest
 
 from gridbot.client import Client
 from gridbot.errors import ServerUnavailable
+from gridbot.model.pacing import PREFETCH_MAX
 from gridbot.model.records import HostInfo
 from gridbot.model.spec import parse_spec
 from gridbot.model.states import InstanceState, JobState
@@ -22,7 +23,7 @@ from gridbot.protocol import MSGPACK, ExchangeRequest, ExchangeResponse
 from gridbot.server.app import EmbeddedServer
 from gridbot.server.service import Service
 from gridbot.store.sql import SQLiteStore
-from gridbot.worker.worker import PREFETCH_MAX, Worker, WorkerConfig
+from gridbot.worker.worker import Worker, WorkerConfig
 from tests.integration.harness import Cluster
 
 
@@ -66,13 +67,13 @@ def test_prefetch_follows_the_jobs_run_time_within_bounds(tmp_path):
     w = Worker(WorkerConfig("http://127.0.0.1:1", slots=2, prefetch=1, prefetch_seconds=1.0, state_dir=tmp_path,
                             allow_root=True))
     try:
-        assert w.prefetch() == 1, "nothing run yet: the configured prefetch"
-        w.avg_wall = 0.1
-        assert w.prefetch() == 20, "two slots, 1 s of work of 0.1 s jobs"
-        w.avg_wall = 0.0001
-        assert w.prefetch() == PREFETCH_MAX
-        w.avg_wall = 600.0
-        assert w.prefetch() == 1, "long jobs: one at a time beyond the slots, never less than asked"
+        assert w.pacing.prefetch() == 1, "nothing run yet: the configured prefetch"
+        w.pacing.avg_wall = 0.1
+        assert w.pacing.prefetch() == 20, "two slots, 1 s of work of 0.1 s jobs"
+        w.pacing.avg_wall = 0.0001
+        assert w.pacing.prefetch() == PREFETCH_MAX
+        w.pacing.avg_wall = 600.0
+        assert w.pacing.prefetch() == 1, "long jobs: one at a time beyond the slots, never less than asked"
     finally:
         w.identity.release()
 

@@ -32,16 +32,35 @@ def test_policy_driven_execution_beats_the_naive_one_by_an_order_of_magnitude(ex
     assert "280 h" in (tmp_path / "naive_vs_policy.md").read_text()
 
 
-def test_permissive_replication_shortens_the_tail(experiments, tmp_path):
-    runs = experiments.run("replication", scale=0.1, seeds=2, out=tmp_path)
-    tail = {name: sum(r.bags[0].tail_makespan for r in rs) / len(rs) for name, rs in runs.items()}
-    replicas = {name: sum(r.bags[0].replicas_pct for r in rs) / len(rs) for name, rs in runs.items()}
+def test_replication_orders_as_in_the_paper_once_gridbot_replicates_as_gridbot_did(experiments, tmp_path):
+    """Issue 14: with gridbot's own replicas (after the queued jobs, cancelled at the first result) and host
+    timeout, replication changes little; with GridBot's (from the tail threshold on, before the unsent
+    jobs, left to run) and lost jobs found only at their deadline, the paper's orderings come back."""
+    mine, paper = "[gridbot]", "[GridBot as in the paper]"
+    runs = experiments.run("replication", scale=0.1, seeds=2, out=tmp_path,
+                           only=lambda name: name.endswith((mine, paper)))
     assert all(r.bags[0].state == "completed" for rs in runs.values() for r in rs)
-    for replicated in ("Permissive / Permissive", "Permissive / Restrictive"):
-        for plain in ("Disabled / Permissive", "Disabled / Restrictive"):
-            assert tail[replicated] < tail[plain], tail
-    assert replicas["Permissive / Permissive"] > replicas["Restrictive / Restrictive"]
-    assert replicas["Disabled / Permissive"] == replicas["Disabled / Restrictive"] == 0
+
+    def mean(arm, setting, what):
+        return sum(getattr(r.bags[0], what) for r in runs[f"{arm} {setting}"]) / 2
+
+    pp, rr, pr, dp, dr = experiments.REPLICATION_ARMS
+    for replicated in (pp, pr):
+        for plain in (dp, dr):
+            assert mean(replicated, mine, "tail_makespan") < mean(plain, mine, "tail_makespan")
+    assert mean(pp, mine, "replicas_pct") > mean(rr, mine, "replicas_pct")
+    assert all(mean(arm, mine, "discarded_pct") == 0 for arm in experiments.REPLICATION_ARMS)
+
+    makespan = {arm: mean(arm, paper, "makespan") for arm in experiments.REPLICATION_ARMS}
+    assert max(makespan[pp], makespan[rr], makespan[pr]) < min(makespan[dp], makespan[dr]), makespan
+    assert makespan[pr] > max(makespan[pp], makespan[rr]), makespan  # paper: 4.2 h against 4.1 and 3.2
+    for permissive in (pp, pr):  # paper: 58 and 73% replicas, 30 and 57% waste, against 11 and 7
+        assert mean(permissive, paper, "replicas_pct") > 2 * mean(rr, paper, "replicas_pct")
+        assert mean(permissive, paper, "discarded_pct") > 2 * mean(rr, paper, "discarded_pct")
+    # what disabling replication costs comes from finding lost jobs by their deadline only
+    cost_here = mean(dp, mine, "makespan") - mean(pp, mine, "makespan")
+    assert makespan[dp] - makespan[pp] > 2 * cost_here
+    assert "Restrictive / Restrictive | 3.2 h" in (tmp_path / "replication.md").read_text()
 
 
 def test_fifty_ranked_bags_run_in_rank_order(experiments, tmp_path):
@@ -55,8 +74,43 @@ def test_fifty_ranked_bags_run_in_rank_order(experiments, tmp_path):
 
 
 def test_small_bags_suffer_from_large_bundles_and_from_a_cluster_kept_for_the_tail(experiments, tmp_path):
-    runs = experiments.run("small_bags", scale=0.1, out=tmp_path)
-    b1, b2, b3, b4, b5 = runs["Figure 8(b)"][0].bags
-    assert all(b.state == "completed" for b in (b1, b2, b3, b4, b5))
-    assert b1.tail_makespan > 2 * b3.tail_makespan  # Concurrency 10: preempted bundles lengthen the tail
-    assert b5.makespan == max(b.makespan for b in (b1, b2, b3, b4, b5))  # the cluster alone in the tail
+    """Figure 8: B1 has Rank 1 and B5 Rank 5 ("priorities from 1 (B1) to 5 (B5)"); each bag is compared with
+    the bag of the same Rank in a control run where every bag has B3's policy (issue 14: with the tail
+    threshold of a buffer's share, every bag was in its tail from the start and B5 ran all its jobs on
+    the cluster)."""
+    runs = experiments.run("small_bags", scale=0.1, seeds=2, out=tmp_path)
+    for figure, control in zip(runs[experiments.SMALL_BAGS_FIGURE], runs[experiments.SMALL_BAGS_CONTROL],
+                               strict=True):
+        # B4 (hosts with a good record only) is best in the paper but not here: every machine of a simulated
+        # pool is as likely to be preempted as any other, so a record predicts nothing (experiments/README.md)
+        b1, _, b3, _, b5 = figure.bags
+        assert all(b.state == "completed" for b in (*figure.bags, *control.bags))
+        assert b1.tail_makespan > 2 * b3.tail_makespan  # Concurrency 10: preempted bundles lengthen the tail
+        assert b1.makespan > control.bags[0].makespan
+        assert b5.makespan > control.bags[4].makespan  # the cluster alone serves B5's tail: overloaded
+        assert b5.jobs_per_pool.get("technion", 0) < b5.jobs / 2, "B5 ran on the grids until its tail"
+
+
+def test_gridbot_beats_a_plain_batch_system_on_short_jobs(experiments, tmp_path):
+    """Section 7, GridBot versus Condor (53 +- 10 against 170 +- 41 minutes): each batch job pays the
+    queue wait, a pilot pays it once."""
+    runs = experiments.run("batch", scale=0.1, out=tmp_path)
+    for wait in experiments.BATCH_WAITS:
+        gridbot = [r.bags[0].makespan for r in runs[f"GridBot, queue wait {wait}"]]
+        batch = [r.bags[0].makespan for r in runs[f"plain batch system, queue wait {wait}"]]
+        assert len(gridbot) == len(batch) == 5 and None not in gridbot + batch
+        assert sum(batch) > 1.5 * sum(gridbot), wait
+    assert "170 +- 41 min" in (tmp_path / "batch.md").read_text()
+
+
+def test_shorter_jobs_raise_the_dispatch_rate_and_the_dispatcher_keeps_up(experiments, tmp_path):
+    """Section 7, Number of job requests: the same bag split in five asks the server more often (the
+    paper: 20 -> 93 jobs/s), and the dispatcher spends a small share of one core on it."""
+    runs = experiments.run("scalability", scale=0.1, out=tmp_path)
+    whole, split = (rs[0] for rs in runs.values())
+    assert whole.bags[0].state == split.bags[0].state == "completed"
+    assert split.load.mean(split.load.jobs) > 2 * whole.load.mean(whole.load.jobs)
+    assert split.load.peak(split.load.jobs, 600) > whole.load.peak(whole.load.jobs, 600)
+    for r in (whole, split):
+        busy = r.load.us_per_request() * 1e-6 * r.load.peak(r.load.requests, 600)
+        assert busy < 0.5, f"the dispatcher alone would be busy {busy:.0%} of a core at the peak"

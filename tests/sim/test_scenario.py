@@ -217,3 +217,14 @@ def test_replaying_jobs_longer_than_their_deadlines_allow_warns(tmp_path):
     assert "1 of the 2 jobs replayed run longer than max_failures x instance_deadline (3 x 1 d)" in warning.message
     assert warning.line == 3 and 'instance_deadline = "5d"' in warning.hint
     assert parse_scenario(text + 'instance_deadline = "5d"\n', str(tmp_path / "s.toml")).warnings == []
+
+
+def test_a_simulated_bag_names_its_strategies_as_a_spec_does():
+    base = '[pools.p]\nsize = 1\n[bags.b]\njobs = 2\nruntime = "1m"\n{strategy}'
+    table = '[bags.b.strategy]\ntail = "gridbot"\nplacement = "gridbot"\n'
+    good = parse_scenario(base.format(strategy=table), "s.toml")
+    assert (good.bags[0].strategy.tail, good.bags[0].strategy.placement) == ("gridbot", "gridbot")
+    with pytest.raises(SpecError, match="unknown tail strategy 'expert-x'"):
+        parse_scenario(base.format(strategy='[bags.b.strategy]\ntail = "expert-x"\n'), "bad.toml")
+    with pytest.raises(SpecError, match="strategy placement must be the name of a strategy"):
+        parse_scenario(base.format(strategy='[bags.b.strategy]\nplacement = 3\n'), "bad.toml")

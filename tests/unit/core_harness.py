@@ -12,20 +12,22 @@ from gridbot.core.config import DispatchConfig
 from gridbot.core.dispatcher import Dispatcher, WorkAnswer
 from gridbot.model.records import Assignment, HostInfo, InstanceReport, Outcome
 from gridbot.model.spec import parse_spec
+from gridbot.schedulers.registry import factory
 from gridbot.store.memory import MemoryStore
 
 
 class CoreSim:
     """A dispatcher with invariant checks on, fed from a memory store."""
 
-    def __init__(self, **cfg) -> None:
+    def __init__(self, strategies=None, **cfg) -> None:
         self.store = MemoryStore()
-        self.d = Dispatcher(DispatchConfig(check_invariants=True, **cfg))
+        self.d = Dispatcher(DispatchConfig(check_invariants=True, **cfg), strategies or factory())
         self.held: dict[str, set[int]] = {}
 
-    def bag(self, name: str, n: int, policy: dict | None = None, deadline: float = 3600, max_failures: int = 3) -> int:
+    def bag(self, name: str, n: int, policy: dict | None = None, deadline: float = 3600, max_failures: int = 3,
+            strategy: str = "") -> int:
         spec = parse_spec(f'command = "job {{i}}"\ninstance_deadline = {deadline}\nmax_failures = {max_failures}\n'
-                          f'[parameters]\ni = {{ from = 0, to = {n - 1} }}\n', "t", name)
+                          f'[parameters]\ni = {{ from = 0, to = {n - 1} }}\n{strategy}', "t", name)
         spec = msgspec.structs.replace(spec, policy=policy or {})
         row = self.store.create_bag(spec, None, {}, 0.0)
         self.d.add_bag(BagSnapshot(row.bag_id, row.spec, row.counts, row.created_at))

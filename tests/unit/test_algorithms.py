@@ -4,7 +4,6 @@ Policies come from the paper: Figure 3, Figure 8(b) (B1-B5) and section 7's Perm
 Restrictive scheduling and replication policies; the 50-bag rank test is Figure 7's.
 """
 
-from collections import deque
 
 import msgspec
 import pytest
@@ -73,7 +72,7 @@ def test_deadline_policy_stamps_each_instance():
 
 
 def test_figure_8b_policies():
-    sim = Sim()
+    sim = Sim(tail_threshold=10)
     b2 = sim.bag("B2", 50, {"Concurrency": "Host.ErrorRate < 0.01 ? 10 : 1", "JobRequirements": GRIDS})
     good, flaky, volunteer = host("good", slots=10), host("flaky", slots=10), host("vol", "community", 10)
     assert len(sim.ask(good, 10, 1)) == 10
@@ -87,6 +86,19 @@ def test_figure_8b_policies():
     technion = host("t", "technion")
     assert sim.ask(host("osg1"), 1, 5) == [], "6 queued jobs are below the tail threshold: technion only"
     assert len(sim.ask(technion, 1, 5)) == 1
+
+
+def test_a_bag_smaller_than_its_buffer_share_is_not_in_its_tail_from_the_start():
+    """Issue 14: 5 bags share a buffer of 20,000, so each bag's share (4,000) exceeded its 1,200 jobs and
+    a tail-only policy held from the first moment. By default the tail now begins when fewer jobs are
+    queued than the bag has had running at once."""
+    sim = Sim()
+    tail_only = {"Concurrency": "1", "JobRequirements": f'Tail ? Host.Pool == "technion" : {GRIDS}'}
+    sim.bag("B5", 6, tail_only)
+    for i in range(4):
+        assert len(sim.ask(host(f"osg{i}"), 1, 1)) == 1, "as many queued as running, or more: throughput phase"
+    assert sim.ask(host("osg4"), 1, 2) == [], "2 queued, fewer than the 4 that ran at once: the tail"
+    assert len(sim.ask(host("t", "technion"), 1, 2)) == 1
 
 
 def test_restrictive_scheduling_keeps_the_tail_on_reliable_hosts():
@@ -124,7 +136,7 @@ def test_black_hole_is_detected_and_starved_by_the_default_policy():
         b = sim.ask(good, 1, 10 * t + 3)[0]
         assert b.job_id == a.job_id, "the failed job goes to the next host"
         sim.ask(good, 0, 10 * t + 4, [ok(b)])
-    assert sim.d.hosts["hole"].stats.black_hole(100, sim.d._others_good_at("hole"))
+    assert sim.d.view.host_attrs("hole", 100)["BlackHole"]
     assert sim.ask(hole, 1, 100) == [], "a black hole gets no work"
     assert len(sim.ask(good, 1, 100)) == 1
 
@@ -138,7 +150,7 @@ def test_jobs_that_fail_everywhere_blame_no_host():
             got = sim.ask(h, 1, t)
             if got:
                 sim.ask(h, 0, t + 0.5, [InstanceReport(got[0].instance_id, Outcome.FAILURE, 1, 0.1, reason="bug")])
-    assert not any(sim.d.hosts[h.host_id].stats.black_hole(12, sim.d._others_good_at(h.host_id)) for h in hosts)
+    assert not any(sim.d.view.host_attrs(h.host_id, 12)["BlackHole"] for h in hosts)
 
 
 def test_permissive_replication_in_the_tail():
@@ -162,7 +174,7 @@ def test_no_speculative_replication_while_jobs_are_queued():
     b = sim.bag("b", 10, {"ReplicationRequirements": PERMISSIVE_REPLICATION, "Concurrency": "2"})
     sim.ask(host("a"), 2, 0)
     sim.tick(1)
-    assert not sim.d.bags[b].replicas
+    assert not sim.d.view.bag(b).waiting_replicas
 
 
 def test_max_replicas_is_never_exceeded():
@@ -184,22 +196,23 @@ def test_restrictive_replication_waits_for_a_reason():
     assert sim.store.bag(warm).state is BagState.COMPLETED
     sim.ask(proven, 1, 2)
     sim.tick(3)
-    assert not sim.d.bags[b].replicas, "a reliable host that just started: no replica"
+    assert not sim.d.view.bag(b).waiting_replicas, "a reliable host that just started: no replica"
     sim.tick(2 + 1801)
-    assert sim.d.bags[b].replicas, "running longer than 30 minutes: replicate"
+    assert sim.d.view.bag(b).waiting_replicas, "running longer than 30 minutes: replicate"
 
 
 def test_replication_samples_jobs_with_fewer_replicas_first():
     """Candidates are drawn with weight 1/replicas (section 6.2): one with 1 replica is 3x as likely as one with 3."""
-    from gridbot.core.dispatcher import _SplitMix
+    from gridbot.core.records import SplitMix
+    from gridbot.schedulers.replication import weighted_sample
 
     picks = {"one": 0, "three": 0}
-    rng = _SplitMix(7)
+    rng = SplitMix(7)
     for _ in range(3000):
-        [chosen] = rng.weighted_sample(["one", "three"], [1.0, 1.0 / 3], 1)
+        [chosen] = weighted_sample(rng, ["one", "three"], [1.0, 1.0 / 3], 1)
         picks[chosen] += 1
     assert 2.5 < picks["one"] / picks["three"] < 3.5
-    assert rng.weighted_sample(["a", "b"], [1.0, 1.0], 5) == ["a", "b"]
+    assert weighted_sample(rng, ["a", "b"], [1.0, 1.0], 5) == ["a", "b"]
 
 
 def test_a_policy_changed_while_the_bag_runs_applies_to_the_next_decision():
@@ -207,9 +220,9 @@ def test_a_policy_changed_while_the_bag_runs_applies_to_the_next_decision():
     b = sim.bag("b", 10, {"Concurrency": "1"})
     assert len(sim.ask(host("a"), 1, 0)) == 1
     row = sim.store.bag(b)
-    sim.d.set_policy(b, msgspec.structs.replace(row.spec, policy={"JobRequirements": 'Host.Pool == "nowhere"'}))
+    sim.d.set_policy(b, msgspec.structs.replace(row.spec, policy={"JobRequirements": 'Host.Pool == "nowhere"'}), 0.0)
     assert sim.ask(host("c"), 1, 1) == []
-    sim.d.set_policy(b, msgspec.structs.replace(row.spec, policy={"JobRequirements": "Host.Memory > 0"}))
+    sim.d.set_policy(b, msgspec.structs.replace(row.spec, policy={"JobRequirements": "Host.Memory > 0"}), 0.0)
     assert len(sim.ask(host("c"), 1, 2)) == 1
 
 
@@ -231,10 +244,10 @@ def test_a_bag_that_no_host_matches_says_why_with_the_closest_host_and_the_claus
     [message] = [m for m in sim.d.diagnostics(b, 21.0) if "connected hosts" in m]
     assert "none of the 1 connected hosts matches" in message and '`Host.Pool == "gpu"`' in message
     starve = {"Concurrency": "Host.Slots - Host.Slots"}
-    sim.d.set_policy(b, msgspec.structs.replace(sim.store.bag(b).spec, policy=starve))
+    sim.d.set_policy(b, msgspec.structs.replace(sim.store.bag(b).spec, policy=starve), 0.0)
     assert sim.ask(host("a"), 1, 22) == []
     assert any("Concurrency evaluates to 0 or less" in m for m in sim.d.diagnostics(b, 23.0))
-    sim.d.set_policy(b, msgspec.structs.replace(sim.store.bag(b).spec, policy={}))
+    sim.d.set_policy(b, msgspec.structs.replace(sim.store.bag(b).spec, policy={}), 0.0)
     assert len(sim.ask(host("a"), 1, 24)) == 1
     assert not [m for m in sim.d.diagnostics(b, 25.0) if "connected" in m or "Concurrency" in m]
 
@@ -312,14 +325,14 @@ def test_a_bag_that_matches_nobody_gives_its_window_up_after_its_time_to_live():
     busy = sim.bag("busy", 1000, {"Concurrency": "1"})
     h = host("h")
     got = sim.ask(h, 1, 0)
-    assert {len(sim.d.bags[b].buffer) for b in (stuck, busy)} == {50, 49}
+    assert {sim.d.view.bag(b).window for b in (stuck, busy)} == {50, 49}
     sim.tick(601)
-    assert sim.d.bags[stuck].buffer == deque() and sim.d.bags[stuck].parked_until == 1201
+    assert sim.d.view.bag(stuck).window == 0 and sim.d.view.bag(stuck).parked_until == 1201
     sim.ask(h, 1, 602, [ok(got[0])])
-    assert len(sim.d.bags[busy].buffer) == 99, "the stuck bag's share went to the busy one"
+    assert sim.d.view.bag(busy).window == 99, "the stuck bag's share went to the busy one"
     sim.tick(1202)
     sim.ask(h, 0, 1203)
-    assert len(sim.d.bags[stuck].buffer) == 50 and sim.d.bags[stuck].parked_until is None, "back after its parking"
+    assert sim.d.view.bag(stuck).window == 50 and sim.d.view.bag(stuck).parked_until is None, "back after its parking"
     assert sim.store.bag(stuck).counts.queued == 1000, "nothing was lost from the store"
 
 
@@ -329,13 +342,13 @@ def test_a_window_is_stale_only_once_its_cursor_went_back_over_jobs_it_changed()
     busy = sim.bag("busy", 1000, {"Concurrency": "1"})
     sim.ask(host("ha", "a"), 1, 0)
     got = sim.ask(host("hb", "b"), 1, 0)
-    assert sim.d.bags[picky].counts.running == 1 and sim.d.bags[busy].counts.running == 1
-    sim.d.bags[busy].buffer.clear()  # as if 50 results had come back: the busy window wants a refill
+    assert sim.d.view.bag(picky).running == 1 and sim.d.view.bag(busy).running == 1
+    sim.d._s.bags[busy].window.buffer.clear()  # as if 50 results had come back: the busy window wants a refill
     [req] = sim.d.needs_feed()
     assert req.bag_id == busy and not req.stale, "its cursor is past every job it sent: nothing to flush"
     sim.feed()
     sim.tick(601)
-    assert sim.d.bags[picky].parked_until == 1201, "no pool-a host came back: the window was given up"
+    assert sim.d.view.bag(picky).parked_until == 1201, "no pool-a host came back: the window was given up"
     sim.ask(host("hb", "b"), 1, 602, [ok(got[0])])
     sim.tick(1202)
     stale = {r.bag_id: r.stale for r in sim.d.needs_feed()}
@@ -347,7 +360,7 @@ def test_a_bag_alone_keeps_its_window_however_long_it_waits():
     stuck = sim.bag("stuck", 1000, {"JobRequirements": 'Host.Pool == "nowhere"'})
     sim.ask(host("h"), 1, 0)
     sim.tick(5000)
-    assert len(sim.d.bags[stuck].buffer) == 100
+    assert sim.d.view.bag(stuck).window == 100
 
 
 def test_jobs_that_failed_k_times_go_to_the_reliable_pool():
@@ -376,4 +389,4 @@ def test_grid_policy_keeps_a_bag_off_the_hosts_of_a_pool_it_excludes():
     assert sim.ask(host("h1", "big"), 1, 0) == []
     assert len(sim.ask(host("h2", "fast"), 1, 0)) == 1
     assert len(sim.ask(host("h3", "unlisted"), 1, 0)) == 1, "hosts of pools outside the pools file are not judged"
-    assert sim.d.accepts_pool(b, "fast") and not sim.d.accepts_pool(b, "big")
+    assert sim.d.view.accepts_pool(b, "fast") and not sim.d.view.accepts_pool(b, "big")

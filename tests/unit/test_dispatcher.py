@@ -10,6 +10,7 @@ from gridbot.core.config import DispatchConfig
 from gridbot.core.dispatcher import Dispatcher
 from gridbot.model.records import HostInfo, InstanceReport, Outcome
 from gridbot.model.states import BagState, InstanceState, JobState
+from gridbot.schedulers.registry import factory
 from tests.unit.core_harness import CoreSim
 
 A, B = HostInfo("a", "host-a", slots=8), HostInfo("b", "host-b", slots=8)
@@ -152,7 +153,7 @@ def test_instances_whose_answer_never_reached_the_host_are_given_back_without_bl
     answer = h.ask(run, 2, 1)
     first = h.store.instances_of(got[0].job_id)[0]
     assert first.state is InstanceState.INTERRUPTED and "never reached its host" in first.reason
-    assert h.d.hosts["a"].stats.failed == 0 and h.counts().failed == 0
+    assert h.d.view.host("a").stats.failed == 0 and h.counts().failed == 0
     assert sorted(a.job_id for a in answer.assignments) == sorted(a.job_id for a in got)
 
 
@@ -199,7 +200,7 @@ def test_each_of_n_bags_gets_its_share_of_the_buffer():
     h = Harness(n=1000, buffer_size=100)
     other = h.submit("other", 1000)
     h.feed()
-    assert {b: len(h.d.bags[b].buffer) for b in (h.bag, other)} == {h.bag: 50, other: 50}
+    assert {b: h.d.view.bag(b).window for b in (h.bag, other)} == {h.bag: 50, other: 50}
 
 
 def test_the_window_refills_from_the_store_until_every_job_ran():
@@ -220,7 +221,7 @@ def test_restore_resumes_where_the_store_left_off():
     got = h.ask(A, 3, 0).assignments
     h.ask(A, 0, 1, [ok(got[0].instance_id)])
     h.tick(101)  # the two others become overdue
-    d2 = Dispatcher(DispatchConfig(check_invariants=True))
+    d2 = Dispatcher(DispatchConfig(check_invariants=True), factory())
     d2.restore(h.store.snapshot())
     h.d = d2
     h.held["a"] = set()
@@ -269,9 +270,9 @@ def test_the_servers_own_absence_is_not_blamed_on_hosts():
     assert len(sim.ask(h, 2, 0.0)) == 2
     sim.d.shift(500.0)  # the server was stopped from t=10 to t=510
     sim.tick(510.0)
-    assert sim.d.bags[1].counts.running == 2 and sim.d.hosts["h1"].stats.failed == 0
+    assert sim.d.view.bag(1).running == 2 and sim.d.view.host("h1").stats.failed == 0
     sim.tick(570.0)  # 60 s after the pause ended, with no word from the host: now it is silent
-    assert sim.d.bags[1].counts.running == 0
+    assert sim.d.view.bag(1).running == 0
 
 
 def test_a_restarted_server_gives_every_host_the_host_timeout_to_come_back():
@@ -279,13 +280,13 @@ def test_a_restarted_server_gives_every_host_the_host_timeout_to_come_back():
     sim.bag("b", 1, deadline=100)
     h = HostInfo("h1", "h1", "Linux", 1, 0, 1, "local")
     assert len(sim.ask(h, 1, 0.0)) == 1
-    restarted = Dispatcher(DispatchConfig(check_invariants=True, host_timeout=60))
+    restarted = Dispatcher(DispatchConfig(check_invariants=True, host_timeout=60), factory())
     restarted.restore(sim.store.snapshot())
     restarted.grace(1_000.0)  # down from t=0 to t=1000: past the host timeout and the instance deadline
     sim.store.apply(restarted.tick(1_001.0))
-    assert restarted.bags[1].counts.running == 1, "nobody is blamed for the server's downtime"
+    assert restarted.view.bag(1).running == 1, "nobody is blamed for the server's downtime"
     sim.store.apply(restarted.tick(1_061.0))
-    assert restarted.bags[1].counts.running == 0, "a host silent for the timeout after the restart is lost"
+    assert restarted.view.bag(1).running == 0, "a host silent for the timeout after the restart is lost"
 
 
 def test_a_restarted_worker_that_did_not_list_its_instances_lost_them():

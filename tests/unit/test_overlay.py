@@ -100,6 +100,8 @@ def test_the_servers_overlay_cancels_its_newest_queued_pilots(tmp_path):
     from gridbot.model.pools import PoolSpec
     from gridbot.model.states import PilotState
     from gridbot.server.overlay import Overlay, _Pool
+    from gridbot.store.base import PilotRow
+    from gridbot.store.memory import MemoryStore
 
     class Adapter:
         def __init__(self):
@@ -108,11 +110,12 @@ def test_the_servers_overlay_cancels_its_newest_queued_pilots(tmp_path):
         def cancel(self, ids):
             self.cancelled.extend(ids)
 
-    service = SimpleNamespace(dispatcher=SimpleNamespace(pool_ads={}))
+    service = SimpleNamespace(dispatcher=SimpleNamespace(pool_ads={}), store=MemoryStore())
     overlay = Overlay(service, [], "http://server", tmp_path)
     adapter = Adapter()
     pool = _Pool(PoolSpec("p", "slurm"), adapter)
-    pool.pilots = {"1": PilotState.QUEUED, "2": PilotState.RUNNING, "3": PilotState.QUEUED, "4": PilotState.QUEUED}
+    pool.pilots = {i: PilotRow("p", i, s, 0.0) for i, s in [("1", PilotState.QUEUED), ("2", PilotState.RUNNING),
+                                                            ("3", PilotState.QUEUED), ("4", PilotState.QUEUED)]}
     overlay.pools["p"] = pool
     overlay._act({}, {"p": 2}, 0.0)
     assert adapter.cancelled == ["4", "3"]

@@ -26,7 +26,7 @@ def test_a_job_retried_behind_the_window_cursor_is_sent_again():
     assert [a.index for a in first] == [0, 1]
     sim.ask(H, 5, 2.0, [InstanceReport(first[0].instance_id, Outcome.FAILURE, 3, reason="exit code 3"),
                         InstanceReport(first[1].instance_id, Outcome.SUCCESS, 0)])
-    assert sim.store.bag(bag).counts.failed == 1 and sim.d.bags[bag].cursor > first[0].job_id
+    assert sim.store.bag(bag).counts.failed == 1 and sim.d._s.bags[bag].window.cursor > first[0].job_id
     _retry(sim, bag, 3.0)
     counts = sim.store.bag(bag).counts
     assert (counts.failed, counts.queued, counts.running, counts.done) == (0, 7, 2, 1)
@@ -41,9 +41,9 @@ def test_an_ended_bag_is_reopened_and_a_cancelled_one_is_not():
     bag = sim.bag("b", 2, max_failures=1)
     sim.ask(H, 2, 1.0)
     sim.finish_all(H, 2.0, Outcome.FAILURE)
-    assert sim.store.bag(bag).state is BagState.FAILED and bag not in sim.d.bags
+    assert sim.store.bag(bag).state is BagState.FAILED and bag not in sim.d.view
     _retry(sim, bag, 3.0)
-    assert sim.store.bag(bag).state is BagState.ACTIVE and sim.d.bags[bag].counts.queued == 2
+    assert sim.store.bag(bag).state is BagState.ACTIVE and sim.d.view.bag(bag).queued == 2
     assert sorted(a.index for a in sim.ask(H, 2, 4.0)) == [0, 1]
     sim.finish_all(H, 5.0)
     assert sim.store.bag(bag).state is BagState.COMPLETED

@@ -18,9 +18,12 @@ import click
 import msgspec
 
 from gridbot.cli import render
+from gridbot.cli.options import KNOBS, DispatchCommand, dispatch_options, knob_option
 from gridbot.client import DEFAULT_SERVER, ApiError, Client, load_lines_file, load_spec_file, with_policies
+from gridbot.core.config import DispatchConfig
 from gridbot.errors import GridbotError, ServerUnavailable
 from gridbot.model.spec import DEFAULT_MAX_JOBS, HARD_MAX_JOBS, BagSpec, SpecError, parse_duration
+from gridbot.model.states import BagState, JobState
 
 F = TypeVar("F", bound=Callable[..., Any])
 server_option = click.option("--server", envvar="GRIDBOT_SERVER", default=None,
@@ -112,7 +115,7 @@ def cli(log_level: str) -> None:
 @policy_option
 @max_failures_option
 @timeout_option
-@click.option("--max-result-size", default="16M", show_default=True, help="Largest result a job may return.")
+@knob_option(KNOBS["max_result_bytes"])
 @click.option("--retry-failed", is_flag=True,
               help="Run the failed jobs of the stored bag again; with a changed spec or inputs, as the bag's next "
                    "revision (done jobs keep their results, the others run the new command).")
@@ -120,7 +123,7 @@ def cli(log_level: str) -> None:
 @friendly
 def run(spec: Path | None, each_line: Path | None, workers: int, db: str, results_dir: Path | None,
         name: str | None, max_jobs: int, policies: tuple[str, ...], max_failures: int | None, timeout: str | None,
-        max_result_size: str, retry_failed: bool, force: bool) -> None:
+        max_result_bytes: int, retry_failed: bool, force: bool) -> None:
     """Run a bag on this machine: embedded server, local workers, live progress, results collected."""
     from gridbot.cli.run import run_here
 
@@ -134,37 +137,25 @@ def run(spec: Path | None, each_line: Path | None, workers: int, db: str, result
         bag_spec, lines = load_lines_file(each_line, name, max_jobs)
         inputs = {}
     bag_spec = with_policies(each_line_settings(bag_spec, spec is not None, max_failures, timeout), policies)
-    sys.exit(run_here(bag_spec, lines, inputs, workers, db, results_dir, render.parse_size(max_result_size),
-                      max_jobs, retry_failed=retry_failed, force=force))
+    sys.exit(run_here(bag_spec, lines, inputs, workers, db, results_dir, max_result_bytes, max_jobs,
+                      retry_failed=retry_failed, force=force))
 
 
-@cli.command()
+@cli.command(cls=DispatchCommand)
 @click.option("--db", default="sqlite:///gridbot.db", show_default=True,
               help="sqlite:///path.db (add ?synchronous=NORMAL to trade power-loss safety for speed), "
                    "postgresql://user@host/dbname, or memory://")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: all).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8470, show_default=True)
-@click.option("--max-result-size", default="16M", show_default=True, help="Largest result a job may return.")
+@dispatch_options
 @max_jobs_option
-@click.option("--host-timeout", type=click.FloatRange(1), default=600.0, show_default=True,
-              help="Seconds of silence after which a host's instances are re-queued.")
 @click.option("--heartbeat", type=click.FloatRange(0.1), default=15.0, show_default=True,
               help="Seconds between a busy worker's contacts (how soon it learns of a cancel).")
-@click.option("--buffer-size", type=click.IntRange(1), default=20_000, show_default=True,
-              help="Queued jobs held in memory for dispatch (shared among bags).")
-@click.option("--buffer-ttl", type=click.FloatRange(1), default=600.0, show_default=True,
-              help="Seconds a bag matching no host keeps its share of the buffer while others wait.")
-@click.option("--tail-threshold", type=click.IntRange(0), default=0, show_default=True,
-              help="A bag is in its Tail with fewer jobs queued than this (0: its share of the buffer).")
-@click.option("--tail-sticky", is_flag=True, help="Once in the Tail, a bag stays there.")
-@click.option("--max-replicas", type=click.IntRange(1), default=5, show_default=True,
-              help="Most instances of one job out at once.")
-@click.option("--reliable-pool", "reliable_pools", multiple=True, metavar="POOL",
-              help="A pool whose hosts are reliable (Host.Reliable; the fail-over pool). Repeatable.")
-@click.option("--failover-after", type=click.IntRange(0), default=0, show_default=True,
-              help="Jobs that failed this many times run only on reliable pools (0: never).")
 @click.option("--pools", "pools_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Pools file: submit pilots to these pools as demand comes (the overlay).")
+@click.option("--cancel-pilots-on-exit", is_flag=True,
+              help="Cancel the pools' pilots, queued and running, when the server stops [default: they go on, and "
+                   "the server takes them up again when it restarts].")
 @click.option("--public-url", help="URL pilots and the access file give for this server [default: "
                                    "http(s)://HOST:PORT, with 127.0.0.1 for 0.0.0.0: give the name other hosts use].")
 @click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("gridbot-state"),
@@ -185,11 +176,10 @@ def run(spec: Path | None, each_line: Path | None, workers: int, db: str, result
 @click.option("--max-bags-per-submitter", type=click.IntRange(1), default=1_000, show_default=True,
               help="Active bags one submitter may have at once.")
 @friendly
-def server(db: str, host: str, port: int, max_result_size: str, max_jobs: int, host_timeout: float,
-           heartbeat: float, buffer_size: int, buffer_ttl: float, tail_threshold: int, tail_sticky: bool,
-           max_replicas: int, reliable_pools: tuple[str, ...], failover_after: int, pools_file: Path | None,
-           public_url: str | None, state_dir: Path, access_file: Path | None, keys_file: Path | None,
-           no_auth: bool, tls_mode: str | None, tls_cert: Path | None, tls_key: Path | None,
+def server(db: str, host: str, port: int, dispatch: DispatchConfig, max_jobs: int, heartbeat: float,
+           pools_file: Path | None, cancel_pilots_on_exit: bool, public_url: str | None, state_dir: Path,
+           access_file: Path | None,
+           keys_file: Path | None, no_auth: bool, tls_mode: str | None, tls_cert: Path | None, tls_key: Path | None,
            max_hosts_per_key: int, max_bags_per_submitter: int) -> None:
     """Run the work-dispatch server that workers pull from and users submit to.
 
@@ -199,7 +189,6 @@ def server(db: str, host: str, port: int, max_result_size: str, max_jobs: int, h
     """
     from aiohttp import web
 
-    from gridbot.core.config import DispatchConfig
     from gridbot.model.pools import PoolSpec, parse_pools
     from gridbot.server import secure
     from gridbot.server.app import Server
@@ -222,12 +211,8 @@ def server(db: str, host: str, port: int, max_result_size: str, max_jobs: int, h
     except GridbotError:
         store.close()
         raise
-    if failover_after and not reliable_pools:
+    if dispatch.failover_after and not dispatch.reliable_pools:
         raise click.UsageError("--failover-after needs at least one --reliable-pool to send the jobs to")
-    dispatch = DispatchConfig(buffer_size=buffer_size, host_timeout=host_timeout,
-                              max_result_bytes=render.parse_size(max_result_size), buffer_ttl=buffer_ttl,
-                              tail_threshold=tail_threshold, tail_sticky=tail_sticky, max_replicas=max_replicas,
-                              reliable_pools=frozenset(reliable_pools), failover_after=failover_after)
     config = ServiceConfig(dispatch, max_jobs=max_jobs, heartbeat=heartbeat,
                            max_bags_per_submitter=max_bags_per_submitter)
     service = Service(store, config)
@@ -236,7 +221,7 @@ def server(db: str, host: str, port: int, max_result_size: str, max_jobs: int, h
         from gridbot.server.overlay import Overlay
 
         overlay = Overlay(service, pool_specs, security.url, state_dir.resolve(), access=security.access,
-                          fingerprint=security.fingerprint)
+                          fingerprint=security.fingerprint, cancel_on_exit=cancel_pilots_on_exit)
     srv = Server(service, overlay=overlay, access=security.access, max_hosts_per_key=max_hosts_per_key)
     scheme = "https" if security.ssl is not None else "http"
     click.echo(f"gridbot server on {scheme}://{host}:{port} with {db}", err=True)
@@ -371,7 +356,10 @@ def status(server: str | None, access: Path | None, admin: bool, as_json: bool) 
 
 @cli.command()
 @click.argument("bag")
-@click.option("--state", type=click.Choice(["queued", "running", "done", "failed", "cancelled"]),
+@click.argument("job", required=False, type=click.IntRange(0), metavar="[JOB]")
+@click.option("--story", is_flag=True, help="With JOB: the job's life, each instance with its host and outcome, "
+                                            "what caused it, and which strategy decided what and why.")
+@click.option("--state", type=click.Choice([s.value for s in JobState]),
               help="Only jobs in this state.")
 @click.option("--limit", type=click.IntRange(1), default=100, show_default=True, help="Show at most this many.")
 @click.option("--all", "show_all", is_flag=True, help="Show every job (fetched in pages).")
@@ -380,9 +368,26 @@ def status(server: str | None, access: Path | None, admin: bool, as_json: bool) 
 @admin_option
 @json_option
 @friendly
-def jobs(bag: str, state: str | None, limit: int, show_all: bool, server: str | None, access: Path | None,
-         admin: bool, as_json: bool) -> None:
-    """The jobs of a bag (by name or id), with the reason of each failure."""
+def jobs(bag: str, job: int | None, story: bool, state: str | None, limit: int, show_all: bool, server: str | None,
+         access: Path | None, admin: bool, as_json: bool) -> None:
+    """The jobs of a bag (by name or id), with the reason of each failure; `gridbot jobs BAG JOB --story`: the
+    life of one job, JOB its index in the bag (as in the results folder: 0, 1, 2, ...)."""
+    if job is not None or story:
+        if job is None or not story:
+            raise click.UsageError(f"JOB goes with --story: gridbot jobs {bag} {job} --story (`gridbot logs {bag} "
+                                   f"{job}` shows its output)" if job is not None else
+                                   f"--story tells one job's life: gridbot jobs {bag} JOB --story")
+        if state is not None or show_all:
+            raise click.UsageError("--story tells one job's life; --state and --all list jobs")
+        with Client(server, access=access, admin=admin) as client:
+            told = client.story(bag, job)
+        if as_json:
+            render.print_json(told)
+        else:
+            from gridbot.cli.story import job_story
+
+            job_story(told)
+        return
     total = None
     with Client(server, access=access, admin=admin) as client:
         rows = list(client.all_jobs(bag, state, None if show_all else limit))
@@ -497,7 +502,7 @@ def delete(bag: str, keep_results: Path | None, force: bool, server: str | None,
     kept = None
     with Client(server, access=access, admin=admin) as client:
         if keep_results is not None:
-            if client.bag(bag).state == "active":
+            if client.bag(bag).state == BagState.ACTIVE:
                 client.cancel(bag)
             kept = client.download_results(bag, keep_results, force)
         gone = client.delete(bag, force)

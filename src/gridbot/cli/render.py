@@ -22,6 +22,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from gridbot.model.states import JobState
 from gridbot.protocol import BagInfo, HostInfoRow, JobInfo, JobLog, PoolInfo
 
 
@@ -208,7 +209,7 @@ def job_log(log: JobLog) -> None:
     if log.params:
         console.print("parameters: " + ", ".join(f"{k}={v}" for k, v in log.params.items()), markup=False,
                       soft_wrap=True)
-    if j.reason and j.state != "done":
+    if j.reason and j.state != JobState.DONE:
         console.print(f"reason: {j.reason}", markup=False, soft_wrap=True)
     if not log.instances:
         console.print("no instance of it has been sent yet")

@@ -20,7 +20,7 @@ from gridbot.core.config import DispatchConfig
 from gridbot.errors import GridbotError
 from gridbot.model.pools import PoolSpec
 from gridbot.model.spec import BagSpec
-from gridbot.model.states import BagState
+from gridbot.model.states import BagState, JobState
 from gridbot.pools.adapters import LocalAdapter
 from gridbot.pools.base import PilotRequest
 from gridbot.protocol import BagInfo
@@ -91,13 +91,13 @@ def run_here(spec: BagSpec, lines: Sequence[str] | None, inputs: dict[str, bytes
                         signal.signal(sig, signal.SIG_IGN)
                     return 128 + (caught[-1] if caught else signal.SIGINT)
                 finally:
-                    pool.close()
+                    pool.stop()
             else:
                 render.console.print(f"bag '{info.name}' had already ended ({info.state}); collecting its results")
             n = client.download_results(info.bag_id, results_dir, force)
-            failed = client.jobs(info.bag_id, "failed", limit=10) if info.counts.failed else []
+            failed = client.jobs(info.bag_id, JobState.FAILED, limit=10) if info.counts.failed else []
             render.summary(info, f"{results_dir} ({n:,} jobs)", failed)
-            return 0 if info.state == "completed" else 1
+            return 0 if info.state == BagState.COMPLETED else 1
     finally:
         store.close()
 

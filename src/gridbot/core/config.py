@@ -1,53 +1,131 @@
 """The dispatcher's knobs, declared once: the server's options and the simulator's `[server]` keys are
-built from these fields."""
+built from these fields (`knobs()`; cli/options.py makes the options, sim/scenario.py reads the keys)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal
+
+Kind = Literal["count", "seconds", "flag", "pools", "size"]
+
+
+@dataclass(frozen=True)
+class Knob:
+    """How one field of DispatchConfig is set from outside, kept in the field's metadata.
+
+    `kind` says what a value is and how it is checked, the same way for the option and the key: `count` a
+    whole number of at least `low`; `seconds` a time above zero and at least `low` (an option takes a
+    number, a scenario also "10m"); `flag` true or false; `pools` a set of pool names; `size` bytes
+    (an option takes 16M).
+    """
+
+    kind: Kind
+    help: str
+    """One line for `gridbot server --help`; the field's docstring says more."""
+    option: str = ""
+    """The `gridbot server` option ("": none)."""
+    scenario: bool = True
+    """Whether a scenario's `[server]` table takes the field's name as a key."""
+    low: float = 0
+    name: str = ""
+    """The field's name (filled in by `knobs()`)."""
+    default: Any = None
+    """The field's default (filled in by `knobs()`)."""
+
+
+def _knob(kind: Kind, help: str, option: str = "", scenario: bool = True, low: float = 0) -> dict[str, Knob]:
+    return {"knob": Knob(kind, help, option, scenario, low)}
 
 
 @dataclass(frozen=True)
 class DispatchConfig:
-    """Knobs of the dispatcher; the defaults suit a server with hundreds of hosts."""
+    """Knobs of the dispatcher; the defaults suit a server with hundreds of hosts.
 
-    buffer_size: int = 20_000
+    Every field but `check_invariants` and `seed` is a scenario's `[server]` key (`seed` comes from the
+    scenario's own), and every one but those and `max_result_bytes` (the simulator has no results) is a
+    `gridbot server` option too: see each field's `Knob`.
+    """
+
+    buffer_size: int = field(default=20_000, metadata=_knob(
+        "count", "Queued jobs held in memory for dispatch (shared among bags).", "--buffer-size", low=1))
     """Queued jobs held in memory over all bags; each of n bags gets at least 1/n of it."""
-    max_assign: int = 1_000
+    max_assign: int = field(default=1_000, metadata=_knob(
+        "count", "Most instances sent in one answer, whatever a host asks for.", "--max-assign", low=1))
     """Most instances sent in one answer, whatever a host asks for."""
-    host_timeout: float = 600.0
+    host_timeout: float = field(default=600.0, metadata=_knob(
+        "seconds", "Seconds of silence after which a host's instances are re-queued.", "--host-timeout", low=1))
     """A host silent this long loses its running instances (they become overdue and are re-queued)."""
-    max_result_bytes: int = 16 * 1024 * 1024
+    max_result_bytes: int = field(default=16 * 1024 * 1024, metadata=_knob(
+        "size", "Largest result a job may return.", "--max-result-size", scenario=False))
     """Largest result (outputs and output tails) accepted; a larger one fails its instance."""
-    backoff_idle: float = 2.0
+    backoff_idle: float = field(default=2.0, metadata=_knob(
+        "seconds", "Seconds a host waits before asking again when bags are active but nothing is queued for it "
+        "(doubled each time it gets nothing, up to --backoff-max).", "--backoff-idle"))
     """Seconds a host is told to wait when bags are active but nothing is queued for it."""
-    backoff_empty: float = 10.0
+    backoff_empty: float = field(default=10.0, metadata=_knob(
+        "seconds", "Seconds a host waits before asking again when no bag is active.", "--backoff-empty"))
     """Seconds a host is told to wait when no bag is active."""
-    backoff_max: float = 4.0
+    backoff_max: float = field(default=4.0, metadata=_knob(
+        "seconds", "Longest wait of a host that keeps getting nothing while bags are active (thousands of "
+        "hosts may raise it).", "--backoff-max"))
     """A host that keeps getting nothing while bags are active is told to wait twice as long each time,
     from `backoff_idle` up to this, so a tail with thousands of idle pilots asks less often. Kept short:
     an idle host is also what picks up a replica or a re-queued job (a deployment of thousands of hosts
     may raise it; the simulator's large scenarios use 10 s)."""
     check_invariants: bool = False
     """Check counters against the state after every event (tests turn it on)."""
-    tail_threshold: int = 0
-    """A bag is in its tail when fewer of its jobs than this are queued (0: its share of the buffer)."""
-    tail_sticky: bool = False
+    tail_threshold: int = field(default=0, metadata=_knob(
+        "count", "A bag is in its Tail with fewer jobs queued than this (0: its share of the buffer, at most "
+        "the most of its jobs that ran at once).", "--tail-threshold"))
+    """A bag is in its tail when fewer of its jobs than this are queued (0: its share of the buffer, at most
+    the most of its jobs that ran at once, so a bag smaller than its share is not in its tail from the start:
+    schedulers/replication.py)."""
+    tail_sticky: bool = field(default=False, metadata=_knob(
+        "flag", "Once in the Tail, a bag stays there.", "--tail-sticky"))
     """Once in the tail, stay there even if re-queued jobs fill the queue again."""
-    replicate_below: int = 1
+    replicate_below: int = field(default=1, metadata=_knob(
+        "count", "Replicate a bag's running jobs only while fewer of its jobs than this are queued (0: never).",
+        "--replicate-below"))
     """Speculative replication runs for a bag only while fewer than this many of its jobs are queued."""
-    max_replicas: int = 5
+    replicas_first: bool = field(default=False, metadata=_knob(
+        "flag", "Send a bag's replicas before its queued jobs, not after them.", "--replicas-first"))
+    """Replicas chosen for a bag are sent after its queued jobs, so they never delay a first instance; with
+    this they go first, competing with the jobs not yet run, as in GridBot once its replicas were queued
+    (SC'09 section 7; experiments/replication shows what that costs)."""
+    let_replicas_finish: bool = field(default=False, metadata=_knob(
+        "flag", "Let a job's other instances run on after its first result (their results are discarded) "
+        "instead of cancelling them.", "--let-replicas-finish"))
+    """A job's other instances are cancelled on their hosts when it has a result; with this they run on and
+    their results are discarded when they come, as in the BOINC server GridBot was built on (SC'09 section 7:
+    the Waste column; experiments/replication)."""
+    max_replicas: int = field(default=5, metadata=_knob(
+        "count", "Most instances of one job out at once.", "--max-replicas", low=1))
     """A job never has more instances out at once than this, whatever ReplicationRequirements says."""
-    replica_queue: int = 100
+    replica_queue: int = field(default=100, metadata=_knob(
+        "count", "Most replicas waiting to be sent per bag.", "--replica-queue", low=1))
     """Most replicas waiting to be sent per bag; more are chosen as these go out."""
     seed: int = 1
     """Seed of the sampling of replication candidates (runs are reproducible)."""
-    buffer_ttl: float = 600.0
+    buffer_ttl: float = field(default=600.0, metadata=_knob(
+        "seconds", "Seconds a bag matching no host keeps its share of the buffer while others wait.",
+        "--buffer-ttl", low=1))
     """A bag whose window matched no host for this long, while other bags wait for room, is parked: its
     window is emptied for the others and refilled after as long again (the paper's time-to-live)."""
-    failover_after: int = 0
+    failover_after: int = field(default=0, metadata=_knob(
+        "count", "Jobs that failed this many times run only on reliable pools (0: never).", "--failover-after"))
     """A job that failed this many times runs only on hosts of `reliable_pools` (0: never)."""
-    reliable_pools: frozenset[str] = frozenset()
+    reliable_pools: frozenset[str] = field(default=frozenset(), metadata=_knob(
+        "pools", "A pool whose hosts are reliable (Host.Reliable; the fail-over pool). Repeatable.",
+        "--reliable-pool"))
     """Pools marked reliable: the paper's dedicated fail-over cluster."""
-    retry_same_host_after: float = 60.0
+    retry_same_host_after: float = field(default=60.0, metadata=_knob(
+        "seconds", "Seconds a re-queued job avoids the hosts it failed on, while another host is live.",
+        "--retry-same-host-after"))
     """A re-queued job avoids the hosts it failed on for this long, while a live host it did not fail on
     exists, so another host gets a chance (with none, it is retried at once)."""
+
+
+def knobs() -> tuple[Knob, ...]:
+    """The fields of DispatchConfig set from outside, in their order, each with its name and default."""
+    return tuple(replace(f.metadata["knob"], name=f.name, default=f.default)
+                 for f in fields(DispatchConfig) if "knob" in f.metadata)

@@ -19,25 +19,69 @@ Validated like a bag spec: every problem with its line and a hint, and nothing u
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
 from gridbot.model.spec import Problem, SpecError, closest, key_lines, parse_duration
 
-KINDS = ("local", "slurm", "pbs", "lsf", "cobalt", "flux", "ec2", "static")
-"""`slurm`, `pbs`, `lsf`, `cobalt` and `flux` are batch systems reached through psij-python."""
-BATCH_KINDS = frozenset({"slurm", "pbs", "lsf", "cobalt", "flux"})
 RELIABILITY = ("unreliable", "reliable", "volunteer")
 COMMON_KEYS = ("kind", "max_running", "max_queued", "cpus", "memory_mb", "walltime", "price_per_cpu_hour",
                "charging_period", "reliability", "level", "attributes", "idle_timeout", "min_cpu", "cpu_window",
                "run_as", "allow_root")
-KIND_KEYS: dict[str, tuple[str, ...]] = {
-    "local": (),
-    "static": (),
-    "ec2": ("region", "instance_type", "image", "spot", "subnet", "security_group", "key_name", "endpoint_url"),
-    **{k: ("partition", "account", "work_dir") for k in BATCH_KINDS},
+
+
+@dataclass(frozen=True)
+class PoolKind:
+    """One kind of pool, declared once in `KINDS`: its own keys, what a pool of it must say, how its pilots
+    behave and the adapter that submits them. Validation, the server's adapters and the overlay's limits
+    all read it, so adding a kind is one entry (and its adapter class)."""
+
+    adapter: str
+    """The adapter class as `module:Class`; `gridbot.pools.adapters.adapter_class` imports it, so this layer
+    imports nothing that does I/O."""
+    keys: tuple[str, ...] = ()
+    """The kind's own keys, beside COMMON_KEYS; `PoolSpec.options` holds them."""
+    required: tuple[tuple[str, str], ...] = ()
+    """Keys a pool of this kind must have, each with the hint shown when it is missing."""
+    queue: bool = True
+    """Its pilots wait in a queue before they run, and `max_queued` limits them (a local pilot runs at once)."""
+    pilots: bool = True
+    """gridbot submits its pilots (a `static` pool's hosts come by themselves)."""
+    check: Callable[[str, Mapping[str, Any]], list[tuple[str, str]]] | None = None
+    """The kind's own rule over a pool's table (pool name, table): a (message, hint) for each problem."""
+
+
+def _runs_jobs_as_someone(name: str, table: Mapping[str, Any]) -> list[tuple[str, str]]:
+    if "run_as" in table or "allow_root" in table:
+        return []
+    return [(f"pool '{name}' (kind ec2) starts its pilots as root, which then refuse to run jobs",
+             'add run_as = "USER" (a user of the image, e.g. "ec2-user") or allow_root = true')]
+
+
+def _batch(queues: str) -> PoolKind:
+    """A batch system reached through psij-python (its executor has the kind's name), one queue a pool."""
+    return PoolKind("gridbot.pools.adapters:BatchAdapter", ("partition", "account", "work_dir"),
+                    (("partition", f'add partition = "NAME" ({queues})'),))
+
+
+KINDS: dict[str, PoolKind] = {
+    "local": PoolKind("gridbot.pools.adapters:LocalAdapter", queue=False),
+    "slurm": _batch("see `sinfo`"),
+    "pbs": _batch("see `qstat -Q`"),
+    "lsf": _batch("see `bqueues`"),
+    "cobalt": _batch("the Cobalt queue"),
+    "flux": _batch("the Flux queue"),
+    "ec2": PoolKind("gridbot.pools.adapters:EC2Adapter",
+                    ("region", "instance_type", "image", "spot", "subnet", "security_group", "key_name",
+                     "endpoint_url"),
+                    tuple((key, f'add {key} = "..."') for key in ("region", "instance_type", "image")),
+                    check=_runs_jobs_as_someone),
+    "static": PoolKind("gridbot.pools.adapters:StaticAdapter", queue=False, pilots=False),
 }
+"""Every kind of pool, by the name a pools file gives as `kind`."""
 
 
 class PoolSpec(msgspec.Struct, frozen=True):
@@ -71,7 +115,20 @@ class PoolSpec(msgspec.Struct, frozen=True):
         """The pool's ClassAd attributes, for GridPolicy."""
         return {"Name": self.name, "Kind": self.kind, "Reliability": self.reliability, "Level": self.level,
                 "Cpus": self.cpus, "Memory": self.memory_mb, "Walltime": self.walltime,
-                "PricePerCpuHour": self.price_per_cpu_hour, "MaxRunning": self.max_running, **self.attributes}
+                "PricePerCpuHour": self.price_per_cpu_hour, "ChargingPeriod": self.charging_period,
+                "MaxRunning": self.max_running, **self.attributes}
+
+    @property
+    def queues(self) -> bool:
+        """Its pilots wait in a queue that `max_queued` limits (a simulated pool, of no kind of `KINDS`, has one)."""
+        kind = KINDS.get(self.kind)
+        return kind is None or kind.queue
+
+    @property
+    def submits(self) -> bool:
+        """gridbot submits its pilots (a simulated pool's too); a `static` pool's hosts come by themselves."""
+        kind = KINDS.get(self.kind)
+        return kind is None or kind.pilots
 
 
 def parse_pools(text: str, source: str) -> list[PoolSpec]:
@@ -107,17 +164,17 @@ def _pool(name: str, table: object, fail: Any) -> PoolSpec | None:
         fail(path, f"pool '{name}' must be a table", f'[pools.{name}]\nkind = "local"')
         return None
     kind = table.get("kind")
-    if kind not in KINDS:
-        hint = closest(str(kind), KINDS) or f"the kinds are {', '.join(KINDS)}"
+    if not isinstance(kind, str) or kind not in KINDS:
+        hint = closest(str(kind), tuple(KINDS)) or f'write kind = "NAME", NAME one of {", ".join(KINDS)}'
         fail((*path, "kind"), f"pool '{name}' has unknown kind {kind!r}" if kind else f"pool '{name}' has no kind",
              hint)
         return None
-    allowed = COMMON_KEYS + KIND_KEYS[kind]
+    rules = KINDS[kind]
+    allowed = COMMON_KEYS + rules.keys
     ok = True
     for key in table:
         if key not in allowed:
-            fail((*path, key), f"unknown key '{key}' in pool '{name}' (kind {kind})",
-                 closest(key, allowed) or f"keys for {kind}: {', '.join(allowed)}")
+            fail((*path, key), f"unknown key '{key}' in pool '{name}' (kind {kind})", _key_hint(key, kind, allowed))
             ok = False
     values: dict[str, Any] = {}
     for key, low in (("max_running", 0), ("max_queued", 0), ("cpus", 1), ("memory_mb", 0), ("level", 0)):
@@ -176,19 +233,24 @@ def _pool(name: str, table: object, fail: Any) -> PoolSpec | None:
         fail((*path, "attributes"), f"attributes of pool '{name}' must be a table of plain values")
         ok = False
         attributes = {}
-    if kind in BATCH_KINDS and "partition" not in table:
-        fail(path, f"pool '{name}' (kind {kind}) has no partition", 'add partition = "NAME" (see `sinfo`)')
-        ok = False
-    if kind == "ec2":
-        for key in ("region", "instance_type", "image"):
-            if key not in table:
-                fail(path, f"pool '{name}' (kind ec2) has no {key}", f'add {key} = "..."')
-                ok = False
-        if "run_as" not in table and "allow_root" not in table:
-            fail(path, f"pool '{name}' (kind ec2) starts its pilots as root, which then refuse to run jobs",
-                 'add run_as = "USER" (a user of the image, e.g. "ec2-user") or allow_root = true')
+    for key, hint in rules.required:
+        if key not in table:
+            fail(path, f"pool '{name}' (kind {kind}) has no {key}", hint)
             ok = False
+    for message, hint in rules.check(name, table) if rules.check is not None else ():
+        fail(path, message, hint)
+        ok = False
     if not ok:
         return None
-    options = {k: table[k] for k in KIND_KEYS[kind] if k in table}
+    options = {k: table[k] for k in rules.keys if k in table}
     return PoolSpec(name=name, kind=kind, attributes=dict(attributes), options=options, **values)
+
+
+def _key_hint(key: str, kind: str, allowed: tuple[str, ...]) -> str:
+    """What to write instead of an unknown key: a near one, the kinds that take it, or the kind's keys."""
+    if near := closest(key, allowed):
+        return near
+    if others := [k for k, rules in KINDS.items() if key in rules.keys]:
+        kinds = f"kind{'s' if len(others) > 1 else ''} {', '.join(others)}"
+        return f"'{key}' is for pools of {kinds}: remove it, or change this pool's kind"
+    return f"keys for {kind}: {', '.join(allowed)}"

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from gridbot.errors import GridbotError
 from gridbot.model.records import Limits
 
 DEFAULT_MAX_FAILURES = 3
@@ -48,8 +49,11 @@ TOP_KEYS = (
     "max_file_size",
     "max_processes",
     "policy",
+    "strategy",
 )
 RANGE_KEYS = ("from", "to", "step")
+MAX_OPTION = 1_000
+"""Characters of a strategy option's string value at most."""
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _SIZE_SHIFTS = {"": 0, "K": 10, "M": 20, "G": 30, "T": 40}
 MIN_MEMORY = 1 << 20
@@ -166,6 +170,23 @@ def _whole(start: str, step: str) -> tuple[int, int] | None:
     return None
 
 
+StrategyOption = str | int | float | bool
+
+
+class StrategyChoice(msgspec.Struct, frozen=True):
+    """The bag's `[strategy]` table: which registered strategies schedule it, and their options.
+
+    The names are checked against `gridbot.schedulers.registry` when the bag is submitted (the model
+    does not know which strategies exist); other keys of the table are options of those strategies.
+    """
+
+    tail: str = "gridbot"
+    """When the bag is in its tail and which running jobs get replicas (GridBot's Algorithm 2 by default)."""
+    placement: str = "gridbot"
+    """How much the bag wants a host, pilots per pool, jobs moved between pools (GridBot's Rank by default)."""
+    options: dict[str, StrategyOption] = msgspec.field(default_factory=dict)
+
+
 class BagSpec(msgspec.Struct, frozen=True):
     """A validated bag: what to run, over which parameters, and how to treat its failures.
 
@@ -193,6 +214,8 @@ class BagSpec(msgspec.Struct, frozen=True):
     """Bytes of the largest file a job may write (None: unlimited)."""
     max_processes: int | None = None
     """Processes the job's user may have at once, as RLIMIT_NPROC counts them (None: unlimited)."""
+    strategy: StrategyChoice = msgspec.field(default_factory=StrategyChoice)
+    """The bag's tail strategy and placement, with their options."""
 
     def limits(self) -> Limits | None:
         """What the worker enforces on each job of the bag, or None when the spec sets no limit.
@@ -279,8 +302,9 @@ class Problem:
         return f"{where}: {self.message}" + (f"\n  hint: {self.hint}" if self.hint else "")
 
 
-class SpecError(ValueError):
-    """A bag spec that cannot be accepted; `problems` lists every defect found, in file order."""
+class SpecError(GridbotError, ValueError):
+    """A bag spec (or pools file, or scenario) that cannot be accepted; `problems` lists every defect found, in
+    file order. Still a ValueError, as callers caught it before it was a GridbotError."""
 
     def __init__(self, source: str, problems: list[Problem]) -> None:
         self.source = source
@@ -399,6 +423,15 @@ def closest(word: str, candidates: list[str] | tuple[str, ...]) -> str:
     return f"did you mean '{match[0]}'?" if match else ""
 
 
+def parse_strategy(table: object, source: str) -> StrategyChoice:
+    """A `[strategy]` table on its own (a simulated bag's), checked as a spec's is (SpecError)."""
+    v = _Validator("", source, DEFAULT_MAX_JOBS)
+    choice = v.strategy(table)
+    if v.problems:
+        raise SpecError(source, v.problems)
+    return choice
+
+
 class _Validator:
     """Collects every problem of one spec, each with the line of the key it concerns."""
 
@@ -452,6 +485,7 @@ class _Validator:
             max_processes=self.positive_int(data, "max_processes", 1) if "max_processes" in data else None,
             description=self.string(data, "description", ""),
             policy=self.policy(data.get("policy", {})),
+            strategy=self.strategy(data.get("strategy", {})),
         )
         if len(spec.description) > MAX_DESCRIPTION:
             self.fail(("description",), f"the description has {len(spec.description):,} characters, over the "
@@ -541,6 +575,32 @@ class _Validator:
             else:
                 out[k] = v
         return out
+
+    def strategy(self, table: object) -> StrategyChoice:
+        example = '[strategy]\ntail = "gridbot"\nplacement = "gridbot"'
+        if not isinstance(table, dict):
+            self.fail(("strategy",), "'strategy' must be a table naming the bag's strategies", example)
+            return StrategyChoice()
+        names: dict[str, str] = {}
+        options: dict[str, StrategyOption] = {}
+        for k, v in table.items():
+            if k in ("tail", "placement"):
+                if not isinstance(v, str) or not NAME_RE.match(v):
+                    self.fail(("strategy", k), f"strategy {k} must be the name of a strategy, as a string", example)
+                else:
+                    names[k] = v
+            elif not PARAM_RE.match(k):
+                self.fail(("strategy", k), f"strategy option '{k[:60]}' is not a valid name",
+                          "use letters, digits and underscores")
+            elif isinstance(v, str) and len(v) > MAX_OPTION:
+                self.fail(("strategy", k), f"strategy option '{k}' has {len(v):,} characters, over the limit of "
+                          f"{MAX_OPTION:,}")
+            elif isinstance(v, str | int | float | bool) and not (isinstance(v, float) and not math.isfinite(v)):
+                options[k] = v
+            else:
+                self.fail(("strategy", k), f"strategy option '{k}' must be a string, a number or true/false",
+                          f"{k} = 1")
+        return StrategyChoice(**names, options=options)
 
     def parameters(self, table: object) -> list[Parameter]:
         if not isinstance(table, dict):

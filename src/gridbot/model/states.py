@@ -60,7 +60,7 @@ class InstanceState(StrEnum):
     """Withdrawn by the server: the bag was cancelled or another instance already produced the result."""
 
 
-S = TypeVar("S", BagState, JobState, InstanceState)
+S = TypeVar("S", BagState, JobState, InstanceState, "PilotState")
 
 BAG_TERMINAL = frozenset({BagState.COMPLETED, BagState.FAILED, BagState.CANCELLED})
 JOB_TERMINAL = frozenset({JobState.DONE, JobState.FAILED, JobState.CANCELLED})
@@ -135,7 +135,9 @@ stays cancelled (its owner gave it up: submit it again)."""
 
 
 class TransitionError(ValueError):
-    """A state change that the declared machine does not allow: always a bug in gridbot."""
+    """A state change that the declared machine does not allow: always a bug in gridbot. Deliberately not a
+    GridbotError: the server answers those as the client's fault (HTTP 400) and the command line as a wrong
+    input (exit 2), where a bug must show as an internal error, with its traceback in the log."""
 
 
 def check_transition(table: dict[S, frozenset[S]], old: S, new: S) -> S:
@@ -157,7 +159,16 @@ class PilotState(StrEnum):
     FAILED = "failed"
     """Ended abnormally: the pool refused it or the worker crashed."""
     CANCELLED = "cancelled"
-    """Cancelled by gridbot before it ran."""
+    """Cancelled by gridbot before it ran (demand dropped, or the server stopped with --cancel-pilots-on-exit)."""
 
 
 PILOT_TERMINAL = frozenset({PilotState.COMPLETED, PilotState.FAILED, PilotState.CANCELLED})
+PILOT_TRANSITIONS: dict[PilotState, frozenset[PilotState]] = {
+    PilotState.QUEUED: frozenset({PilotState.RUNNING, *PILOT_TERMINAL}),
+    PilotState.RUNNING: PILOT_TERMINAL,
+    PilotState.COMPLETED: frozenset(),
+    PilotState.FAILED: frozenset(),
+    PilotState.CANCELLED: frozenset(),
+}
+"""A queued pilot may end without being seen running (it ran between two polls); a running one never goes back
+to the queue in gridbot's view, even if its batch system requeues it."""

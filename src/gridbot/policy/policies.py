@@ -17,6 +17,7 @@ import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from gridbot.errors import GridbotError
 from gridbot.policy.classad import ClassAd, ClassAdException, ExprTree, ParserType, Value, parseAds
 
 MAX_POLICY_CHARS = 4096
@@ -122,8 +123,9 @@ TOP_ATTRS = {"Host", "Bag", "BOT", "Queue", "Job", "Pool", "NumberOfReplicas", *
 KEYWORDS = {"true", "false", "undefined", "error", "is", "isnt", "my", "target", "parent"}
 
 
-class PolicyError(ValueError):
-    """A policy that cannot be accepted, with its name, its text and what to do."""
+class PolicyError(GridbotError, ValueError):
+    """A policy that cannot be accepted, with its name, its text and what to do (still a ValueError, as
+    callers caught it)."""
 
     def __init__(self, name: str, text: str, problem: str, hint: str = "") -> None:
         self.policy, self.text, self.problem, self.hint = name, text, problem, hint

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import shlex
 import signal
@@ -13,13 +14,16 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, ClassVar
 
-from gridbot.model.pools import BATCH_KINDS, PoolSpec
+from gridbot.model.pools import KINDS, PoolSpec
 from gridbot.model.states import PilotState
 from gridbot.pools.base import PilotRequest, PoolAdapter, PoolError
 
 
 class LocalAdapter(PoolAdapter):
-    """Pilots as worker processes on this machine; ids are `local-<pid>`."""
+    """Pilots as worker processes on this machine; ids are `local-<pid>`.
+
+    The workers run in sessions of their own, so they outlive the server; a restarted server takes up
+    those still alive by their pid (`attach`)."""
 
     poll_interval = 1.0
 
@@ -28,6 +32,13 @@ class LocalAdapter(PoolAdapter):
         self.workdir = workdir
         self.extra_args = list(extra_args)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.attached: dict[str, int] = {}
+        """Workers started by an earlier run of the server: their pids."""
+        self.cancelled: set[str] = set()
+
+    @classmethod
+    def for_pool(cls, spec: PoolSpec, workdir: Path) -> PoolAdapter:
+        return cls(spec, workdir)
 
     def submit(self, n: int, pilot: PilotRequest) -> list[str]:
         logs = self.workdir / "logs"
@@ -48,31 +59,56 @@ class LocalAdapter(PoolAdapter):
         out = {}
         for pilot in ids:
             proc = self.procs.get(pilot)
-            code = proc.poll() if proc is not None else 0
+            if proc is None:  # a worker of an earlier run: its exit code went to that run
+                alive = pilot in self.attached and _runs_worker(self.attached[pilot], self.spec.name)
+                out[pilot] = PilotState.RUNNING if alive else PilotState.COMPLETED
+                continue
+            code = proc.poll()
             out[pilot] = (PilotState.RUNNING if code is None else
                           PilotState.COMPLETED if code in (0, -signal.SIGTERM) else PilotState.FAILED)
         return out
+
+    def attach(self, pilots: Mapping[str, PilotState]) -> None:
+        for pilot in pilots:
+            pid = pilot.removeprefix("local-")
+            if pid.isdigit() and _runs_worker(int(pid), self.spec.name):
+                self.attached[pilot] = int(pid)
 
     def cancel(self, ids: Sequence[str]) -> None:
         for pilot in ids:
             proc = self.procs.get(pilot)
             if proc is not None and proc.poll() is None:
                 os.kill(proc.pid, signal.SIGTERM)
+            elif pilot in self.attached and _runs_worker(self.attached[pilot], self.spec.name):
+                os.kill(self.attached[pilot], signal.SIGTERM)
+            self.cancelled.add(pilot)
 
     def alive(self) -> int:
         """How many of the workers still run."""
         return sum(1 for proc in self.procs.values() if proc.poll() is None)
 
     def close(self, timeout: float = 20.0) -> None:
-        """Stop every worker, waiting up to `timeout` for clean exits (they give their work back)."""
-        self.cancel(list(self.procs))
+        """Wait up to `timeout` for the workers cancelled to exit cleanly (they give their work back), then kill
+        them; the others go on."""
         deadline = time.monotonic() + timeout
-        for proc in self.procs.values():
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        for pilot in self.cancelled:
+            proc, pid = self.procs.get(pilot), self.attached.get(pilot)
+            if proc is not None:
+                try:
+                    proc.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+            elif pid is not None:
+                while _runs_worker(pid, self.spec.name) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                if _runs_worker(pid, self.spec.name):
+                    os.killpg(pid, signal.SIGKILL)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """Stop every worker, waiting up to `timeout` for clean exits (`gridbot run` at its end)."""
+        self.cancel([*self.procs, *self.attached])
+        self.close(timeout)
 
 
 class StaticAdapter(PoolAdapter):
@@ -86,6 +122,27 @@ class StaticAdapter(PoolAdapter):
 
     def cancel(self, ids: Sequence[str]) -> None:
         """Nothing to cancel: static hosts leave when they want."""
+
+
+def _runs_worker(pid: int, pool: str) -> bool:
+    """Whether process `pid` is a live `gridbot worker` of `pool` (the pid of one that ended may be another
+    process's now). Without /proc, the pid's existence has to do."""
+    proc = Path(f"/proc/{pid}")
+    if not Path("/proc/self").exists():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    try:
+        args = (proc / "cmdline").read_bytes().split(b"\0")
+        state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    at = args.index(b"--pool") + 1 if b"--pool" in args else len(args)
+    return state != "Z" and b"worker" in args and args[at:at + 1] == [pool.encode()]
 
 
 class BatchAdapter(PoolAdapter):
@@ -118,6 +175,12 @@ class BatchAdapter(PoolAdapter):
         except (ValueError, psij.SubmitException) as e:
             raise PoolError(f"pool '{spec.name}': psij has no usable '{spec.kind}' executor here: {e}") from e
         self.jobs: dict[str, Any] = {}
+        self.recorded: dict[str, PilotState] = {}
+        """The state recorded of each pilot taken up after a restart, until psij has polled it."""
+
+    @classmethod
+    def for_pool(cls, spec: PoolSpec, workdir: Path) -> PoolAdapter:
+        return cls(spec, workdir)
 
     def _config(self, kind: str) -> Any:
         from psij.executors.batch.batch_scheduler_executor import BatchSchedulerExecutorConfig
@@ -152,14 +215,25 @@ class BatchAdapter(PoolAdapter):
         return ids
 
     def status(self, ids: Sequence[str]) -> dict[str, PilotState]:
-        return {pilot: self._state(self.jobs.get(pilot)) for pilot in ids}
+        return {pilot: self._state(self.jobs.get(pilot), self.recorded.get(pilot, PilotState.QUEUED))
+                for pilot in ids}
 
-    def _state(self, job: Any) -> PilotState:
+    def attach(self, pilots: Mapping[str, PilotState]) -> None:
+        for pilot, state in pilots.items():
+            job = self.psij.Job()
+            self.executor.attach(job, pilot)  # psij polls the queue for it from now on
+            self.jobs[pilot] = job
+            self.recorded[pilot] = state
+
+    def _state(self, job: Any, new: PilotState = PilotState.QUEUED) -> PilotState:
+        """The pilot's state as psij last saw its job (`new` until psij has seen it)."""
         if job is None:
             return PilotState.COMPLETED
         s = self.psij.JobState
         state = job.status.state
-        if state in (s.NEW, s.QUEUED):
+        if state is s.NEW:
+            return new
+        if state is s.QUEUED:
             return PilotState.QUEUED
         if state is s.ACTIVE:
             return PilotState.RUNNING
@@ -261,14 +335,17 @@ def _without_keys(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in USER_KEY_VARIABLES}
 
 
+def adapter_class(kind: str) -> type[PoolAdapter]:
+    """The adapter class that the entry of `kind` in `KINDS` names."""
+    module, _, name = KINDS[kind].adapter.partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    if not (isinstance(cls, type) and issubclass(cls, PoolAdapter)):
+        raise TypeError(f"KINDS[{kind!r}].adapter names {cls!r}, which is no PoolAdapter")
+    return cls
+
+
 def make_adapter(spec: PoolSpec, workdir: Path) -> PoolAdapter:
-    """The adapter for a pool's kind."""
-    if spec.kind == "local":
-        return LocalAdapter(spec, workdir)
-    if spec.kind == "static":
-        return StaticAdapter(spec)
-    if spec.kind == "ec2":
-        return EC2Adapter(spec)
-    if spec.kind in BATCH_KINDS:
-        return BatchAdapter(spec, workdir)
-    raise PoolError(f"pool '{spec.name}' has unknown kind '{spec.kind}'")
+    """The adapter for a pool's kind, as `KINDS` declares it."""
+    if spec.kind not in KINDS:
+        raise PoolError(f"pool '{spec.name}' has unknown kind '{spec.kind}'; the kinds are {', '.join(KINDS)}")
+    return adapter_class(spec.kind).for_pool(spec, workdir)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import shlex
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from gridbot.errors import GridbotError
 from gridbot.model.pools import PoolSpec
@@ -78,6 +79,11 @@ class PoolAdapter(ABC):
     def __init__(self, spec: PoolSpec) -> None:
         self.spec = spec
 
+    @classmethod
+    def for_pool(cls, spec: PoolSpec, workdir: Path) -> PoolAdapter:
+        """The adapter of pool `spec`, its pilots' files under `workdir` if it keeps any (`make_adapter`)."""
+        return cls(spec)
+
     @abstractmethod
     def submit(self, n: int, pilot: PilotRequest) -> list[str]:
         """Submit `n` pilots; return their ids (raise PoolError if the pool refuses)."""
@@ -90,5 +96,9 @@ class PoolAdapter(ABC):
     def cancel(self, ids: Sequence[str]) -> None:
         """Cancel pilots, queued or running."""
 
+    def attach(self, pilots: Mapping[str, PilotState]) -> None:  # noqa: B027 - a pool that knows any id
+        """Take up pilots submitted before the server restarted, with the state last recorded of each, so that
+        `status` and `cancel` know them (by default the pool answers for any id, as EC2 does)."""
+
     def close(self) -> None:  # noqa: B027 - optional
-        """Release what the adapter holds (threads, connections)."""
+        """Release what the adapter holds (threads, connections); the pilots go on."""

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from gridbot.core.dispatcher import Dispatcher
+from gridbot.core.view import DispatchView
 from gridbot.model.pools import PoolSpec
 
 
@@ -154,29 +154,29 @@ def pilots_to_cancel(queued: Sequence[PilotId], n: int) -> list[PilotId]:
     return list(reversed(queued[max(0, len(queued) - n):])) if n > 0 else []
 
 
-def bag_demands(dispatcher: Dispatcher, pools: Iterable[str]) -> list[BagDemand]:
+def bag_demands(view: DispatchView, pools: Iterable[str], now: float) -> list[BagDemand]:
     """Each active bag's queued jobs (and replicas waiting for a host), in slots, and the pools among
-    `pools` that its GridPolicy accepts."""
+    `pools` that its GridPolicy accepts; a bag whose placement says how many slots it wants per pool
+    (`Placement.pilots`) gets one demand per such pool instead."""
     names = list(pools)
     out = []
-    for bag in dispatcher.bags.values():
-        queued = bag.counts.queued + len(bag.replicas)
-        if queued > 0:
-            out.append(BagDemand(bag.bag_id, queued,
-                                 frozenset(n for n in names if dispatcher.accepts_pool(bag.bag_id, n))))
+    for bag in view.bags():
+        queued = bag.queued + bag.waiting_replicas
+        if queued <= 0:
+            continue
+        accepted = [n for n in names if view.accepts_pool(bag.bag_id, n)]
+        wanted = view.pilots_wanted(bag.bag_id, accepted, now)
+        if wanted is None:
+            out.append(BagDemand(bag.bag_id, queued, frozenset(accepted)))
+        else:
+            out.extend(BagDemand(bag.bag_id, n, frozenset({pool})) for pool, n in sorted(wanted.items())
+                       if n > 0 and pool in accepted)
     return out
 
 
-def host_slots(dispatcher: Dispatcher, now: float) -> dict[str, tuple[int, int]]:
+def host_slots(view: DispatchView, now: float) -> dict[str, tuple[int, int]]:
     """Per pool: slots busy and slots idle on the hosts heard from within the host timeout."""
-    horizon = now - dispatcher.config.host_timeout
-    out: dict[str, tuple[int, int]] = {}
-    for host in dispatcher.live_hosts.values():
-        if host.last_seen >= horizon:
-            busy, idle = out.get(host.info.pool, (0, 0))
-            held = min(len(host.running), host.info.slots)
-            out[host.info.pool] = (busy + held, idle + host.info.slots - held)
-    return out
+    return {name: (p.busy, p.slots - p.busy) for name, p in view.pools(now).items() if p.hosts}
 
 
 def pool_capacity(spec: PoolSpec, queued: int, running: int, hosts: tuple[int, int], can_submit: bool,
@@ -191,10 +191,10 @@ def pool_capacity(spec: PoolSpec, queued: int, running: int, hosts: tuple[int, i
     no pilot count: its idle hosts are its spare slots. `max_running` overrides the spec's limit (a
     pool whose size varies)."""
     busy, idle = hosts
-    spare = idle if spec.kind == "static" else max(0, running * spec.cpus - busy) + queued * spec.cpus
+    spare = max(0, running * spec.cpus - busy) + queued * spec.cpus if spec.submits else idle
     can_add = (spec.max_running if max_running is None else max_running) - running - queued
-    if spec.kind != "local":  # a local pilot runs at once: there is no queue to limit
+    if spec.queues:  # a local pilot runs at once: there is no queue to limit
         can_add = min(can_add, spec.max_queued - queued)
-    can_add = max(0, can_add) if can_submit and spec.kind != "static" else 0
+    can_add = max(0, can_add) if can_submit and spec.submits else 0
     return PoolCapacity(spec.name, spare, queued, can_add, spec.cpus,
                         (spec.price_per_cpu_hour, spec.level, spec.name))

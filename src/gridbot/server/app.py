@@ -20,6 +20,7 @@ import msgspec
 from aiohttp import web
 
 from gridbot.errors import GridbotError, ServerUnavailable
+from gridbot.model.pacing import server_hold
 from gridbot.protocol import (
     MSGPACK,
     ErrorBody,
@@ -40,8 +41,6 @@ from gridbot.store.base import BagExists, BagRow
 
 log = logging.getLogger("gridbot.server")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-LONG_POLL_S = 30.0
-"""Longest time an idle host's request is held waiting for work."""
 SWITCH_INTERVAL = 0.0002
 """Seconds between the interpreter's thread switches while a server runs (issue 6: 15.6k -> 18.2k jobs/s
 with the store on its writer thread; 1 ms gave 17.2k)."""
@@ -99,6 +98,7 @@ PERMISSIONS: dict[tuple[str, str], frozenset[Role]] = {
     ("POST", "/v1/bags/{bag}/retry"): USERS,
     ("DELETE", "/v1/bags/{bag}"): USERS,
     ("GET", "/v1/bags/{bag}/logs/{job}"): USERS,
+    ("GET", "/v1/bags/{bag}/story/{job}"): USERS,
     ("GET", "/v1/bags/{bag}/policy"): USERS,
     ("POST", "/v1/bags/{bag}/policy"): USERS,
     ("GET", "/v1/bags/{bag}/jobs"): USERS,
@@ -225,6 +225,7 @@ class Server:
             web.post("/v1/bags/{bag}/retry", self.retry),
             web.delete("/v1/bags/{bag}", self.delete),
             web.get("/v1/bags/{bag}/logs/{job}", self.logs),
+            web.get("/v1/bags/{bag}/story/{job}", self.story),
             web.get("/v1/bags/{bag}/policy", self.get_policy),
             web.post("/v1/bags/{bag}/policy", self.set_policy),
             web.get("/v1/bags/{bag}/jobs", self.jobs),
@@ -282,13 +283,14 @@ class Server:
             if req.host.pool != principal.name:  # the pool is the key's, whatever the worker says
                 req = msgspec.structs.replace(req, host=msgspec.structs.replace(req.host, pool=principal.name))
         resp = await self._answer(req)
-        if not resp.assignments and not resp.cancel and not req.reports and not req.running and req.want > 0 \
-                and resp.backoff > 0:
+        hold = server_hold(req.want, len(req.running), len(req.reports), len(resp.assignments), len(resp.cancel),
+                           resp.backoff)
+        if hold:
             # an idle host: hold its request until work comes (a bag submitted) or the backoff has passed,
             # so it hears of new work at once and asks again right after instead of sleeping on it
             work = self._work
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(work.wait(), min(resp.backoff, LONG_POLL_S))
+                await asyncio.wait_for(work.wait(), hold)
             if not self._still_valid(request):
                 return _error(request, 401, "this host's key was revoked while its request was held", "unauthorized")
             gone = request.transport is None or request.transport.is_closing()
@@ -296,7 +298,7 @@ class Server:
                 resp = await self._answer(req)
             else:
                 resp = msgspec.structs.replace(resp, backoff=0.0)
-        elif not resp.assignments and not req.running and req.want > 0 and resp.backoff > 0:
+        elif hold == 0.0:
             # it has just handed in its last results and holds nothing: it asks again at once, as an idle host
             # whose request is held, rather than sleep through work that comes meanwhile (a retry, a new bag)
             resp = msgspec.structs.replace(resp, backoff=0.0)
@@ -373,7 +375,7 @@ class Server:
             response = _reply(request, {"ok": False, "store": str(e)}, 503)
             response.headers["Retry-After"] = "2"
             return response
-        return _reply(request, {"ok": True, "bags": len(self.service.dispatcher.bags)})
+        return _reply(request, {"ok": True, "bags": len(self.service.dispatcher.view.bags())})
 
     def _bag(self, request: web.Request) -> BagRow:
         """The bag the route names, if the caller may see it (another submitter's bag is 'no bag')."""
@@ -425,6 +427,10 @@ class Server:
         """One job of a bag, by its index in the bag (not its id), with every instance of it and its output
         tails."""
         return _reply(request, self.service.logs(self._bag(request), _path_int(request, "job")))
+
+    async def story(self, request: web.Request) -> web.Response:
+        """One job of a bag, by its index in the bag: its life, from the events and decisions the store keeps."""
+        return _reply(request, self.service.story(self._bag(request), _path_int(request, "job")))
 
     async def jobs(self, request: web.Request) -> web.Response:
         q = request.query

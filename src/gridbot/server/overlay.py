@@ -5,6 +5,10 @@ in slots) and the pools its GridPolicy accepts, plan with the max-flow allocatio
 just-submitted pilots absorb demand first: stateful selection), then submit and cancel. Pool calls
 (sbatch, squeue, EC2) run on a worker thread so dispatching never waits for them. A pool whose calls
 fail is backed off exponentially and its last error shown in `gridbot pools`; the others go on.
+
+Pilots are recorded in the store as they are submitted and as they move. A restarted server takes up
+those still queued or running before it plans anything, so the pools' limits hold across a restart; a
+clean stop leaves them running unless the server was started with --cancel-pilots-on-exit (docs/pools.md).
 """
 
 from __future__ import annotations
@@ -17,8 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import msgspec
+
 from gridbot.model.pools import PoolSpec
-from gridbot.model.states import PILOT_TERMINAL, PilotState
+from gridbot.model.states import PILOT_TERMINAL, PILOT_TRANSITIONS, PilotState, check_transition
 from gridbot.pools.adapters import make_adapter
 from gridbot.pools.base import PilotRequest, PoolAdapter, PoolError
 from gridbot.protocol import PoolInfo
@@ -33,6 +39,7 @@ from gridbot.schedulers.overlay import (
 )
 from gridbot.security.access import ServerAccess
 from gridbot.server.service import Service
+from gridbot.store.base import PilotRow, StoreError
 
 log = logging.getLogger("gridbot.overlay")
 BACKOFF_BASE, BACKOFF_CAP = 15.0, 900.0
@@ -43,7 +50,8 @@ class _Pool:
     spec: PoolSpec
     adapter: PoolAdapter | None
     error: str = ""
-    pilots: dict[str, PilotState] = field(default_factory=dict)
+    pilots: dict[str, PilotRow] = field(default_factory=dict)
+    """By native id, in the order they were submitted."""
     ended: int = 0
     submitted: int = 0
     failures: int = 0
@@ -55,12 +63,18 @@ class Overlay:
     """Keeps the pools' pilots matched to the bags' demand."""
 
     def __init__(self, service: Service, pools: Sequence[PoolSpec], server_url: str, workdir: Path,
-                 interval: float = 3.0, access: ServerAccess | None = None, fingerprint: str = "") -> None:
+                 interval: float = 3.0, access: ServerAccess | None = None, fingerprint: str = "",
+                 cancel_on_exit: bool = False) -> None:
         self.service = service
         self.request = PilotRequest(server_url, fingerprint=fingerprint)
         self.access = access
         self.interval = interval
+        self.cancel_on_exit = cancel_on_exit
         self.pools: dict[str, _Pool] = {}
+        self._restored = False
+        self._new: list[PilotRow] = []
+        self._changed: dict[tuple[str, str], PilotRow] = {}
+        """Pilots submitted and moved since the store last took them."""
         service.dispatcher.pool_ads = {spec.name: spec.ad() for spec in pools}
         for spec in pools:
             try:
@@ -82,10 +96,13 @@ class Overlay:
 
     async def step(self, now: float) -> None:
         loop = asyncio.get_running_loop()
-        live = {name: [i for i, s in p.pilots.items() if s not in PILOT_TERMINAL] for name, p in self.pools.items()}
+        if not self._restored:
+            await loop.run_in_executor(None, self.restore)
+        live = {name: [i for i, r in p.pilots.items() if r.state not in PILOT_TERMINAL]
+                for name, p in self.pools.items()}
         states = await loop.run_in_executor(None, self._poll, live, now)
         for name, result in states.items():
-            self._observe(self.pools[name], result)
+            self._observe(self.pools[name], result, now)
         decision = plan(self._demand(), self._capacity(now))
         await loop.run_in_executor(None, self._act, decision.submit, decision.cancel, now)
         # bags that cannot move say why: a pool that fails to start pilots is part of the answer
@@ -106,24 +123,73 @@ class Overlay:
                 out[name] = e if isinstance(e, PoolError) else PoolError(f"pool '{name}': status failed: {e!r}")
         return out
 
-    def _observe(self, pool: _Pool, result: dict[str, PilotState] | PoolError) -> None:
+    def restore(self) -> None:
+        """Take up the pilots that an earlier run of the server left queued or running (the store has them), so
+        that each pool's counts, and so its limits, include them."""
+        for row in self.service.store.pilots(live=True):
+            pool = self.pools.get(row.pool)
+            if pool is None:
+                log.warning("pilot %s of pool %s is left as it is: the pools file has no such pool now",
+                            row.native_id, row.pool)
+            else:
+                pool.pilots[row.native_id] = row
+        for name, pool in self.pools.items():
+            if pool.pilots and pool.adapter is not None:
+                try:
+                    pool.adapter.attach({i: r.state for i, r in pool.pilots.items()})
+                except Exception as e:  # one pool's trouble is never the others'
+                    pool.error = f"pool '{name}': cannot take up the pilots of the server's last run: {e}"
+                    log.error("%s", pool.error)
+                    continue
+                log.info("pool %s: took up %d pilots of the server's last run", name, len(pool.pilots))
+        self._restored = True
+
+    def _observe(self, pool: _Pool, result: dict[str, PilotState] | PoolError, now: float) -> None:
         if isinstance(result, PoolError):
             pool.error = str(result)
             return
         for pilot, state in result.items():
-            if state in PILOT_TERMINAL and pool.pilots.get(pilot) not in PILOT_TERMINAL:
-                pool.ended += 1
-            pool.pilots[pilot] = state
+            row = pool.pilots.get(pilot)
+            if row is None or state is row.state:
+                continue
+            if state not in PILOT_TRANSITIONS[row.state]:  # e.g. a batch system requeued a running pilot
+                log.debug("pool %s: pilot %s is %s again; still counted %s", pool.spec.name, pilot, state, row.state)
+                continue
+            self._move(pool, row, state, now)
+
+    def _move(self, pool: _Pool, row: PilotRow, state: PilotState, now: float) -> None:
+        """The one way a pilot changes state: along PILOT_TRANSITIONS, recorded for the store."""
+        check_transition(PILOT_TRANSITIONS, row.state, state)
+        started = now if state is PilotState.RUNNING else row.started_at
+        ended = now if state in PILOT_TERMINAL else None
+        moved = msgspec.structs.replace(row, state=state, started_at=started, ended_at=ended)
+        pool.pilots[row.native_id] = moved
+        self._changed[(row.pool, row.native_id)] = moved
+        if state in PILOT_TERMINAL:
+            pool.ended += 1
+
+    def _save(self) -> None:
+        """Give the store the pilots submitted and moved since it last took them (kept for the next try if it
+        cannot take them now)."""
+        if not self._new and not self._changed:
+            return
+        try:
+            self.service.store.save_pilots(self._new, list(self._changed.values()))
+        except StoreError as e:
+            log.warning("cannot record pilots now (%s); will try again", e)
+            return
+        self._new, self._changed = [], {}
 
     def _demand(self) -> list[BagDemand]:
-        return bag_demands(self.service.dispatcher, [n for n, p in self.pools.items() if p.adapter is not None])
+        return bag_demands(self.service.dispatcher.view, [n for n, p in self.pools.items() if p.adapter is not None],
+                           time.time())
 
     def _capacity(self, now: float) -> list[PoolCapacity]:
-        hosts = host_slots(self.service.dispatcher, now)
+        hosts = host_slots(self.service.dispatcher.view, now)
         out = []
         for name, p in self.pools.items():
-            queued = sum(1 for st in p.pilots.values() if st is PilotState.QUEUED)
-            running = sum(1 for st in p.pilots.values() if st is PilotState.RUNNING)
+            queued = sum(1 for r in p.pilots.values() if r.state is PilotState.QUEUED)
+            running = sum(1 for r in p.pilots.values() if r.state is PilotState.RUNNING)
             out.append(pool_capacity(p.spec, queued, running, hosts.get(name, (0, 0)),
                                      p.adapter is not None and now >= p.backoff_until))
         return out
@@ -157,23 +223,25 @@ class Overlay:
             pool.failures, pool.error = 0, ""
             pool.submitted += len(ids)
             for i in ids:
-                pool.pilots[i] = PilotState.QUEUED
+                pool.pilots[i] = PilotRow(name, i, PilotState.QUEUED, now)
+                self._new.append(pool.pilots[i])
             log.info("pool %s: submitted %d pilots", name, len(ids))
         for name, n in cancel.items():
             pool = self.pools[name]
             # pilots are recorded in the order they were submitted
-            queued = pilots_to_cancel([i for i, st in pool.pilots.items() if st is PilotState.QUEUED], n)
+            queued = pilots_to_cancel([i for i, r in pool.pilots.items() if r.state is PilotState.QUEUED], n)
             if pool.adapter is not None and queued:
                 try:
                     pool.adapter.cancel(queued)
                     log.info("pool %s: cancelled %d queued pilots (demand dropped)", name, len(queued))
                 except Exception as e:  # one pool's trouble is never the others'
                     pool.error = f"cancel failed: {e}"
+        self._save()
 
     def _pool_hosts(self) -> dict[str, tuple[int, int]]:
         """Hosts and jobs done, per pool."""
         hosts: dict[str, tuple[int, int]] = {}
-        for h in self.service.dispatcher.hosts.values():
+        for h in self.service.dispatcher.view.known_hosts():
             n, done = hosts.get(h.info.pool, (0, 0))
             hosts[h.info.pool] = (n + 1, done + h.stats.done)
         return hosts
@@ -186,7 +254,7 @@ class Overlay:
             n, done = hosts.get(name, (0, 0))
             t0, d0 = p.done_samples[0] if p.done_samples else (now, done)
             rate = (done - d0) / (now - t0) if now > t0 else 0.0
-            states = list(p.pilots.values())
+            states = [r.state for r in p.pilots.values()]
             out.append(PoolInfo(name, p.spec.kind, sum(s is PilotState.QUEUED for s in states),
                                 sum(s is PilotState.RUNNING for s in states), p.ended,
                                 sum(s is PilotState.FAILED for s in states), p.submitted, n, done, rate,
@@ -194,13 +262,22 @@ class Overlay:
         return out
 
     def close(self) -> None:
-        """Cancel every pilot still queued or running (the server is stopping)."""
+        """The server is stopping: its pilots go on, for a restarted server to take up, unless `cancel_on_exit`
+        (then every pilot still queued or running is cancelled: the queued ones end as cancelled, the running
+        ones as completed, asked to stop)."""
+        now = time.time()
         for p in self.pools.values():
-            live = [i for i, s in p.pilots.items() if s not in PILOT_TERMINAL]
-            if p.adapter is not None:
-                try:
-                    if live:
-                        p.adapter.cancel(live)
-                    p.adapter.close()
-                except PoolError as e:
-                    log.error("pool %s: %s", p.spec.name, e)
+            live = [r for r in p.pilots.values() if r.state not in PILOT_TERMINAL]
+            if p.adapter is None:
+                continue
+            try:
+                if self.cancel_on_exit and live:
+                    p.adapter.cancel([r.native_id for r in live])
+                    for r in live:
+                        self._move(p, r, PilotState.CANCELLED if r.state is PilotState.QUEUED else
+                                   PilotState.COMPLETED, now)
+                    log.info("pool %s: cancelled %d pilots (the server stops)", p.spec.name, len(live))
+                p.adapter.close()
+            except PoolError as e:
+                log.error("pool %s: %s", p.spec.name, e)
+        self._save()

@@ -32,9 +32,13 @@ from gridbot.protocol import (
     InstanceLog,
     JobInfo,
     JobLog,
+    JobStory,
     ResultInfo,
     RetryAnswer,
+    StoryInstance,
 )
+from gridbot.schedulers import registry
+from gridbot.schedulers.base import StrategyError
 from gridbot.store.base import BagRow, InstanceRow, JobRow, Store, spec_hash
 
 log = logging.getLogger("gridbot.server")
@@ -111,7 +115,7 @@ class Service:
         self.solo_until = 0.0
         """While the clock is before this, each exchange is committed alone (after a failed batch, so an
         exchange whose changes the store refuses fails alone instead of taking its batch with it)."""
-        self.dispatcher = Dispatcher(self.config.dispatch)
+        self.dispatcher = Dispatcher(self.config.dispatch, registry.factory(self.config.dispatch.seed))
         self._load()
 
     def _load(self) -> None:
@@ -119,7 +123,7 @@ class Service:
         once the snapshot has been read whole: a store that is down leaves the service `stale`, answering
         ServerUnavailable until a reload succeeds, never an empty dispatcher that forgets running work.
         Hosts could not be heard while the server was away or its store down: they get a grace period."""
-        fresh = Dispatcher(self.config.dispatch)
+        fresh = Dispatcher(self.config.dispatch, registry.factory(self.config.dispatch.seed))
         fresh.pool_ads = self.dispatcher.pool_ads  # the pools file survives a reload from the store
         snapshot = self.store.snapshot()
         if self.only is not None:
@@ -337,6 +341,10 @@ class Service:
             raise BadRequest("; ".join(problems))
         total = len(lines) if lines is not None else spec.sweep_size
         self.compile(spec.policy, spec)
+        try:
+            registry.check(spec.strategy)
+        except StrategyError as e:
+            raise BadRequest(str(e)) from None
         named = {p.rstrip("/").rsplit("/", 1)[-1] for p in spec.inputs}
         missing = sorted(named - set(inputs))
         if missing:
@@ -380,8 +388,8 @@ class Service:
         self.compile(written, row.spec)
         spec = msgspec.structs.replace(row.spec, policy=written)
         self.store.set_spec(row.bag_id, spec)
-        if row.bag_id in self.dispatcher.bags:
-            self.dispatcher.set_policy(row.bag_id, spec)
+        if row.bag_id in self.dispatcher.view:
+            self.dispatcher.set_policy(row.bag_id, spec, time.time())
         log.info("bag %d policy %s = %r", row.bag_id, name, text)
         return self.info(self.bag(row.bag_id))
 
@@ -392,9 +400,9 @@ class Service:
         """Known hosts with the statistics the dispatcher holds (the store's for hosts it never saw)."""
         rows = []
         for h in self.store.hosts():
-            live = self.dispatcher.hosts.get(h.info.host_id)
+            live = self.dispatcher.view.host(h.info.host_id)
             stats = live.stats if live is not None else h.stats
-            black = bool(live is not None and self.dispatcher.host_attrs(live, now)["BlackHole"])
+            black = bool(live is not None and self.dispatcher.view.host_attrs(h.info.host_id, now)["BlackHole"])
             rows.append(HostInfoRow(h.info.host_id, h.info.name, h.info.pool, h.info.ncpus, h.first_seen,
                                     h.last_seen, stats.done, stats.failed, stats.error_rate, black, stats.refused))
         return rows
@@ -442,7 +450,7 @@ class Service:
 
     def _check_served(self, row: BagRow) -> None:
         """Refuse to retry or revise an active bag this service does not dispatch (`only`)."""
-        if row.state is BagState.ACTIVE and row.bag_id not in self.dispatcher.bags:
+        if row.state is BagState.ACTIVE and row.bag_id not in self.dispatcher.view:
             raise BadRequest(f"bag {row.name} is not dispatched here: this `gridbot run` serves its own bag only")
 
     def _failed_jobs(self, row: BagRow, indices: Sequence[int] | None) -> list[JobRow]:
@@ -510,7 +518,7 @@ class Service:
             raise Conflict(f"the results of bag {row.name} ({results:,} jobs) were never downloaded: fetch them with "
                            f"`gridbot results {row.name} DIR`, or `gridbot delete {row.name} --keep-results DIR` "
                            "(downloads, then deletes), or delete them with the bag: --force")
-        if row.bag_id in self.dispatcher.bags:
+        if row.bag_id in self.dispatcher.view:
             self.commit(self.dispatcher.cancel_bag(row.bag_id, now))
         self.store.delete_bag(row.bag_id)
         if self.only is not None:
@@ -530,6 +538,19 @@ class Service:
             InstanceLog(i.instance_id, i.host_id, i.state.value, i.sent_at, i.ended_at, i.reason, i.exit_code,
                         i.wall_s, i.cpu_s, i.stdout_tail or "", i.stderr_tail or "", i.instance_id == kept)
             for i in instances])
+
+    def story(self, row: BagRow, index: int) -> JobStory:
+        """The life of the job at `index`: each instance with its host, outcome and the events that sent and
+        ended it, and the strategies' decisions about the job, with why."""
+        told = self.store.story(self._job_at(row, index).job_id)
+        if told is None:  # deleted meanwhile
+            raise NotFound(f"bag {row.name} has no job {index}")
+        spec = self._specs(row).get(told.job.revision, row.spec)
+        return JobStory(row.name, job_info(spec, told.job), told.job.result_instance, [
+            StoryInstance(i.instance_id, i.host_id, i.state.value, i.sent_at, i.ended_at, i.reason, i.exit_code,
+                          i.wall_s, i.cpu_s, i.host_name, i.pool, i.instance_deadline, i.replica, i.sent_event,
+                          i.end_event, i.overdue_event)
+            for i in told.instances], told.decisions, told.events)
 
     def _job_at(self, row: BagRow, index: int) -> JobRow:
         """The bag's job at `index`. Job ids ascend with the index within a bag (they are inserted in order),

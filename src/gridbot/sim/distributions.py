@@ -14,6 +14,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from gridbot.errors import GridbotError
 from gridbot.sim import traces
 
 DIST_KEYS: dict[str, tuple[str, ...]] = {
@@ -32,8 +33,9 @@ TRACE_KEYS = ("trace", "swf", "fta", "lanl")
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
-class DistError(ValueError):
-    """A distribution that cannot be built; the message names the problem and the fix."""
+class DistError(GridbotError, ValueError):
+    """A distribution that cannot be built; the message names the problem and the fix (still a ValueError, as
+    callers caught it)."""
 
 
 def seconds(value: object, allow_zero: bool = True) -> float:

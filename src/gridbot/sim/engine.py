@@ -8,7 +8,9 @@ a run is a pure function of its scenario and seed.
 
 What is modelled, per pool: its size over time, pilots' queue waits, host speeds, silent preemption of
 pilots, job failures, black-hole hosts, a community grid's late reports (execution/turnaround ratio)
-and hosts that come and go by themselves, network latency, pilot walltime and idle exit.
+and hosts that come and go by themselves, network latency, pilot walltime and idle exit. A host paces its
+exchanges as the worker does (the same `model.pacing.Pacing`), and the server's long poll is modelled: an
+idle host's request is held until work is added or its backoff has passed (`model.pacing.server_hold`).
 """
 
 from __future__ import annotations
@@ -21,11 +23,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+import msgspec
+
 from gridbot.core.changes import BagCounts, BagSnapshot, Changes, QueuedJob
 from gridbot.core.dispatcher import Dispatcher
-from gridbot.model.records import HostInfo, InstanceReport, Outcome
+from gridbot.model.pacing import PaceConfig, Pacing, server_hold
+from gridbot.model.records import Assignment, HostInfo, InstanceReport, Outcome
 from gridbot.model.spec import BagSpec, Parameter
 from gridbot.model.states import BagState, InstanceState, JobState
+from gridbot.schedulers import registry
 from gridbot.schedulers.overlay import bag_demands, host_slots, pilots_to_cancel, plan, pool_capacity
 from gridbot.sim.metrics import Recorder, Results
 from gridbot.sim.scenario import BagModel, PoolModel, Scenario
@@ -40,6 +46,8 @@ _COMMUNITY_BACKOFF_CAP = 3600.0
 exponentially after "no work", for up to a day)."""
 _QUICK_FAILURE = (1.0, 5.0)
 """A black hole fails each job this many seconds after it starts."""
+_AGAIN = 0.001
+"""Least time from an answer to the host's next exchange (with a backoff of 0, not at the same instant)."""
 
 
 @dataclass(eq=False)
@@ -55,6 +63,9 @@ class _Pilot:
     pool: _PoolRt
     started: float
     number: int
+    info: HostInfo
+    """What the host says about itself: its machine's, with this pilot's session and its prefetch."""
+    pacing: Pacing
     gen: int = 0
     alive: bool = True
     running: dict[int, float] = field(default_factory=dict)
@@ -64,14 +75,17 @@ class _Pilot:
     outcome: dict[int, tuple[Outcome, float, int, float]] = field(default_factory=dict)
     """Instance id → how it will end, its execution time, its bag and when it started."""
     outbox: list[InstanceReport] = field(default_factory=list)
-    idle_since: float | None = None
-    backoff: float = 0.0
+    reports_since: float = 0.0
+    """When the oldest report of the outbox became ready."""
+    held: int = 0
+    """The `want` of the request of this idle host that the server holds (0: none held)."""
 
 
 @dataclass
 class _PoolRt:
     model: PoolModel
     machines: list[_Machine]
+    pace: PaceConfig
     size: int = 0
     queue: dict[int, float] = field(default_factory=dict)
     """Pilots submitted and waiting in the pool's queue, in submission order: ticket → when submitted.
@@ -139,7 +153,7 @@ class Simulation:
         self.seed = scenario.seed if seed is None else seed
         self.rng = random.Random(self.seed)
         cfg = scenario.dispatch
-        self.dispatcher = Dispatcher(type(cfg)(**{**cfg.__dict__, "seed": self.seed}))
+        self.dispatcher = Dispatcher(type(cfg)(**{**cfg.__dict__, "seed": self.seed}), registry.factory(self.seed))
         self.dispatcher.pool_ads = {p.name: p.spec.ad() for p in scenario.pools}
         self.memory = MemoryStore() if scenario.store == "memory" else None
         self.compact = CompactStore()
@@ -152,9 +166,13 @@ class Simulation:
             machines = []
             for n in range(p.hosts):
                 host_id = f"{p.name}-{n}"
-                info = HostInfo(host_id, host_id, "sim", p.spec.cpus, 0, p.spec.cpus, p.name)
+                info = HostInfo(host_id, host_id, "sim", p.spec.cpus, 0, p.spec.cpus, p.name, p.prefetch)
                 machines.append(_Machine(info, self._speed(p), self.rng.random() < p.black_holes))
-            self.pools[p.name] = _PoolRt(p, machines, free=list(machines))
+            # a pilot is a worker started with the pool's --prefetch and --idle-timeout; a volunteer is a
+            # BOINC client, which never leaves for want of work and backs off on its own
+            pace = PaceConfig(p.spec.cpus, p.prefetch, idle_timeout=0.0 if p.volunteer else p.spec.idle_timeout,
+                              backoff_cap=_COMMUNITY_BACKOFF_CAP if p.volunteer else 0.0)
+            self.pools[p.name] = _PoolRt(p, machines, pace, free=list(machines))
         self._pilot_ids = 0
         self._tickets = 0
         """Numbers queued pilots, so that a cancellation names the pilots it cancels, as the server does."""
@@ -165,6 +183,10 @@ class Simulation:
         self.recorder = Recorder(scenario, [p.name for p in scenario.pools])
         self._inst_pool: dict[int, tuple[str, int]] = {}
         self._finished = False
+        self._held: dict[_Pilot, None] = {}
+        """Idle hosts whose requests the server holds, in the order they came (the server's long poll)."""
+        self._work_seen = 0
+        """The dispatcher's `work_added` when the held requests were last woken (as the server keeps it)."""
 
     # -- the event loop -------------------------------------------------------------------------------
 
@@ -191,6 +213,7 @@ class Simulation:
         handlers = {_ARRIVE: self._arrive, _RESIZE: self._resize, _REPAIR: self._repair, _PILOT_UP: self._pilot_up,
                     _INST_END: self._inst_end, _DEATH: self._death,
                     _EXCHANGE: self._exchange, _TICK: self._tick, _OVERLAY: self._overlay, _SAMPLE: self._sample}
+        d = self.dispatcher
         while events and not self._finished:
             t, kind, _, obj, arg = heapq.heappop(events)
             if t > sc.horizon:
@@ -199,6 +222,8 @@ class Simulation:
             self.now = t
             self.recorder.events += 1
             handlers[kind](obj, arg)
+            if d.work_added != self._work_seen:
+                self._wake_held()
         self._record()
         results = self.recorder.results(self.now, self.bag_ids)
         results.seed = self.seed
@@ -226,7 +251,7 @@ class Simulation:
             rec.bag_update(b.bag_id, b.state, b.counts, now)
             if b.state is not BagState.ACTIVE:
                 self.runtimes.pop(b.bag_id, None)
-                if not self.dispatcher.bags and self.pending_bags == 0:
+                if not self.dispatcher.view.bags() and self.pending_bags == 0:
                     self._finished = True
 
     def _feed(self) -> None:
@@ -242,7 +267,7 @@ class Simulation:
         spec = BagSpec(name=model.name, command="sim {i}",
                        parameters=[Parameter("i", start="0", stop=str(model.jobs - 1), step="1")],
                        max_failures=model.max_failures, instance_deadline=model.instance_deadline,
-                       policy=model.policy)
+                       policy=model.policy, strategy=model.strategy)
         if self.memory is not None:
             row = self.memory.create_bag(spec, None, {}, self.now)
             bag_id, counts = row.bag_id, row.counts
@@ -260,6 +285,7 @@ class Simulation:
         self.dispatcher.add_bag(BagSnapshot(bag_id, spec, counts, self.now))
         self.recorder.bag_arrived(bag_id, model, self.now)
         self.pending_bags -= 1
+        self._wake_held()  # a bag submitted wakes the held requests, as the server's submit does
 
     # -- pools and pilots -----------------------------------------------------------------------------
 
@@ -315,7 +341,9 @@ class Simulation:
         free[i] = free[-1]
         free.pop()
         self._pilot_ids += 1
-        pilot = _Pilot(machine, pool, self.now, self._pilot_ids)
+        info = msgspec.structs.replace(machine.info, session=f"pilot-{self._pilot_ids}")
+        pilot = _Pilot(machine, pool, self.now, self._pilot_ids, info, Pacing(pool.pace))
+        pilot.pacing.begin(self.now)
         pool.pilots[pilot.number] = pilot
         m = pool.model
         if m.availability is not None:  # a volunteer leaving, or a machine failing under the pilot
@@ -340,7 +368,7 @@ class Simulation:
             pilot.outbox = []
             pilot.running.clear()
             pilot.waiting.clear()
-            _, changes = self.dispatcher.request_work(pilot.machine.info, 0, [], self.now, reports)
+            _, changes = self.dispatcher.request_work(pilot.info, 0, [], self.now, reports)
             self._apply(changes)
         self._kill(pilot, repair=why == "failure")
 
@@ -353,6 +381,7 @@ class Simulation:
         """The pilot is gone; what it held is lost until the server notices (host timeout or deadline).
         With `repair`, its machine failed and stays out of service for the pool's unavailability."""
         pilot.alive = False
+        self._held.pop(pilot, None)
         for iid in pilot.running:
             self._stop(pilot, iid)
         pool = pilot.pool
@@ -376,49 +405,78 @@ class Simulation:
         return self.sc.latency if lat is None else lat
 
     def _exchange(self, pilot_obj: object, gen: object) -> None:
+        """The time the host's pacing set has come: it talks to the server, or leaves, or waits on."""
         pilot = pilot_obj
         assert isinstance(pilot, _Pilot)
         if not pilot.alive or gen != pilot.gen:
             return
         now = self.now
+        if pilot.held:  # the server let its held request go with no work and no backoff
+            del self._held[pilot]
+            pilot.pacing.answered(now, pilot.held, 0, 0.0, self.sc.heartbeat, self.rng.uniform)
+            pilot.held = 0
+        step = pilot.pacing.step(now, len(pilot.running), len(pilot.waiting),
+                                 pilot.reports_since if pilot.outbox else None)
+        if step.leave:
+            self._kill(pilot)  # the worker exits, as the real pilot does when it gets no work
+            return
+        if step.at > now:
+            self._exchange_at(pilot, step.at)
+            return
+        if step.prefetch != pilot.info.prefetch:
+            pilot.info = msgspec.structs.replace(pilot.info, prefetch=step.prefetch)
         reports, pilot.outbox = pilot.outbox, []
         held = [*pilot.running, *pilot.waiting]
-        want = max(0, pilot.machine.info.slots + pilot.pool.model.prefetch - len(held))
         self._feed()
-        answer, changes = self.dispatcher.request_work(pilot.machine.info, want, held, now, reports)
+        answer, changes = self.dispatcher.request_work(pilot.info, step.want, held, now, reports)
         self._apply(changes)
-        for iid in answer.cancel:
+        hold = None
+        if not pilot.pool.model.volunteer:  # a BOINC server answers at once
+            hold = server_hold(step.want, len(held), len(reports), len(answer.assignments), len(answer.cancel),
+                               answer.backoff)
+        if hold:
+            pilot.held = step.want
+            self._held[pilot] = None
+            self._exchange_at(pilot, now + hold)
+        else:
+            self._receive(pilot, step.want, answer.assignments, answer.cancel, 0.0 if hold == 0.0 else answer.backoff)
+
+    def _receive(self, pilot: _Pilot, want: int, assignments: list[Assignment], cancel: list[int],
+                 backoff: float) -> None:
+        """The answer reaches the host: it kills what is cancelled, starts what it was sent after the
+        latency, and sets the time of its next exchange."""
+        now = self.now
+        for iid in cancel:
             if pilot.running.pop(iid, None) is not None:
                 self._stop(pilot, iid)
             pilot.waiting.pop(iid, None)
         start = now + self._latency(pilot)
-        machine = pilot.machine
-        model = pilot.pool.model
-        for a in answer.assignments:
-            if len(pilot.running) < machine.info.slots:
+        slots = pilot.info.slots
+        for a in assignments:
+            if len(pilot.running) < slots:
                 self._start(pilot, a.instance_id, a.bag_id, a.index, start)
             else:
                 pilot.waiting[a.instance_id] = (a.bag_id, a.index)
         self._fill(pilot, start)
-        if answer.assignments:
-            pilot.backoff = 0.0
-        if answer.assignments or pilot.running or pilot.waiting:
-            pilot.idle_since = None
-        elif pilot.idle_since is None:
-            pilot.idle_since = now
-        if pilot.idle_since is not None and not model.volunteer and now - pilot.idle_since >= model.spec.idle_timeout:
-            self._kill(pilot)  # the worker exits, as the real pilot does when it gets no work
-            return
-        if want and not answer.assignments:
-            if model.volunteer:
-                pilot.backoff = min(_COMMUNITY_BACKOFF_CAP, max(answer.backoff, pilot.backoff * 2))
-            else:
-                pilot.backoff = answer.backoff * self.rng.uniform(0.5, 1.5)
-            self._exchange_at(pilot, now + max(pilot.backoff, 0.001))
-        elif pilot.running:
-            self._exchange_at(pilot, now + self.sc.heartbeat)
-        else:
-            self._exchange_at(pilot, now + max(answer.backoff, 0.001))
+        pilot.pacing.answered(now, want, len(assignments), backoff, self.sc.heartbeat, self.rng.uniform)
+        self._pace(pilot, now + _AGAIN)
+
+    def _pace(self, pilot: _Pilot, earliest: float) -> None:
+        """Set the host's next exchange when its pacing says, not before `earliest`."""
+        step = pilot.pacing.step(self.now, len(pilot.running), len(pilot.waiting),
+                                 pilot.reports_since if pilot.outbox else None)
+        self._exchange_at(pilot, max(self.now if step.leave else step.at, earliest))
+
+    def _wake_held(self) -> None:
+        """Work was added: the server answers the held requests of idle hosts again, at once."""
+        self._work_seen = self.dispatcher.work_added
+        held, self._held = self._held, {}
+        for pilot in held:
+            want, pilot.held = pilot.held, 0
+            self._feed()
+            answer, changes = self.dispatcher.request_work(pilot.info, want, [], self.now, [])
+            self._apply(changes)
+            self._receive(pilot, want, answer.assignments, answer.cancel, answer.backoff)
 
     def _inst_end(self, pilot_obj: object, iid_obj: object) -> None:
         pilot, iid = pilot_obj, iid_obj
@@ -427,15 +485,18 @@ class Simulation:
             return
         outcome, wall, bag_id, _ = pilot.outcome.pop(iid)
         self.recorder.cpu(bag_id, wall)
+        pilot.pacing.ran(wall)
         report = InstanceReport(iid, outcome, 0 if outcome is Outcome.SUCCESS else 1, wall, wall,
                                 "" if outcome is Outcome.SUCCESS else "exit code 1")
+        if not pilot.outbox:
+            pilot.reports_since = self.now
         pilot.outbox.append(report)
         self._fill(pilot, self.now)
-        self._exchange_at(pilot, self.now + self._latency(pilot))
+        self._pace(pilot, self.now + self._latency(pilot))
 
     def _fill(self, pilot: _Pilot, at: float) -> None:
         """Start prefetched instances on free slots, oldest first."""
-        while pilot.waiting and len(pilot.running) < pilot.machine.info.slots:
+        while pilot.waiting and len(pilot.running) < pilot.info.slots:
             iid = next(iter(pilot.waiting))
             bag_id, index = pilot.waiting.pop(iid)
             self._start(pilot, iid, bag_id, index, at)
@@ -469,8 +530,8 @@ class Simulation:
         """The overlay constructor's step: the max-flow plan of the server, on the simulated pools."""
         d = self.dispatcher
         submitted = [p for p in self.pools.values() if not p.model.volunteer]
-        demands = bag_demands(d, [p.model.name for p in submitted])
-        hosts = host_slots(d, self.now)
+        demands = bag_demands(d.view, [p.model.name for p in submitted], self.now)
+        hosts = host_slots(d.view, self.now)
         capacity = [pool_capacity(p.model.spec, p.queued, p.running, hosts.get(p.model.name, (0, 0)), True,
                                   max_running=p.size) for p in submitted]
         decision = plan(demands, capacity)

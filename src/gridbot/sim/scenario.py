@@ -17,24 +17,26 @@ from typing import Any
 
 import msgspec
 
-from gridbot.core.config import DispatchConfig
+from gridbot.core.config import DispatchConfig, Knob, knobs
 from gridbot.model.pools import RELIABILITY, PoolSpec
-from gridbot.model.spec import NAME_RE, Problem, SpecError, closest, key_lines
+from gridbot.model.spec import NAME_RE, Problem, SpecError, StrategyChoice, closest, key_lines, parse_strategy
 from gridbot.policy.policies import PolicyError, PolicySet, references, representative_context, validate_policies
+from gridbot.schedulers import registry
+from gridbot.schedulers.base import StrategyError
 from gridbot.sim import traces
 from gridbot.sim.distributions import Dist, DistError, constant, empirical, parse_dist, seconds
 
 SIM_KEYS = ("seed", "horizon", "tick", "overlay_interval", "sample", "latency", "heartbeat", "store",
             "description")
-SERVER_KEYS = ("buffer_size", "host_timeout", "tail_threshold", "tail_sticky", "replicate_below", "max_replicas",
-               "replica_queue", "buffer_ttl", "failover_after", "reliable_pools", "retry_same_host_after",
-               "max_assign", "backoff_idle", "backoff_empty", "backoff_max")
+SERVER_KNOBS = tuple(k for k in knobs() if k.scenario)
+"""The DispatchConfig fields a `[server]` table sets, each under its field's name."""
+SERVER_KEYS = tuple(k.name for k in SERVER_KNOBS)
 POOL_KINDS = ("grid", "cluster", "cloud", "community")
 DEFAULT_RELIABILITY = {"grid": "unreliable", "cluster": "reliable", "cloud": "reliable", "community": "volunteer"}
 POOL_KEYS = ("kind", "size", "hosts", "max_queued", "cpus", "prefetch", "queue_wait", "walltime", "idle_timeout",
              "speed", "preemption", "failure_rate", "black_holes", "turnaround_ratio", "availability", "unavailability",
              "price_per_cpu_hour", "reliability", "level", "attributes", "latency")
-BAG_KEYS = ("jobs", "runtime", "arrival", "instance_deadline", "max_failures", "copies", "policy")
+BAG_KEYS = ("jobs", "runtime", "arrival", "instance_deadline", "max_failures", "copies", "policy", "strategy")
 STORES = ("compact", "memory")
 
 
@@ -99,6 +101,8 @@ class BagModel:
     runtimes: tuple[float, ...] | None = None
     """Each job's runtime, in order, when replayed from a log (a user's burst); `runtime` is then their
     distribution. A bag scaled down to fewer jobs takes evenly spaced ones."""
+    strategy: StrategyChoice = field(default_factory=StrategyChoice)
+    """The bag's `[strategy]` table, as a spec's (checked against the strategies' registry)."""
 
 
 @dataclass(frozen=True)
@@ -222,20 +226,10 @@ class _Reader:
         return value
 
     def dispatch(self, server: dict[str, Any]) -> DispatchConfig:
+        """The `[server]` table: a key per field of SERVER_KNOBS, checked as `gridbot server` checks its option."""
         self.keys(server, SERVER_KEYS, ("server",), "[server]")
-        p = ("server",)
-        defaults = DispatchConfig()
-        values: dict[str, Any] = {}
-        for key in ("buffer_size", "max_replicas", "replica_queue", "max_assign"):
-            values[key] = self.get(server, key, p, getattr(defaults, key), _int(1))
-        for key in ("tail_threshold", "replicate_below", "failover_after"):
-            values[key] = self.get(server, key, p, getattr(defaults, key), _int(0))
-        for key in ("host_timeout", "buffer_ttl", "retry_same_host_after", "backoff_idle", "backoff_empty",
-                    "backoff_max"):
-            values[key] = self.get(server, key, p, getattr(defaults, key), _dur(False))
-        values["tail_sticky"] = self.get(server, "tail_sticky", p, False, _bool)
-        values["reliable_pools"] = frozenset(self.get(server, "reliable_pools", p, [], _strings))
-        return DispatchConfig(**values)
+        return DispatchConfig(**{k.name: self.get(server, k.name, ("server",), k.default, _knob_value(k))
+                                 for k in SERVER_KNOBS})
 
     def pool(self, name: str, t: object) -> PoolModel | None:
         path = ("pools", name)
@@ -332,14 +326,25 @@ class _Reader:
             self.fail((*path, "policy"), f"the policy of bag '{name}' must be a table of ClassAd expressions in "
                       "strings", '[bags.NAME.policy]\nJobRequirements = "Host.ErrorRate < 0.1"')
             policy = {}
+        strategy = self.strategy(t.get("strategy", {}), path, name)
         out = []
         for copy in range(1, copies + 1):
             bag_name = name if copies == 1 else f"{name}-{copy}"
             written = {k: v.replace("{copy}", str(copy)) for k, v in policy.items()}
             if not self.policies(written, deadline, path, f"bag '{bag_name}'"):
                 break
-            out.append(BagModel(bag_name, jobs, runtime, arrival, deadline, max_failures, written))
+            out.append(BagModel(bag_name, jobs, runtime, arrival, deadline, max_failures, written, strategy=strategy))
         return out if len(self.problems) == before else []
+
+    def strategy(self, table: object, path: tuple[str, ...], name: str) -> StrategyChoice:
+        """A bag's `[strategy]` table, parsed as a spec's and checked against the registry."""
+        try:
+            choice = parse_strategy(table, f"bag '{name}'")
+            registry.check(choice)
+        except (SpecError, StrategyError) as e:
+            self.fail((*path, "strategy"), f"bag '{name}': {e}")
+            return StrategyChoice()
+        return choice
 
 
     def swf_bags(self, name: str, t: object) -> list[BagModel]:
@@ -443,6 +448,27 @@ def _span(seconds: float) -> str:
     return f"{seconds:.3g} s"
 
 
+def _knob_value(k: Knob) -> Callable[[Any], Any]:
+    """The check and conversion of a `[server]` key, by its field's kind."""
+    if k.kind == "count":
+        return _int(int(k.low))
+    if k.kind == "flag":
+        return _bool
+    if k.kind == "pools":
+        return lambda v: frozenset(_strings(v))
+    assert k.kind == "seconds", f"{k.name}: a {k.kind} field has no scenario key"
+    return _seconds(k.low)
+
+
+def _seconds(low: float) -> Callable[[Any], float]:
+    def convert(v: Any) -> float:
+        out = seconds(v, allow_zero=False)
+        if out < low:
+            raise ValueError(f"must be at least {low:g} s, not {v!r}")
+        return out
+    return convert
+
+
 def _int(low: int) -> Callable[[Any], int]:
     def convert(v: Any) -> int:
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
@@ -544,7 +570,8 @@ def _size(v: Any, base: Path) -> tuple[list[SizeStep], tuple[int, int, float] | 
 
 def scaled(sc: Scenario, factor: float) -> Scenario:
     """The same scenario at `factor` of its size: jobs, pool sizes, machines and the scheduling buffer
-    (whose share of a bag sets the tail threshold) scaled alike, so a run shows the same shape sooner."""
+    (whose share of a bag sets the tail threshold), the tail threshold and `replicate_below` scaled alike,
+    so a run shows the same shape sooner."""
     import dataclasses
 
     if not 0 < factor <= 1:
@@ -562,5 +589,6 @@ def scaled(sc: Scenario, factor: float) -> Scenario:
         pools.append(dataclasses.replace(p, spec=spec, size=size, fluctuate=fluctuate, hosts=max(top, n(p.hosts))))
     bags = [dataclasses.replace(b, jobs=n(b.jobs)) for b in sc.bags]
     dispatch = dataclasses.replace(sc.dispatch, buffer_size=n(sc.dispatch.buffer_size, 10),
-                                   tail_threshold=n(sc.dispatch.tail_threshold))
+                                   tail_threshold=n(sc.dispatch.tail_threshold),
+                                   replicate_below=n(sc.dispatch.replicate_below))
     return dataclasses.replace(sc, pools=pools, bags=bags, dispatch=dispatch)

@@ -21,6 +21,8 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any, ClassVar
 
+from gridbot.errors import GridbotError
+
 TASK_RUNTIMES = "task_runtimes.csv.gz"
 FTA_FITS = "fta_fitted_interval_distributions_from_opendc.csv"
 LANL = "LA-UR-05-7318-failure-data-1996-2005.csv.xz"
@@ -29,8 +31,9 @@ SWF_LOGS = {"NASA-iPSC": "NASA-iPSC-1993-3.1-cln.swf.gz"}
 FTA_FAMILIES = ("Exp", "Wbl", "LogN", "Gam")
 
 
-class TraceError(ValueError):
-    """A trace that cannot be read or has no such entry; the message says what exists."""
+class TraceError(GridbotError, ValueError):
+    """A trace that cannot be read or has no such entry; the message says what exists (still a ValueError, as
+    callers caught it)."""
 
 
 def _open_text(name_or_path: str) -> io.TextIOBase:

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 
 import msgspec
 
-from gridbot.core.changes import BagCounts, Changes, HostSnapshot, QueuedJob, Snapshot
+from gridbot.core.changes import BagCounts, Changes, Decision, Event, HostSnapshot, QueuedJob, Snapshot
 from gridbot.errors import GridbotError, ServerUnavailable
-from gridbot.model.spec import BagSpec
-from gridbot.model.states import BagState, InstanceState, JobState
+from gridbot.model.spec import BagSpec, StrategyChoice
+from gridbot.model.states import BagState, InstanceState, JobState, PilotState
 
 
 class StoreError(GridbotError):
@@ -90,6 +90,42 @@ class InstanceRow(msgspec.Struct, frozen=True):
     stderr_tail: str | None
 
 
+class StoryInstanceRow(msgspec.Struct, frozen=True):
+    """An instance as a job's story tells it: where it ran and how it ended, with the events that sent it,
+    made it overdue and ended it (None where no event was recorded: a cause the store was not told)."""
+
+    instance_id: int
+    host_id: str
+    host_name: str | None
+    """The host's name and pool as the server knows them now (None: the host is not in the store)."""
+    pool: str | None
+    state: InstanceState
+    sent_at: float
+    instance_deadline: float
+    ended_at: float | None
+    reason: str | None
+    exit_code: int | None
+    wall_s: float | None
+    cpu_s: float | None
+    replica: bool
+    """Sent as a speculative replica of a running job rather than for a queued one."""
+    sent_event: int | None
+    end_event: int | None
+    """The event that ended it (None while it runs or is overdue: found overdue, it has not ended)."""
+    overdue_event: int | None
+    """The event that found it overdue (a late report may end it afterwards)."""
+
+
+class JobStoryRow(msgspec.Struct, frozen=True):
+    """A job's life as stored: the job, its instances oldest first, the strategies' decisions about it in
+    the order they were made, and every event these refer to, by id."""
+
+    job: JobRow
+    instances: list[StoryInstanceRow]
+    decisions: list[Decision]
+    events: list[Event]
+
+
 class ResultRow(msgspec.Struct, frozen=True):
     """A finished job with the instance whose result it kept and that instance's output files."""
 
@@ -98,10 +134,33 @@ class ResultRow(msgspec.Struct, frozen=True):
     outputs: dict[str, bytes]
 
 
+class PilotRow(msgspec.Struct, frozen=True):
+    """A pilot the overlay submitted, as stored, so that a restarted server takes it up again."""
+
+    pool: str
+    native_id: str
+    """The pool's id of it: a batch job's id, an EC2 instance id, `local-<pid>`."""
+    state: PilotState
+    submitted_at: float
+    started_at: float | None = None
+    """When it was first seen running (None: not yet, or it ended between two polls)."""
+    ended_at: float | None = None
+
+
 RETIRED = "the job was retried or revised: a late result of this run is not wanted"
 """The reason the stores give the overdue instances of a retried or revised job (`Changes.retired_jobs`)."""
-LATER_FIELDS = ("memory", "cpu_time", "max_file_size", "max_processes")
-"""Spec fields added since the first stores were made (issue 11's limits)."""
+LATER_FIELDS: dict[str, object] = {"memory": None, "cpu_time": None, "max_file_size": None, "max_processes": None,
+                                   "strategy": msgspec.to_builtins(StrategyChoice())}
+"""Spec fields added since the first stores were made (issue 11's limits, issue 13's strategies), with
+their defaults."""
+
+
+def retiring_event(changes: Changes) -> int | None:
+    """The owner's act that retired the batch's overdue instances (`Changes.retired_jobs`): its last retry or
+    revision (None: no such event in it)."""
+    if not changes.retired_jobs:
+        return None
+    return next((e.event_id for e in reversed(changes.events) if e.kind in ("retry", "revise")), None)
 
 
 def spec_hash(spec: BagSpec, lines: Sequence[str] | None, inputs: dict[str, bytes]) -> str:
@@ -110,8 +169,8 @@ def spec_hash(spec: BagSpec, lines: Sequence[str] | None, inputs: dict[str, byte
     Fields added to the spec after a store was made hash as they did before while they are unset, so a
     bag stored by an older gridbot still resumes."""
     fields = msgspec.to_builtins(spec)
-    for name in LATER_FIELDS:
-        if fields.get(name) is None:
+    for name, default in LATER_FIELDS.items():
+        if fields.get(name) == default:
             fields.pop(name, None)
     h = hashlib.sha256(msgspec.json.encode(fields))
     for line in lines or ():
@@ -156,7 +215,8 @@ class Store(ABC):
 
     @abstractmethod
     def delete_bag(self, bag_id: int) -> None:
-        """Remove the bag and everything of it (jobs, instances, outputs, inputs, revisions), atomically."""
+        """Remove the bag and everything of it (jobs, instances, outputs, inputs, revisions, decisions), atomically,
+        and the events nothing left refers to (but the highest: event ids go on from it after a restart)."""
 
     @abstractmethod
     def mark_downloaded(self, bag_id: int, now: float) -> None:
@@ -172,7 +232,8 @@ class Store(ABC):
 
     @abstractmethod
     def snapshot(self) -> Snapshot:
-        """What the dispatcher needs to resume: active bags, their live instances, hosts."""
+        """What the dispatcher needs to resume: active bags, their live instances, hosts, and the next event id
+        (one more than the highest stored)."""
 
     @abstractmethod
     def queued_jobs(self, bag_id: int, after: int, limit: int) -> list[QueuedJob]:
@@ -180,7 +241,11 @@ class Store(ABC):
 
     @abstractmethod
     def apply(self, changes: Changes) -> None:
-        """Make a batch of dispatcher decisions durable, all or nothing."""
+        """Make a batch of dispatcher decisions durable, all or nothing.
+
+        Of the batch's events, those a row of it refers to are kept (an instance sent, found overdue or
+        ended, a decision): the others, a heartbeat's, say nothing of any job's story and would only grow
+        the store."""
 
     @abstractmethod
     def jobs(self, bag_id: int, state: JobState | None = None, limit: int = 1000, after: int = 0) -> list[JobRow]:
@@ -189,6 +254,10 @@ class Store(ABC):
     @abstractmethod
     def instances_of(self, job_id: int) -> list[InstanceRow]:
         """Every instance of a job, oldest first (the job's story)."""
+
+    @abstractmethod
+    def story(self, job_id: int) -> JobStoryRow | None:
+        """The job's story (None: no such job), read in one transaction."""
 
     @abstractmethod
     def results(self, bag_id: int, after: int = 0, limit: int = 500) -> list[ResultRow]:
@@ -201,6 +270,15 @@ class Store(ABC):
     @abstractmethod
     def hosts(self) -> list[HostSnapshot]:
         """Every known host with its statistics."""
+
+    @abstractmethod
+    def save_pilots(self, new: Sequence[PilotRow], changed: Sequence[PilotRow]) -> None:
+        """Record pilots just submitted (`new`) and the states and times of live ones (`changed`, found by pool
+        and native id among those queued or running), all or nothing."""
+
+    @abstractmethod
+    def pilots(self, live: bool = False) -> list[PilotRow]:
+        """The overlay's pilots in the order they were submitted; with `live`, only those queued or running."""
 
     def claim(self) -> None:  # noqa: B027 - a store in memory belongs to its process anyway
         """Become the one server of this store, or raise StoreError if another process already is.

@@ -12,14 +12,29 @@ from gridbot.core.changes import (
     BagCounts,
     BagSnapshot,
     Changes,
+    Decision,
+    Event,
     HostSnapshot,
     LiveInstance,
     QueuedJob,
     Snapshot,
 )
 from gridbot.model.spec import BagSpec
-from gridbot.model.states import BagState, InstanceState, JobState
-from gridbot.store.base import RETIRED, BagExists, BagRow, InstanceRow, JobRow, ResultRow, Store, spec_hash
+from gridbot.model.states import PILOT_TERMINAL, BagState, InstanceState, JobState
+from gridbot.store.base import (
+    RETIRED,
+    BagExists,
+    BagRow,
+    InstanceRow,
+    JobRow,
+    JobStoryRow,
+    PilotRow,
+    ResultRow,
+    Store,
+    StoryInstanceRow,
+    retiring_event,
+    spec_hash,
+)
 
 
 @dataclass
@@ -27,6 +42,10 @@ class _Inst:
     row: InstanceRow
     bag_id: int
     instance_deadline: float
+    replica: bool = False
+    sent_event: int | None = None
+    end_event: int | None = None
+    overdue_event: int | None = None
 
 
 @dataclass
@@ -40,6 +59,12 @@ class _Data:
     outputs: dict[int, dict[str, bytes]] = field(default_factory=dict)
     hosts: dict[str, HostSnapshot] = field(default_factory=dict)
     revisions: dict[int, dict[int, BagSpec]] = field(default_factory=dict)
+    events: dict[int, Event] = field(default_factory=dict)
+    decisions: dict[int, list[Decision]] = field(default_factory=dict)
+    """The strategies' decisions about each job, by job id, in the order they were made."""
+    pilots: list[PilotRow] = field(default_factory=list)
+    live_pilots: dict[tuple[str, str], int] = field(default_factory=dict)
+    """Where each live pilot is in `pilots`, by pool and native id."""
 
 
 class MemoryStore(Store):
@@ -98,6 +123,7 @@ class MemoryStore(Store):
         d = self.d
         for job_id in d.job_ids.pop(bag_id, []):
             del d.jobs[job_id]
+            d.decisions.pop(job_id, None)
             for iid in d.by_job.pop(job_id, []):
                 d.instances.pop(iid, None)
                 d.outputs.pop(iid, None)
@@ -105,6 +131,31 @@ class MemoryStore(Store):
             del d.inputs[key]
         d.revisions.pop(bag_id, None)
         del d.bags[bag_id]
+        self._prune()
+
+    def _keep_events(self, changes: Changes, retiring: int | None) -> None:
+        """Keep the batch's events that a row of it cites (`Store.apply`)."""
+        if not changes.events:
+            return
+        cited = {n.event_id for n in changes.new_instances}
+        cited.update(u.event_id for u in changes.instances)
+        cited.update(x.event_id for x in changes.decisions)
+        cited.add(retiring or 0)
+        for event in changes.events:
+            if event.event_id in cited and event.event_id:
+                self.d.events.setdefault(event.event_id, event)
+
+    def _prune(self) -> None:
+        """Forget the events nothing refers to any more, but the highest: ids go on from it after a restart."""
+        d = self.d
+        gone = set(d.events)
+        gone.discard(max(d.events, default=0))
+        for inst in d.instances.values():
+            gone.difference_update((inst.sent_event, inst.end_event, inst.overdue_event))
+        for decisions in d.decisions.values():
+            gone.difference_update(x.event_id for x in decisions)
+        for event_id in gone:
+            del d.events[event_id]
 
     def mark_downloaded(self, bag_id: int, now: float) -> None:
         self.d.bags[bag_id] = msgspec.structs.replace(self.d.bags[bag_id], downloaded_at=now)
@@ -129,7 +180,8 @@ class MemoryStore(Store):
                                          job.failures, job.attempts))
         bags = [BagSnapshot(b.bag_id, b.spec, b.counts, b.created_at, b.revision) for b in self.bags()
                 if b.bag_id in active]
-        return Snapshot(bags, live, list(self.d.hosts.values()), max(self.d.instances, default=0) + 1)
+        return Snapshot(bags, live, list(self.d.hosts.values()), max(self.d.instances, default=0) + 1,
+                        max(self.d.events, default=0) + 1)
 
     def queued_jobs(self, bag_id: int, after: int, limit: int) -> list[QueuedJob]:
         ids = self.d.job_ids.get(bag_id, [])
@@ -147,7 +199,7 @@ class MemoryStore(Store):
         for n in changes.new_instances:
             d.instances[n.instance_id] = _Inst(
                 InstanceRow(n.instance_id, n.job_id, n.host_id, InstanceState.RUNNING, n.sent_at, None, None, None,
-                            None, None, None, None), n.bag_id, n.instance_deadline)
+                            None, None, None, None), n.bag_id, n.instance_deadline, n.replica, n.event_id or None)
             d.by_job.setdefault(n.job_id, []).append(n.instance_id)
         for u in changes.instances:
             inst = d.instances[u.instance_id]
@@ -157,6 +209,10 @@ class MemoryStore(Store):
                 old.instance_id, old.job_id, old.host_id, u.state, old.sent_at, u.at, u.reason,
                 r.exit_code if r else old.exit_code, r.wall_s if r else old.wall_s, r.cpu_s if r else old.cpu_s,
                 r.stdout_tail if r else old.stdout_tail, r.stderr_tail if r else old.stderr_tail)
+            if u.state is not InstanceState.OVERDUE:
+                inst.end_event = u.event_id or inst.end_event
+            elif u.event_id:  # it has not ended: its event is the one that found it overdue
+                inst.overdue_event = u.event_id
             if u.state is InstanceState.DONE and r is not None and r.outputs:
                 d.outputs[u.instance_id] = dict(r.outputs)
         for bag_id in changes.cancelled_bags:
@@ -170,11 +226,16 @@ class MemoryStore(Store):
                                       j.failures, j.attempts, j.reason or old_job.reason,
                                       j.result_instance if j.result_instance is not None else old_job.result_instance,
                                       old_job.revision)
+        retiring, retired = retiring_event(changes), False
         for job_id in dict.fromkeys(changes.retired_jobs):
             for iid in d.by_job.get(job_id, []):
                 inst = d.instances[iid]
                 if inst.row.state is InstanceState.OVERDUE:
                     inst.row = msgspec.structs.replace(inst.row, state=InstanceState.CANCELLED, reason=RETIRED)
+                    inst.end_event, retired = retiring or inst.end_event, True
+        for decision in changes.decisions:
+            d.decisions.setdefault(decision.job_id, []).append(decision)
+        self._keep_events(changes, retiring if retired else None)
         for bag_id in changes.reopened_bags:  # before the bag's update, which may end it again
             d.bags[bag_id] = msgspec.structs.replace(d.bags[bag_id], finished_at=None, downloaded_at=None)
         for b in changes.bags.values():
@@ -202,6 +263,25 @@ class MemoryStore(Store):
     def instances_of(self, job_id: int) -> list[InstanceRow]:
         return [self.d.instances[i].row for i in self.d.by_job.get(job_id, [])]
 
+    def story(self, job_id: int) -> JobStoryRow | None:
+        d = self.d
+        job = d.jobs.get(job_id)
+        if job is None:
+            return None
+        instances = []
+        for iid in d.by_job.get(job_id, []):
+            inst, r = d.instances[iid], d.instances[iid].row
+            host = d.hosts.get(r.host_id)
+            instances.append(StoryInstanceRow(
+                r.instance_id, r.host_id, host.info.name if host else None, host.info.pool if host else None, r.state,
+                r.sent_at, inst.instance_deadline, r.ended_at, r.reason or None, r.exit_code, r.wall_s, r.cpu_s,
+                inst.replica, inst.sent_event, inst.end_event, inst.overdue_event))
+        decisions = list(d.decisions.get(job_id, []))
+        cited = {x.event_id for x in decisions}
+        for i in instances:
+            cited.update(e for e in (i.sent_event, i.end_event, i.overdue_event) if e is not None)
+        return JobStoryRow(job, instances, decisions, [d.events[e] for e in sorted(cited) if e in d.events])
+
     def results(self, bag_id: int, after: int = 0, limit: int = 500) -> list[ResultRow]:
         out = []
         for job in self.jobs(bag_id, None, limit=len(self.d.job_ids.get(bag_id, [])), after=after):
@@ -221,6 +301,24 @@ class MemoryStore(Store):
 
     def hosts(self) -> list[HostSnapshot]:
         return list(self.d.hosts.values())
+
+    def save_pilots(self, new: Sequence[PilotRow], changed: Sequence[PilotRow]) -> None:
+        d = self.d
+        for row in new:
+            d.pilots.append(row)
+            if row.state not in PILOT_TERMINAL:
+                d.live_pilots[(row.pool, row.native_id)] = len(d.pilots) - 1
+        for row in changed:
+            at = d.live_pilots.pop((row.pool, row.native_id), None)
+            if at is None:
+                continue
+            d.pilots[at] = msgspec.structs.replace(d.pilots[at], state=row.state, started_at=row.started_at,
+                                                   ended_at=row.ended_at)
+            if row.state not in PILOT_TERMINAL:
+                d.live_pilots[(row.pool, row.native_id)] = at
+
+    def pilots(self, live: bool = False) -> list[PilotRow]:
+        return [p for p in self.d.pilots if not live or p.state not in PILOT_TERMINAL]
 
 
 def _replace_job(job: JobRow, state: JobState) -> JobRow:

@@ -124,6 +124,48 @@ CREATE TABLE bag_revisions (
 );
 """,
     ),
+    (
+        6,
+        """
+CREATE TABLE pilots (
+    id {id},
+    pool TEXT NOT NULL,
+    native_id TEXT NOT NULL,
+    state TEXT NOT NULL,
+    submitted_at {real} NOT NULL,
+    started_at {real},
+    ended_at {real}
+);
+CREATE INDEX pilots_by_native_id ON pilots (pool, native_id);
+""",
+    ),
+    (
+        7,
+        """
+CREATE TABLE events (
+    event_id {id},
+    at {real} NOT NULL,
+    kind TEXT NOT NULL,
+    source TEXT NOT NULL DEFAULT '',
+    refs BIGINT NOT NULL
+);
+CREATE INDEX events_released ON events (event_id) WHERE refs <= 0;
+CREATE TABLE decisions (
+    id {id},
+    event_id BIGINT NOT NULL,
+    bag_id BIGINT NOT NULL,
+    job_id BIGINT NOT NULL,
+    strategy TEXT NOT NULL,
+    action TEXT NOT NULL,
+    why TEXT NOT NULL
+);
+CREATE INDEX decisions_by_job ON decisions (bag_id, job_id);
+ALTER TABLE instances ADD COLUMN replica INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE instances ADD COLUMN sent_event BIGINT;
+ALTER TABLE instances ADD COLUMN end_event BIGINT;
+ALTER TABLE instances ADD COLUMN overdue_event BIGINT;
+""",
+    ),
 ]
 """Version 3: a job's state was in an index, so each of its moves (queued, running, done) rewrote an index
 entry; now only entering or leaving 'queued' (the feeder's query) or 'failed' (the listing people ask
@@ -131,6 +173,14 @@ for most) does, and running -> done touches no index (issue 6). Version 4: the s
 bag (issue 11); bags stored before it belong to no one, which only an admin key sees. Version 5 (issue 12):
 a bag's revision (`gridbot run --retry-failed` with a changed spec) and each job's, the specs of earlier
 revisions, and when the results were last downloaded (`gridbot delete` refuses a bag whose results never
-were); adding a column with a constant default rewrites no row in either database."""
+were); adding a column with a constant default rewrites no row in either database. Version 6 (issue 13): the
+overlay's pilots, so that a restarted server takes up those still queued or running (a pool may reuse a
+native id, a local pid above all: only one row of an id is ever live). Version 7 (issue 13):
+the events that caused changes, the strategies' decisions about jobs, and on each instance the events
+that sent it, found it overdue and ended it, and whether it was a replica, for `gridbot jobs BAG JOB
+--story`. Each of these columns is written once, in the batch of its event, so an event's `refs` (the rows
+that cite it) is known when it is written, and deleting a bag takes its rows' share off: the events left
+with none are pruned. Indexes of the instances by their event columns would have told the same, at the
+price of two index entries per instance (about a tenth more time per batch on SQLite)."""
 
 LATEST = MIGRATIONS[-1][0]

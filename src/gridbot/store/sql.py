@@ -11,6 +11,7 @@ import contextlib
 import fcntl
 import sqlite3
 import threading
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -21,6 +22,8 @@ from gridbot.core.changes import (
     BagCounts,
     BagSnapshot,
     Changes,
+    Decision,
+    Event,
     HostSnapshot,
     LiveInstance,
     QueuedJob,
@@ -29,17 +32,21 @@ from gridbot.core.changes import (
 from gridbot.core.hosts import HostStats
 from gridbot.model.records import HostInfo
 from gridbot.model.spec import BagSpec
-from gridbot.model.states import BagState, InstanceState, JobState
+from gridbot.model.states import PILOT_TERMINAL, BagState, InstanceState, JobState, PilotState
 from gridbot.store.base import (
     RETIRED,
     BagExists,
     BagRow,
     InstanceRow,
     JobRow,
+    JobStoryRow,
+    PilotRow,
     ResultRow,
     Store,
     StoreError,
     StoreUnavailable,
+    StoryInstanceRow,
+    retiring_event,
     spec_hash,
 )
 from gridbot.store.migrations import LATEST, MIGRATIONS
@@ -55,6 +62,8 @@ _JOB_SHOWN = (f"id, bag_id, idx, line, CASE WHEN state = 'queued' AND {_SENT} TH
 """Job columns as listings show them: a job whose send was not written shows as running, with the attempt."""
 _INST_COLS = ("id, job_id, host_id, state, sent_at, ended_at, reason, exit_code, wall_s, cpu_s, stdout_tail, "
               "stderr_tail")
+_PILOT_COLS = "pool, native_id, state, submitted_at, started_at, ended_at"
+_PILOT_LIVE = ", ".join(f"'{s.value}'" for s in PilotState if s not in PILOT_TERMINAL)
 
 SQL = {
     "bag_by_id": f"SELECT {_BAG_COLS} FROM bags WHERE id = ?",
@@ -71,7 +80,8 @@ SQL = {
     "set_line": "UPDATE jobs SET line = ? WHERE id = ?",
     "revisions": "SELECT revision, spec FROM bag_revisions WHERE bag_id = ? ORDER BY revision",
     "reopen_bag": "UPDATE bags SET finished_at = NULL, downloaded_at = NULL WHERE id = ?",
-    "retire_overdue": "UPDATE instances SET state = 'cancelled', reason = ? WHERE job_id = ? AND state = 'overdue'",
+    "retire_overdue": "UPDATE instances SET state = 'cancelled', reason = ?, end_event = COALESCE(?, end_event) "
+                      "WHERE job_id = ? AND state = 'overdue'",
     "mark_downloaded": "UPDATE bags SET downloaded_at = ? WHERE id = ?",
     "delete_inputs": "DELETE FROM bag_inputs WHERE bag_id = ?",
     "delete_outputs": "DELETE FROM outputs WHERE instance_id IN "
@@ -79,6 +89,15 @@ SQL = {
     "delete_instances": "DELETE FROM instances WHERE job_id IN (SELECT id FROM jobs WHERE bag_id = ?)",
     "delete_jobs": "DELETE FROM jobs WHERE bag_id = ?",
     "delete_revisions": "DELETE FROM bag_revisions WHERE bag_id = ?",
+    "delete_decisions": "DELETE FROM decisions WHERE bag_id = ?",
+    "release_events": "WITH mine AS (SELECT sent_event, end_event, overdue_event FROM instances "
+                      "WHERE job_id IN (SELECT id FROM jobs WHERE bag_id = ?)), "
+                      "cited AS (SELECT sent_event AS e FROM mine UNION ALL SELECT end_event FROM mine "
+                      "UNION ALL SELECT overdue_event FROM mine "
+                      "UNION ALL SELECT event_id FROM decisions WHERE bag_id = ?), "
+                      "n AS (SELECT e, COUNT(*) AS c FROM cited WHERE e IS NOT NULL GROUP BY e) "
+                      "UPDATE events SET refs = events.refs - n.c FROM n WHERE events.event_id = n.e",
+    "prune_events": "DELETE FROM events WHERE refs <= 0 AND event_id < (SELECT MAX(event_id) FROM events)",
     "delete_bag": "DELETE FROM bags WHERE id = ?",
     "insert_job": "INSERT INTO jobs (bag_id, idx, line) VALUES (?, ?, ?)",
     "insert_input": "INSERT INTO bag_inputs (bag_id, name, data) VALUES (?, ?, ?)",
@@ -90,15 +109,22 @@ SQL = {
                       "JOIN jobs j ON j.id = i.job_id JOIN bags b ON b.id = i.bag_id "
                       "WHERE i.state IN ('running', 'overdue') AND b.state = 'active' ORDER BY i.id",
     "max_instance": "SELECT COALESCE(MAX(id), 0) FROM instances",
+    "max_event": "SELECT COALESCE(MAX(event_id), 0) FROM events",
     "hosts": "SELECT id, name, platform, ncpus, memory_mb, slots, pool, first_seen, last_seen, stats "
              "FROM hosts ORDER BY first_seen, id",
     "queued_jobs": "SELECT id, idx, line, failures, attempts FROM jobs "
                    "WHERE bag_id = ? AND state = 'queued' AND id > ? ORDER BY id LIMIT ?",
-    "new_instance": "INSERT INTO instances (id, job_id, bag_id, host_id, state, sent_at, instance_deadline) "
-                    "VALUES (?, ?, ?, ?, 'running', ?, ?)",
+    "new_instance": "INSERT INTO instances (id, job_id, bag_id, host_id, state, sent_at, instance_deadline, "
+                    "sent_event, replica) VALUES (?, ?, ?, ?, 'running', ?, ?, ?, ?)",
     "end_instance": "UPDATE instances SET state = ?, ended_at = ?, reason = ?, exit_code = ?, wall_s = ?, "
-                    "cpu_s = ?, stdout_tail = ?, stderr_tail = ? WHERE id = ?",
-    "mark_instance": "UPDATE instances SET state = ?, ended_at = ?, reason = ? WHERE id = ?",
+                    "cpu_s = ?, stdout_tail = ?, stderr_tail = ?, end_event = ? WHERE id = ?",
+    "mark_instance": "UPDATE instances SET state = ?, ended_at = ?, reason = ?, end_event = COALESCE(?, end_event), "
+                     "overdue_event = COALESCE(?, overdue_event) WHERE id = ?",
+    "note_overdue": "UPDATE instances SET overdue_event = ? WHERE id = ?",
+    "insert_event": "INSERT INTO events (event_id, at, kind, source, refs) VALUES (?, ?, ?, ?, ?) "
+                    "ON CONFLICT (event_id) DO NOTHING",
+    "insert_decision": "INSERT INTO decisions (event_id, bag_id, job_id, strategy, action, why) "
+                       "VALUES (?, ?, ?, ?, ?, ?)",
     "insert_output": "INSERT INTO outputs (instance_id, name, data) VALUES (?, ?, ?)",
     "cancel_queued": "UPDATE jobs SET state = 'cancelled' WHERE bag_id = ? AND state = 'queued'",
     "update_job": "UPDATE jobs SET state = ?, failures = ?, attempts = ?, reason = COALESCE(?, reason), "
@@ -119,6 +145,17 @@ SQL = {
     "jobs_running": f"SELECT {_JOB_SHOWN} FROM jobs j WHERE bag_id = ? AND (state = 'running' OR "
                     f"(state = 'queued' AND {_SENT})) AND id > ? ORDER BY id LIMIT ?",
     "instances_of": f"SELECT {_INST_COLS} FROM instances WHERE job_id = ? ORDER BY id",
+    "job_by_id": f"SELECT {_JOB_SHOWN} FROM jobs j WHERE id = ?",
+    "story_instances": "SELECT i.id, i.host_id, h.name, h.pool, i.state, i.sent_at, i.instance_deadline, i.ended_at, "
+                       "i.reason, i.exit_code, i.wall_s, i.cpu_s, i.replica, i.sent_event, i.end_event, "
+                       "i.overdue_event FROM instances i LEFT JOIN hosts h ON h.id = i.host_id "
+                       "WHERE i.job_id = ? ORDER BY i.id",
+    "story_decisions": "SELECT event_id, bag_id, job_id, strategy, action, why FROM decisions "
+                       "WHERE bag_id = ? AND job_id = ? ORDER BY id",
+    "story_events": "SELECT event_id, at, kind, source FROM events WHERE event_id IN ("
+                    "SELECT sent_event FROM instances WHERE job_id = ? UNION SELECT end_event FROM instances "
+                    "WHERE job_id = ? UNION SELECT overdue_event FROM instances WHERE job_id = ? "
+                    "UNION SELECT event_id FROM decisions WHERE bag_id = ? AND job_id = ?) ORDER BY event_id",
     "results": f"SELECT {', '.join('j.' + c.strip() for c in _JOB_COLS.split(','))}, "
                f"{', '.join('i.' + c.strip() for c in _INST_COLS.split(','))} FROM jobs j "
                "LEFT JOIN instances i ON i.id = COALESCE(j.result_instance, "
@@ -126,6 +163,12 @@ SQL = {
                "WHERE j.bag_id = ? AND j.id > ? AND j.state IN ('done', 'failed') ORDER BY j.id LIMIT ?",
     "outputs_of": "SELECT instance_id, name, data FROM outputs WHERE instance_id = ?",
     "input_file": "SELECT data FROM bag_inputs WHERE bag_id = ? AND name = ?",
+    "insert_pilot": "INSERT INTO pilots (pool, native_id, state, submitted_at, started_at, ended_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
+    "update_pilot": "UPDATE pilots SET state = ?, started_at = ?, ended_at = ? WHERE pool = ? AND native_id = ? "
+                    f"AND state IN ({_PILOT_LIVE})",
+    "pilots": f"SELECT {_PILOT_COLS} FROM pilots ORDER BY id",
+    "live_pilots": f"SELECT {_PILOT_COLS} FROM pilots WHERE state IN ({_PILOT_LIVE}) ORDER BY id",
     "schema_version": "SELECT MAX(version) FROM gridbot_schema",
     "set_version": "INSERT INTO gridbot_schema (version) VALUES (?)",
 }
@@ -133,28 +176,49 @@ SQL = {
 
 class _Rows:
     """A batch's rows, as the statements take them (instances updated twice in one batch, e.g. overdue and
-    then reported late, appear once, as their last update: it carries every column)."""
+    then reported late, appear once, as their last update: it carries every column but the event that
+    found it overdue, written apart in `overdue`). An event id of 0 (not known) is stored as NULL; `refs`
+    counts the rows that cite each event, each once (an instance sent, found overdue or ended, a decision),
+    the count each event is stored with."""
 
     def __init__(self, changes: Changes) -> None:
-        self.new = [(n.instance_id, n.job_id, n.bag_id, n.host_id, n.sent_at, n.instance_deadline)
-                    for n in changes.new_instances]
+        self.new = [(n.instance_id, n.job_id, n.bag_id, n.host_id, n.sent_at, n.instance_deadline,
+                     n.event_id or None, int(n.replica)) for n in changes.new_instances]
         self.ended: list[tuple[Any, ...]] = []
         self.marked: list[tuple[Any, ...]] = []
+        self.overdue: list[tuple[Any, ...]] = []
         self.outputs: list[tuple[Any, ...]] = []
         updates = changes.instances
         if len({u.instance_id for u in updates}) != len(updates):
-            updates = list({u.instance_id: u for u in updates}.values())
+            last = {u.instance_id: u for u in updates}
+            self.overdue = [(u.event_id, u.instance_id) for u in updates
+                            if u.state is InstanceState.OVERDUE and u.event_id and last[u.instance_id] is not u]
+            updates = list(last.values())
         for u in updates:
             r = u.report
-            if r is None:
-                self.marked.append((_NAMES[u.state], u.at, u.reason or None, u.instance_id))
+            if r is None:  # an overdue instance has not ended: its event is the one that found it overdue
+                found = u.state is InstanceState.OVERDUE
+                self.marked.append((_NAMES[u.state], u.at, u.reason or None, None if found else u.event_id or None,
+                                    u.event_id or None if found else None, u.instance_id))
                 continue
             self.ended.append((_NAMES[u.state], u.at, u.reason or None, r.exit_code, r.wall_s, r.cpu_s,
-                               r.stdout_tail, r.stderr_tail, u.instance_id))
+                               r.stdout_tail, r.stderr_tail, u.event_id or None, u.instance_id))
             if r.outputs and u.state is InstanceState.DONE:
                 self.outputs.extend((u.instance_id, k, v) for k, v in r.outputs.items())
         self.jobs = [(_NAMES[j.state], j.failures, j.attempts, j.reason or None, j.result_instance, j.job_id)
                      for j in changes.jobs.values() if not j.sent]
+        self.decisions = [(d.event_id, d.bag_id, d.job_id, d.strategy, d.action, d.why) for d in changes.decisions]
+        self.refs = Counter(n.event_id for n in changes.new_instances)
+        self.refs.update(u.event_id for u in updates)
+        self.refs.update(event_id for event_id, _ in self.overdue)
+        self.refs.update(d.event_id for d in changes.decisions)
+        del self.refs[0]
+        self.retire_event = retiring_event(changes)
+
+    def events(self, changes: Changes) -> list[tuple[Any, ...]]:
+        """The batch's events that its rows cite, with how many do (`retire_event` counted by then)."""
+        refs = self.refs
+        return [(e.event_id, e.at, e.kind, e.source, refs[e.event_id]) for e in changes.events if refs[e.event_id]]
 
 
 def _from_json(columns: str) -> str:
@@ -165,14 +229,20 @@ def _from_json(columns: str) -> str:
 
 
 SQLITE_BATCH = {
-    "new_instance": "INSERT INTO instances (id, job_id, bag_id, host_id, state, sent_at, instance_deadline) "
-                    "SELECT id, job, bag, host, 'running', sent, deadline FROM "
-                    + _from_json("id, job, bag, host, sent, deadline"),
+    "new_instance": "INSERT INTO instances (id, job_id, bag_id, host_id, state, sent_at, instance_deadline, "
+                    "sent_event, replica) SELECT id, job, bag, host, 'running', sent, deadline, ev, rep FROM "
+                    + _from_json("id, job, bag, host, sent, deadline, ev, rep"),
     "end_instance": "UPDATE instances SET state = u.s, ended_at = u.at, reason = u.r, exit_code = u.x, wall_s = u.w, "
-                    "cpu_s = u.c, stdout_tail = u.o, stderr_tail = u.e FROM "
-                    + _from_json("s, at, r, x, w, c, o, e, id") + " AS u WHERE instances.id = u.id",
-    "mark_instance": "UPDATE instances SET state = u.s, ended_at = u.at, reason = u.r FROM "
-                     + _from_json("s, at, r, id") + " AS u WHERE instances.id = u.id",
+                    "cpu_s = u.c, stdout_tail = u.o, stderr_tail = u.e, end_event = u.ev FROM "
+                    + _from_json("s, at, r, x, w, c, o, e, ev, id") + " AS u WHERE instances.id = u.id",
+    "mark_instance": "UPDATE instances SET state = u.s, ended_at = u.at, reason = u.r, "
+                     "end_event = COALESCE(u.ev, instances.end_event), "
+                     "overdue_event = COALESCE(u.ov, instances.overdue_event) FROM "
+                     + _from_json("s, at, r, ev, ov, id") + " AS u WHERE instances.id = u.id",
+    "note_overdue": "UPDATE instances SET overdue_event = u.ev FROM " + _from_json("ev, id")
+                    + " AS u WHERE instances.id = u.id",
+    "insert_event": "INSERT INTO events (event_id, at, kind, source, refs) SELECT id, at, k, s, n FROM "
+                    + _from_json("id, at, k, s, n") + " WHERE true ON CONFLICT (event_id) DO NOTHING",
     "update_job": "UPDATE jobs SET state = u.s, failures = u.f, attempts = u.a, reason = COALESCE(u.r, jobs.reason), "
                   "result_instance = COALESCE(u.ri, jobs.result_instance) FROM "
                   + _from_json("s, f, a, r, ri, id") + " AS u WHERE jobs.id = u.id",
@@ -190,15 +260,24 @@ def _from_json_rows(columns: str) -> str:
 
 
 PG_BATCH = {
-    "new_instance": "INSERT INTO instances (id, job_id, bag_id, host_id, state, sent_at, instance_deadline) "
-                    "SELECT id, job, bag, host, 'running', sent, deadline FROM "
-                    + _from_json_rows("id:bigint, job:bigint, bag:bigint, host:text, sent:float8, deadline:float8"),
+    "new_instance": "INSERT INTO instances (id, job_id, bag_id, host_id, state, sent_at, instance_deadline, "
+                    "sent_event, replica) SELECT id, job, bag, host, 'running', sent, deadline, ev, rep FROM "
+                    + _from_json_rows("id:bigint, job:bigint, bag:bigint, host:text, sent:float8, deadline:float8, "
+                                      "ev:bigint, rep:integer"),
     "end_instance": "UPDATE instances SET state = u.s, ended_at = u.at, reason = u.r, exit_code = u.x, wall_s = u.w, "
-                    "cpu_s = u.c, stdout_tail = u.o, stderr_tail = u.e FROM "
+                    "cpu_s = u.c, stdout_tail = u.o, stderr_tail = u.e, end_event = u.ev FROM "
                     + _from_json_rows("s:text, at:float8, r:text, x:integer, w:float8, c:float8, o:text, e:text, "
-                                   "id:bigint") + " WHERE instances.id = u.id",
-    "mark_instance": "UPDATE instances SET state = u.s, ended_at = u.at, reason = u.r FROM "
-                     + _from_json_rows("s:text, at:float8, r:text, id:bigint") + " WHERE instances.id = u.id",
+                                   "ev:bigint, id:bigint") + " WHERE instances.id = u.id",
+    "mark_instance": "UPDATE instances SET state = u.s, ended_at = u.at, reason = u.r, "
+                     "end_event = COALESCE(u.ev, instances.end_event), "
+                     "overdue_event = COALESCE(u.ov, instances.overdue_event) FROM "
+                     + _from_json_rows("s:text, at:float8, r:text, ev:bigint, ov:bigint, id:bigint")
+                     + " WHERE instances.id = u.id",
+    "note_overdue": "UPDATE instances SET overdue_event = u.ev FROM " + _from_json_rows("ev:bigint, id:bigint")
+                    + " WHERE instances.id = u.id",
+    "insert_event": "INSERT INTO events (event_id, at, kind, source, refs) SELECT id, at, k, s, n FROM "
+                    + _from_json_rows("id:bigint, at:float8, k:text, s:text, n:bigint")
+                    + " ON CONFLICT (event_id) DO NOTHING",
     "update_job": "UPDATE jobs SET state = u.s, failures = u.f, attempts = u.a, reason = COALESCE(u.r, jobs.reason), "
                   "result_instance = COALESCE(u.ri, jobs.result_instance) FROM "
                   + _from_json_rows("s:text, f:integer, a:integer, r:text, ri:bigint, id:bigint")
@@ -348,8 +427,11 @@ class SqlStore(Store):
 
     def delete_bag(self, bag_id: int) -> None:
         with self._tx() as cur:
-            for name in ("delete_outputs", "delete_instances", "delete_jobs", "delete_inputs", "delete_revisions",
-                         "delete_bag"):
+            # the bag's rows take back their citations of events (while they are there to say which)
+            cur.execute(self._sql("release_events"), (bag_id, bag_id))
+            cur.execute(self._sql("prune_events"))
+            for name in ("delete_outputs", "delete_instances", "delete_decisions", "delete_jobs", "delete_inputs",
+                         "delete_revisions", "delete_bag"):
                 cur.execute(self._sql(name), (bag_id,))
 
     def mark_downloaded(self, bag_id: int, now: float) -> None:
@@ -381,10 +463,12 @@ class SqlStore(Store):
                                  r[10], r[11]) for r in cur.fetchall()]
             cur.execute(self._sql("max_instance"))
             next_id = cur.fetchone()[0] + 1
+            cur.execute(self._sql("max_event"))
+            next_event = cur.fetchone()[0] + 1
             hosts = self._hosts(cur)
         active = [BagSnapshot(b.bag_id, b.spec, b.counts, b.created_at, b.revision) for b in bags
                   if b.state is BagState.ACTIVE]
-        return Snapshot(active, live, hosts, next_id)
+        return Snapshot(active, live, hosts, next_id, next_event)
 
     def queued_jobs(self, bag_id: int, after: int, limit: int) -> list[QueuedJob]:
         with self._tx(write=False) as cur:
@@ -399,6 +483,7 @@ class SqlStore(Store):
             self._write(cur, "new_instance", rows.new)
             self._write(cur, "end_instance", rows.ended)
             self._write(cur, "mark_instance", rows.marked)
+            self._write(cur, "note_overdue", rows.overdue)
             if rows.outputs:
                 self._write_many(cur, "insert_output", rows.outputs)
             for bag_id in changes.cancelled_bags:
@@ -407,7 +492,12 @@ class SqlStore(Store):
             for bag_id in changes.reopened_bags:  # before the bag's update, which may end it again
                 cur.execute(self._sql("reopen_bag"), (bag_id,))
             for job_id in dict.fromkeys(changes.retired_jobs):
-                cur.execute(self._sql("retire_overdue"), (RETIRED, job_id))
+                cur.execute(self._sql("retire_overdue"), (RETIRED, rows.retire_event, job_id))
+                if rows.retire_event is not None:
+                    rows.refs[rows.retire_event] += max(0, cur.rowcount)
+            if rows.decisions:
+                self._write_many(cur, "insert_decision", rows.decisions)
+            self._write(cur, "insert_event", rows.events(changes))
             self._write_rest(cur, changes)
 
     def _write(self, cur: Any, name: str, rows: list[tuple[Any, ...]]) -> None:
@@ -460,6 +550,22 @@ class SqlStore(Store):
             cur.execute(self._sql("instances_of"), (job_id,))
             return [_instance(r) for r in cur.fetchall()]
 
+    def story(self, job_id: int) -> JobStoryRow | None:
+        with self._tx(write=False) as cur:
+            cur.execute(self._sql("job_by_id"), (job_id,))
+            row = cur.fetchone()
+            if row is None:
+                return None
+            job = _job(row)
+            cur.execute(self._sql("story_instances"), (job_id,))
+            instances = [StoryInstanceRow(r[0], r[1], r[2], r[3], InstanceState(r[4]), r[5], r[6], r[7], r[8], r[9],
+                                          r[10], r[11], bool(r[12]), r[13], r[14], r[15]) for r in cur.fetchall()]
+            cur.execute(self._sql("story_decisions"), (job.bag_id, job_id))
+            decisions = [Decision(*r) for r in cur.fetchall()]
+            cur.execute(self._sql("story_events"), (job_id, job_id, job_id, job.bag_id, job_id))
+            events = [Event(*r) for r in cur.fetchall()]
+        return JobStoryRow(job, instances, decisions, events)
+
     def results(self, bag_id: int, after: int = 0, limit: int = 500) -> list[ResultRow]:
         out = []
         with self._tx(write=False) as cur:
@@ -490,6 +596,24 @@ class SqlStore(Store):
         return [HostSnapshot(HostInfo(r[0], r[1], r[2], r[3], r[4], r[5], r[6]), r[7], r[8],
                              _stats_dec.decode(bytes(r[9])) if r[9] is not None else HostStats())
                 for r in cur.fetchall()]
+
+    # -- the overlay's pilots -------------------------------------------------------------------------
+
+    def save_pilots(self, new: Sequence[PilotRow], changed: Sequence[PilotRow]) -> None:
+        if not new and not changed:
+            return
+        with self._tx() as cur:
+            if new:
+                self._write_many(cur, "insert_pilot", [(p.pool, p.native_id, p.state.value, p.submitted_at,
+                                                        p.started_at, p.ended_at) for p in new])
+            if changed:
+                self._write_many(cur, "update_pilot", [(p.state.value, p.started_at, p.ended_at, p.pool,
+                                                        p.native_id) for p in changed])
+
+    def pilots(self, live: bool = False) -> list[PilotRow]:
+        with self._tx(write=False) as cur:
+            cur.execute(self._sql("live_pilots" if live else "pilots"))
+            return [PilotRow(r[0], r[1], PilotState(r[2]), r[3], r[4], r[5]) for r in cur.fetchall()]
 
 
 _NAMES: dict[object, str] = {s: s.value for e in (InstanceState, JobState, BagState) for s in e}

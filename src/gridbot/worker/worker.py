@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import math
 import os
 import platform
 import random
@@ -27,6 +26,8 @@ from pathlib import Path
 import aiohttp
 import msgspec
 
+from gridbot.errors import GridbotError
+from gridbot.model.pacing import PaceConfig, Pacing
 from gridbot.model.records import Assignment, HostInfo, InstanceReport, Outcome
 from gridbot.protocol import MSGPACK, ErrorBody, ExchangeRequest, ExchangeResponse, RegisterRequest, Registration
 from gridbot.security import tls
@@ -91,17 +92,13 @@ class WorkerConfig:
 
 
 EXECUTORS = ("shell", "noop")
-PREFETCH_MAX = 500
-"""Most instances held beyond the slots, whatever `prefetch_seconds` asks for."""
 REFUSED = "the server refused the result"
 GOODBYE_TIMEOUT = 5.0
 """Seconds each of the last exchanges of a stopping worker may take: a server that does not answer then
 gets the results from the disk at the host's next start."""
-REPORT_DELAY = 1.0
-"""Seconds a result may wait for company while the worker still holds work (reports travel in bundles)."""
 
 
-class ProtocolError(Exception):
+class ProtocolError(GridbotError):
     """The server refused a request for good (4xx): retrying the same request cannot help."""
 
 
@@ -134,8 +131,8 @@ class Worker:
         self.base_env = job_environment(config.pass_env, self.token, self.run_as)
         self.reaper = Reaper(self.token)
         self.cache = InputCache(self.workdir / ".inputs")
-        self.avg_wall = 0.0
-        """Moving average of the wall seconds of the instances this worker ran (0: none yet)."""
+        self.pacing = Pacing(PaceConfig(config.slots, config.prefetch, config.prefetch_seconds, config.idle_timeout))
+        """When to talk to the server and what to ask for, as the simulator's hosts do (model/pacing.py)."""
         self.reports_since = 0.0
         self.exchanges = 0
         """Round trips made (each carries the reports and requests of that moment)."""
@@ -159,10 +156,6 @@ class Worker:
         self.credential = ""
         """The host credential the server gave at registration ("" with a server started without keys)."""
         self.reauthorized = False
-
-    @property
-    def held(self) -> int:
-        return len(self.waiting) + len(self.running)
 
     async def run(self) -> int:
         """Work until idle, stopped or given up; return the process exit code."""
@@ -255,9 +248,8 @@ class Worker:
         self.wake.set()
 
     async def _loop(self) -> int:
-        last_work = started = time.monotonic()
-        next_talk = 0.0
-        next_heartbeat = 0.0
+        started = time.monotonic()
+        self.pacing.begin(started)
         while not self.stopping.is_set():
             if self.config.exit_with_parent and os.getppid() != self._parent:
                 log.warning("parent process is gone; stopping")
@@ -271,35 +263,24 @@ class Worker:
             if self.config.min_cpu and self._starving(now):
                 self.stop()
                 break
-            prefetch = self.prefetch()
-            want = max(0, self.config.slots + prefetch - self.held)
-            if self.held or self.reports:
-                last_work = now
-            elif self.config.idle_timeout and now - last_work > self.config.idle_timeout:
+            step = self.pacing.step(now, len(self.running), len(self.waiting),
+                                    self.reports_since if self.reports else None)
+            if step.leave:
                 log.info("no work for %.0f s; exiting", self.config.idle_timeout)
                 return 0
-            # ask when a slot is idle or half the held work is gone; report then, or after REPORT_DELAY
-            hungry = want > 0 and (len(self.running) < self.config.slots or 2 * want >= prefetch)
-            report_at = math.inf
-            if self.reports:  # held results go at once when nothing waits here to run (the tail)
-                report_at = self.reports_since + REPORT_DELAY if self.waiting else now
-            if not (now >= report_at or (hungry and now >= next_talk) or now >= next_heartbeat):
+            if step.at > now:
                 self.wake.clear()
-                delay = min(next_heartbeat, next_talk if hungry else next_heartbeat, report_at) - now
+                delay = step.at - now
                 if self.config.lifetime:
                     delay = min(delay, started + self.config.lifetime - now)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), max(0.01, delay))
                 continue
-            resp = await self._exchange(want)
+            resp = await self._exchange(step.want)
             if resp is None:
                 return 1
-            next_heartbeat = time.monotonic() + self.heartbeat
-            if resp.assignments:
-                last_work = time.monotonic()
-                next_talk = 0.0
-            elif want:
-                next_talk = time.monotonic() + resp.backoff * random.uniform(0.5, 1.5)
+            self.pacing.answered(time.monotonic(), step.want, len(resp.assignments), resp.backoff, resp.heartbeat,
+                                 random.uniform)
         return 0
 
     async def _exchange(self, want: int) -> ExchangeResponse | None:
@@ -309,7 +290,7 @@ class Worker:
         while True:
             batch = self._batch()
             running = sorted([a.instance_id for a in self.waiting] + list(self.running))
-            prefetch = self.prefetch()
+            prefetch = self.pacing.prefetch()
             if prefetch != self.host.prefetch:
                 self.host = msgspec.structs.replace(self.host, prefetch=prefetch)
             req = ExchangeRequest(self.host, 0 if self.stopping.is_set() else want, running, batch)
@@ -417,13 +398,6 @@ class Worker:
                 return True
         return False
 
-    def prefetch(self) -> int:
-        """Instances to hold beyond the slots now (see `WorkerConfig.prefetch_seconds`)."""
-        cfg = self.config
-        if not cfg.prefetch_seconds or not self.avg_wall:
-            return cfg.prefetch
-        return max(cfg.prefetch, min(PREFETCH_MAX, int(cfg.slots * cfg.prefetch_seconds / self.avg_wall)))
-
     def _batch(self) -> list[InstanceReport]:
         """Take pending reports up to one result-size limit's worth per request (one at a time while the
         server is refusing one of them)."""
@@ -529,7 +503,7 @@ class Worker:
             report = task.result()
         if killed.is_set() and not killed.reason and not self.stopping.is_set():
             return
-        self.avg_wall = report.wall_s if not self.avg_wall else 0.9 * self.avg_wall + 0.1 * report.wall_s
+        self.pacing.ran(report.wall_s)
         if not self.reports:
             self.reports_since = time.monotonic()
         self.reports.append(report)

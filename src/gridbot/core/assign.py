@@ -1,0 +1,147 @@
+"""GridBot's Algorithm 1: which of the bags' jobs a host that asks for work gets.
+
+Jobs with no replica out are alike, so each bag's policies are evaluated once per request; the matching
+bags are served by rank (then age), and the Concurrency of the highest-ranked one bounds what the host
+may hold, each later bag's own Concurrency lowering it further. Within a bag, jobs that failed go
+first, then its window, then replicas (with `replicas_first`, replicas before all). A bag's placement
+strategy may change its rank on the host or refuse it; its tail strategy sets the instances' deadline.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from gridbot.core.changes import Changes
+from gridbot.core.kernel import Kernel
+from gridbot.core.records import BagRecord, HostRecord, Job
+from gridbot.core.view import BagView, HostView, accepts, host_ad_of, job_ad
+from gridbot.model.records import Assignment
+from gridbot.model.states import BagState, JobState
+from gridbot.policy.evaluator import HostAd
+
+
+def assign(k: Kernel, host: HostRecord, want: int, now: float, changes: Changes) -> list[Assignment]:
+    """Up to `want` instances for `host`, sent (the kernel applied them) and returned."""
+    out: list[Assignment] = []
+    s = k.s
+    ready = [b for b in s.bags.values()
+             if b.state is BagState.ACTIVE and (b.retry or b.window.buffer or b.replicas or b.failover)]
+    # (a bag whose only queued jobs avoid this host still gets its policies evaluated: cheap, and rare)
+    if not ready or want <= 0:
+        return out
+    ad = host_ad_of(s, host, now)
+    ranked = _ranked(k, ready, host, ad, now)
+    concurrency: int | None = None
+    pool_ad = s.pool_ads.get(host.info.pool)
+    for _, _, bag in ranked:
+        if pool_ad is not None and not accepts(bag, host.info.pool, pool_ad):
+            continue
+        if not bag.policies.matches(ad):
+            continue
+        bag_concurrency, deadline = bag.policies.bundle(ad)
+        if bag_concurrency <= 0:
+            continue  # none of the bag's instances on this host, and no bound on the others' (issue 12)
+        if bag.tail_strategy.sets_deadline:
+            deadline = bag.tail_strategy.deadline(k.view, BagView(bag), HostView(host), deadline, now)
+        concurrency = bag_concurrency if concurrency is None else min(concurrency, bag_concurrency)
+        if s.config.replicas_first and bag.replicas:
+            _replicas(k, bag, host, ad, want, concurrency, now, changes, out)
+        if bag.failover and host.info.pool in s.config.reliable_pools:
+            _queue(k, bag.failover, bag, host, want, concurrency, now, deadline, changes, out)
+        if bag.retry:
+            _queue(k, bag.retry, bag, host, want, concurrency, now, deadline, changes, out)
+        buffer = bag.window.buffer
+        while buffer and len(out) < want and len(host.running) < concurrency:
+            job = buffer.popleft()
+            job.in_buffer = False
+            if job.state is not JobState.QUEUED:
+                continue
+            if job.pools is not None and host.info.pool not in job.pools:
+                job.in_buffer = True  # moved elsewhere by its placement: it waits for a host of its pools
+                bag.retry.append(job)
+                continue
+            out.append(k.send(bag, job, host, now, changes, deadline))
+        if bag.replicas and len(out) < want and len(host.running) < concurrency:
+            _replicas(k, bag, host, ad, want, concurrency, now, changes, out)
+        if len(out) >= want or len(host.running) >= concurrency:
+            break
+    return out
+
+
+def _ranked(k: Kernel, ready: list[BagRecord], host: HostRecord, ad: HostAd,
+            now: float) -> list[tuple[float, int, BagRecord]]:
+    """The ready bags by rank on this host, highest first (then oldest); those their placement refuses
+    the host are left out."""
+    ranked: list[tuple[float, int, BagRecord]] = []
+    active = len(k.s.bags)
+    for bag in ready:
+        k.refresh(bag, now, active)
+        if bag.window.last_match is None:
+            bag.window.last_match = now
+        if bag.policies.rank_static:
+            if bag.rank is None:
+                bag.rank = bag.policies.rank(None)
+            rank = bag.rank
+        else:
+            rank = bag.policies.rank(ad)
+        if bag.placement.host_dependent:
+            placed = bag.placement.rank(k.view, BagView(bag), HostView(host), rank, now)
+            if placed is None:
+                continue
+            rank = placed
+        ranked.append((-rank, bag.bag_id, bag))
+    ranked.sort(key=lambda c: (c[0], c[1]))
+    return ranked
+
+
+def _queue(k: Kernel, queue: deque[Job], bag: BagRecord, host: HostRecord, want: int, concurrency: int, now: float,
+           deadline: float, changes: Changes, out: list[Assignment]) -> None:
+    """Send re-queued jobs, each to a host it did not just fail on, and moved jobs to their pools only."""
+    keep: deque[Job] = deque()
+    horizon = now - k.s.config.retry_same_host_after
+    live = len(k.s.live_hosts)
+    while queue:
+        job = queue.popleft()
+        if job.state is not JobState.QUEUED:
+            job.in_buffer = False
+            continue
+        failed_on = job.failed_on or {}
+        avoid = failed_on.get(host.info.host_id, -math.inf) > horizon and len(failed_on) < live
+        elsewhere = job.pools is not None and host.info.pool not in job.pools
+        if len(out) >= want or len(host.running) >= concurrency or avoid or elsewhere:
+            keep.append(job)
+            continue
+        job.in_buffer = False
+        out.append(k.send(bag, job, host, now, changes, deadline))
+    queue.extend(keep)
+
+
+def _replicas(k: Kernel, bag: BagRecord, host: HostRecord, ad: HostAd, want: int, concurrency: int, now: float,
+              changes: Changes, out: list[Assignment]) -> None:
+    """Send queued replicas that this host may run: never a second copy of a job to the same host."""
+    keep: deque[Job] = deque()
+    max_replicas = k.s.config.max_replicas
+    while bag.replicas:
+        job = bag.replicas.popleft()
+        if job.state is not JobState.RUNNING or not job.live or len(job.live) >= max_replicas:
+            job.replica_pending, job.replica_pools = False, None
+            continue
+        if len(out) >= want or len(host.running) >= concurrency or any(
+                k.s.instances[i].host_id == host.info.host_id for i in job.live) or (
+                job.pools is not None and host.info.pool not in job.pools) or (
+                job.replica_pools is not None and host.info.pool not in job.replica_pools):
+            keep.append(job)
+            continue
+        matches, d = bag.policies.job_matches(ad, job_ad(k.s, job, now))
+        if not matches:
+            keep.append(job)
+            continue
+        job.replica_pending = False
+        job.replica_pools = None
+        bag.counts.replicas += 1
+        seconds = d.deadline
+        if bag.tail_strategy.sets_deadline:
+            seconds = bag.tail_strategy.deadline(k.view, BagView(bag), HostView(host), seconds, now)
+        out.append(k.send(bag, job, host, now, changes, seconds, replica=True))
+    bag.replicas = keep

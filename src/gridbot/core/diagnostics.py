@@ -1,0 +1,48 @@
+"""Why an active bag is not moving: sentences for its owner (`gridbot status`)."""
+
+from __future__ import annotations
+
+from gridbot.core.records import BagRecord, State
+from gridbot.core.view import accepts, host_ad_of
+from gridbot.model.states import BagState
+
+STUCK_AFTER = 10.0
+"""Seconds a bag with queued jobs waits with none running before it says why (`Dispatcher.diagnostics`)."""
+
+
+def stuck(s: State, bag: BagRecord, now: float) -> list[str]:
+    """What keeps a bag with queued jobs and none running from being served: no host, no host its policies
+    accept (with the closest one and the clause that failed), or pools that fail."""
+    if bag.state is not BagState.ACTIVE or not bag.counts.queued or bag.counts.running:
+        return []
+    if now - max(bag.created_at, bag.last_sent) < STUCK_AFTER:
+        return []  # a bag just submitted, or served a moment ago, is not stuck yet
+    failing = [f"pool {name} cannot start pilots: {error}" for name, error in sorted(s.pool_errors.items())
+               if name in s.pool_ads and accepts(bag, name, s.pool_ads[name])]
+    hosts = list(s.live_hosts.values())
+    if not hosts:
+        how = "the server's pools start none yet" if s.pool_ads else "start `gridbot worker` on a machine, " \
+              "or give the server a pools file (--pools) to start pilots"
+        return [f"no worker is connected: {how}", *failing]
+    refused: list[tuple[int, str, str]] = []
+    starved = 0
+    texts = bag.policies.policies.texts
+    for host in hosts[:1000]:
+        ad = host_ad_of(s, host, now)
+        pool_ad = s.pool_ads.get(host.info.pool)
+        if pool_ad is not None and not accepts(bag, host.info.pool, pool_ad):
+            refused.append((0, host.info.name, f"GridPolicy {texts['GridPolicy']!r} refuses its pool "
+                                               f"{host.info.pool}"))
+        elif not bag.policies.matches(ad):
+            clause = bag.policies.failing_clause("JobRequirements", ad)
+            refused.append((1, host.info.name, f"JobRequirements fails on `{clause}`"))
+        elif bag.policies.bundle(ad)[0] <= 0:
+            starved += 1
+    if len(refused) == len(hosts):
+        _, name, why = max(refused)
+        return [f"none of the {len(hosts)} connected hosts matches the bag's policies; the closest, {name}: "
+                f"{why}", *failing]
+    if starved and starved + len(refused) == len(hosts):
+        return [f"Concurrency evaluates to 0 or less on every host the bag matches (policy Concurrency = "
+                f"{texts['Concurrency']!r}): no host may hold one of its jobs", *failing]
+    return failing

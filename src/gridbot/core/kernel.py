@@ -1,0 +1,411 @@
+"""The kernel: applies decisions to the dispatcher's records and writes each change down for the store.
+
+Sending an instance, a host's report of one, an instance lost (past its deadline, or its host silent),
+a job's and a bag's state changes: each goes through the state tables of `gridbot.model.states`, keeps the
+counters right, and appends what changed to the event's `Changes`, tagged with the event's id. Nothing
+here decides what to run where: Algorithm 1 (core/assign.py) and the bags' strategies do, and the
+`Dispatcher` (core/dispatcher.py) turns the outside world's calls into events.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import msgspec
+
+from gridbot.core.changes import (
+    BagCounts,
+    BagUpdate,
+    Changes,
+    Decision,
+    Event,
+    HostUpdate,
+    InstanceUpdate,
+    JobUpdate,
+    NewInstance,
+)
+from gridbot.core.hosts import QUICK_FAILURE_S
+from gridbot.core.records import HISTORY, BagRecord, Ended, HostRecord, Instance, Job, PoolRecord, State
+from gridbot.core.view import BagView, DispatchView
+from gridbot.model.records import Assignment, HostInfo, InstanceReport, Outcome
+from gridbot.model.states import (
+    BAG_TRANSITIONS,
+    INSTANCE_TRANSITIONS,
+    JOB_TERMINAL,
+    JOB_TRANSITIONS,
+    BagState,
+    InstanceState,
+    JobState,
+    check_transition,
+)
+
+
+class Kernel:
+    """The records, and the only code that changes them."""
+
+    def __init__(self, state: State) -> None:
+        self.s = state
+        self.view = DispatchView(state)
+        self.next_instance_id = 1
+        self.next_event_id = 1
+        self.event_id = 0
+        """The event being applied (`begin`)."""
+        self.deadlines: list[tuple[float, int]] = []
+        self.silence: list[tuple[float, str, HostRecord]] = []
+        """(last time seen, id, host): at most one entry per live host, so a tick finds the silent ones
+        without walking every host ever seen."""
+        self.work_added = 0
+        """Counts jobs made ready to send other than by the feeder's first fill: re-queued jobs and replicas
+        (the server wakes idle hosts it holds when it changes)."""
+        self._touched: dict[int, BagRecord] = {}
+        """Bags whose counters changed during the current event: their update is written once, at its end
+        (a bundle of a thousand instances used to copy the counters a thousand times)."""
+
+    # -- events ---------------------------------------------------------------------------------------
+
+    def begin(self, kind: str, source: str, now: float) -> Changes:
+        """Start an event: the changes it makes carry its id."""
+        self.event_id = self.next_event_id
+        self.next_event_id += 1
+        return Changes(events=[Event(self.event_id, now, kind, source)])
+
+    def seal(self, changes: Changes) -> Changes:
+        """End an event: write the counters of the bags it changed (once each, whatever the number of jobs),
+        and drop the event itself when it changed no instance and decided nothing (a host's mere contact
+        is not worth a row)."""
+        for bag in self._touched.values():
+            changes.bags[bag.bag_id] = BagUpdate(bag.bag_id, bag.state, _copy(bag.counts))
+        self._touched.clear()
+        if not (changes.new_instances or changes.instances or changes.decisions):
+            changes.events.clear()
+        self.check()
+        return changes
+
+    def decide(self, changes: Changes, job: Job, strategy: str, action: str, why: str) -> None:
+        """Record a strategy's decision about a job, for the job's story."""
+        changes.decisions.append(Decision(self.event_id, job.bag_id, job.job_id, strategy, action, why))
+
+    # -- hosts ----------------------------------------------------------------------------------------
+
+    def touch_host(self, info: HostInfo, now: float) -> HostRecord:
+        """A host called in: create it or refresh its info, and mark it alive."""
+        host = self.s.hosts.get(info.host_id)
+        if host is None:
+            host = self.s.hosts[info.host_id] = HostRecord(info, now, now)
+        host.info = info
+        host.last_seen = now
+        self.s.live_hosts[info.host_id] = host
+        if not host.watched:
+            self.watch(host)
+        return host
+
+    def watch(self, host: HostRecord) -> None:
+        host.watched = True
+        heapq.heappush(self.silence, (host.last_seen, host.info.host_id, host))
+
+    def emit_host(self, host: HostRecord, changes: Changes) -> None:
+        changes.hosts[host.info.host_id] = HostUpdate(host.info, host.first_seen, host.last_seen,
+                                                      msgspec.structs.replace(host.stats))
+
+    def refuse(self, host_id: str, changes: Changes) -> None:
+        """A report for an instance the host was not running (another host's, or forged): counted, ignored."""
+        host = self.s.hosts.get(host_id)
+        if host is not None:
+            host.stats.refused += 1
+            self.emit_host(host, changes)
+
+    # -- the bag's ad ---------------------------------------------------------------------------------
+
+    def refresh(self, bag: BagRecord, now: float, active: int) -> None:
+        """Update the bag's ad when its counters (or the number of `active` bags) changed; its tail strategy
+        says whether it is in its tail (section 6.3)."""
+        if not (bag.dirty or bag.policies.uses_time or bag.seen_active != active):
+            return
+        bag.dirty = False
+        bag.seen_active = active
+        bag.rank = None
+        if not bag.policies.grid_policy_static:
+            bag.pool_ok.clear()
+        bag.tail = bag.tail_strategy.in_tail(self.view, BagView(bag), now)
+        c = bag.counts
+        bag.policies.set_bag({
+            "Name": bag.spec.name, "Tail": bag.tail, "JobsTotal": c.total, "JobsLeft": c.queued + c.running,
+            "JobsDone": c.done, "JobsFailed": c.failed, "JobsRunning": c.running, "JobsQueued": c.queued,
+            "Replicas": c.replicas,
+            "MeanRunTime": bag.run_time_sum / bag.good_results if bag.good_results else 0.0,
+            "ElapsedTime": float(now - bag.created_at)}, {"BagsInQueue": active, "BOTsInQueue": active})
+
+    # -- instances ------------------------------------------------------------------------------------
+
+    def send(self, bag: BagRecord, job: Job, host: HostRecord, now: float, changes: Changes,
+             instance_deadline: float, replica: bool = False) -> Assignment:
+        """Create an instance of `job` on `host`, with `instance_deadline` seconds to report."""
+        iid = self.next_instance_id
+        self.next_instance_id += 1
+        deadline = now + instance_deadline
+        bag.window.last_match = bag.last_sent = now
+        inst = Instance(iid, job, host.info.host_id, InstanceState.RUNNING, now, deadline)
+        self.s.instances[iid] = inst
+        self.s.running[iid] = inst
+        self.s.jobs[job.job_id] = job
+        job.live.add(iid)
+        job.attempts += 1
+        if job.attempts == 2:
+            bag.counts.reruns += 1
+        host.running.add(iid)
+        heapq.heappush(self.deadlines, (deadline, iid))
+        bag.counts.instances += 1
+        self.set_job(job, JobState.RUNNING, changes, sent=True)
+        changes.new_instances.append(NewInstance(iid, job.job_id, bag.bag_id, host.info.host_id, now, deadline,
+                                                 self.event_id, replica))
+        assert bag.render is not None
+        command, env, outputs = bag.render(job.index, job.line)
+        return Assignment(iid, job.job_id, bag.bag_id, bag.spec.name, job.index, command, env, bag.input_names,
+                          outputs, deadline, bag.spec.timeout, bag.limits, bag.revision)
+
+    def end(self, inst: Instance, r: InstanceReport, now: float, changes: Changes) -> None:
+        """Apply a host's report about `inst`, which may be running or overdue (a late report)."""
+        job, bag = inst.job, self.s.bags[inst.job.bag_id]
+        was_running = self.detach(inst)
+        host = self.s.hosts.get(inst.host_id)
+        if r.outcome is not Outcome.INTERRUPTED:
+            self._remember(bag, inst, host, now, r.outcome is Outcome.SUCCESS)
+        if r.outcome is Outcome.SUCCESS:
+            if job.state in JOB_TERMINAL:
+                self.move(inst, InstanceState.WASTED, now, "a result already existed", r, changes)
+                bag.counts.wasted += 1
+                self.emit_bag(bag)
+            else:
+                self.move(inst, InstanceState.DONE, now, "", r, changes)
+                self.finish_job(job, JobState.DONE, "", now, changes, result=inst.instance_id, winner=inst.host_id)
+            self._good_result(bag, inst, host, r, now)
+        elif r.outcome is Outcome.INTERRUPTED and was_running:
+            self.move(inst, InstanceState.INTERRUPTED, now, r.reason or "interrupted by the worker", r, changes)
+            self.requeue_if_idle(job, changes)
+        else:
+            reason = r.reason or "failed"
+            self.move(inst, InstanceState.FAILED, now, reason, r, changes)
+            if host is not None:
+                quick = r.wall_s < QUICK_FAILURE_S
+                host.stats.bad(now, quick)
+                self._pool(host).failed += 1
+                if quick:
+                    job.quick_failures = [*(job.quick_failures or ()), inst.host_id]
+            if was_running:
+                job.failures += 1
+                job.failed_on = {**(job.failed_on or {}), inst.host_id: now}
+            self.after_failure(job, reason, now, changes)
+
+    def _good_result(self, bag: BagRecord, inst: Instance, host: HostRecord | None, r: InstanceReport,
+                     now: float) -> None:
+        turnaround = now - inst.sent_at
+        bag.run_time_sum += turnaround
+        bag.good_results += 1
+        good = self.s.good
+        if good and good[0][1] == inst.host_id:
+            good[0] = (now, inst.host_id)
+        else:
+            self.s.good = [(now, inst.host_id), *[g for g in good if g[1] != inst.host_id][:1]]
+        if host is not None:
+            host.stats.good(now, r.cpu_s, turnaround)
+            pool = self._pool(host)
+            pool.done += 1
+            pool.turnaround_sum += turnaround
+
+    @staticmethod
+    def _remember(bag: BagRecord, inst: Instance, host: HostRecord | None, ended_at: float | None,
+                  success: bool) -> None:
+        history = bag.history
+        history.pop(inst.instance_id, None)
+        history[inst.instance_id] = Ended(inst.instance_id, inst.sent_at, ended_at, success,
+                                          host.info.pool if host is not None else "")
+        if len(history) > HISTORY:
+            del history[next(iter(history))]
+
+    def _pool(self, host: HostRecord) -> PoolRecord:
+        pool = self.s.pools.get(host.info.pool)
+        if pool is None:
+            pool = self.s.pools[host.info.pool] = PoolRecord()
+        return pool
+
+    def lose(self, inst: Instance, now: float, reason: str, changes: Changes) -> None:
+        """A running instance that will probably never report: overdue, a failure, the job re-queued."""
+        self.detach(inst)
+        self.move(inst, InstanceState.OVERDUE, now, reason, None, changes)
+        inst.job.overdue = (inst.job.overdue or set()) | {inst.instance_id}
+        self.s.bags[inst.job.bag_id].counts.overdue += 1
+        inst.job.failures += 1
+        inst.job.failed_on = {**(inst.job.failed_on or {}), inst.host_id: now}
+        host = self.s.hosts.get(inst.host_id)
+        self._remember(self.s.bags[inst.job.bag_id], inst, host, None, False)
+        if host is not None:
+            host.stats.bad(now, False)
+            self._pool(host).failed += 1
+        self.after_failure(inst.job, reason, now, changes)
+
+    def undelivered(self, inst: Instance, now: float, changes: Changes) -> None:
+        """An instance whose sending answer never reached its host (lost on the network, or the server
+        stopped before it went out): given back as an interruption, with no failure for the job or host."""
+        self.detach(inst)
+        self.move(inst, InstanceState.INTERRUPTED, now, "the answer that sent it never reached its host", None,
+                  changes)
+        self.requeue_if_idle(inst.job, changes)
+
+    def withdraw(self, job: Job, now: float, reason: str, changes: Changes) -> None:
+        """Cancel the job's running instances on their hosts (a revision, a migration): no failure for the
+        job or the hosts; the job is queued again once none is left."""
+        for iid in sorted(job.live):
+            inst = self.s.instances[iid]
+            self.detach(inst)
+            self.move(inst, InstanceState.CANCELLED, now, reason, None, changes)
+            host = self.s.hosts.get(inst.host_id)
+            if host is not None:
+                host.cancel.add(iid)
+        if job.state is JobState.RUNNING:
+            self.requeue_if_idle(job, changes)
+
+    def detach(self, inst: Instance) -> bool:
+        """Take `inst` off its job's live set and its host; return whether it was running."""
+        inst.job.live.discard(inst.instance_id)
+        if inst.job.overdue:
+            inst.job.overdue.discard(inst.instance_id)
+        self.s.running.pop(inst.instance_id, None)
+        host = self.s.hosts.get(inst.host_id)
+        if host is not None:
+            host.running.discard(inst.instance_id)
+        return inst.state is InstanceState.RUNNING
+
+    def move(self, inst: Instance, state: InstanceState, now: float, reason: str,
+             report: InstanceReport | None, changes: Changes) -> None:
+        check_transition(INSTANCE_TRANSITIONS, inst.state, state)
+        inst.state = state
+        if state is not InstanceState.OVERDUE:
+            self.s.instances.pop(inst.instance_id, None)
+        changes.instances.append(InstanceUpdate(inst.instance_id, state, now, reason, report, self.event_id))
+
+    # -- jobs -----------------------------------------------------------------------------------------
+
+    def after_failure(self, job: Job, reason: str, now: float, changes: Changes) -> None:
+        """A failed or lost instance: the job fails for good after `max_failures`, else is queued again."""
+        job.reason = reason
+        if job.state in JOB_TERMINAL:
+            self.emit_job(job, changes)
+            return
+        spec = self.s.bags[job.bag_id].spec
+        if job.failures >= spec.max_failures:
+            self.finish_job(job, JobState.FAILED, f"failed {job.failures} times; last: {reason}", now, changes)
+        else:
+            self.requeue_if_idle(job, changes)
+
+    def requeue_if_idle(self, job: Job, changes: Changes) -> None:
+        """Put a running job with no live instance left on its bag's retry queue (or the fail-over queue,
+        after `failover_after` failures). A job with another instance still running stays running."""
+        if job.state is JobState.RUNNING and not job.live:
+            self.set_job(job, JobState.QUEUED, changes)
+            if not job.in_buffer:
+                job.in_buffer = True
+                bag = self.s.bags[job.bag_id]
+                cfg = self.s.config
+                failover = cfg.failover_after and cfg.reliable_pools and job.failures >= cfg.failover_after
+                (bag.failover if failover else bag.retry).append(job)
+                self.work_added += 1
+        else:
+            self.emit_job(job, changes)
+
+    def finish_job(self, job: Job, state: JobState, reason: str, now: float, changes: Changes,
+                   result: int | None = None, winner: str | None = None) -> None:
+        """Move a job to a terminal state; its other running instances are cancelled on their hosts (those of
+        a job done run on with `let_replicas_finish`: their results are discarded when they come)."""
+        if reason:
+            job.reason = reason
+        if state is JobState.DONE:
+            for host_id in job.quick_failures or ():
+                culprit = self.s.hosts.get(host_id)
+                if culprit is not None and host_id != winner:
+                    culprit.stats.blame += 1
+                    self.emit_host(culprit, changes)
+        self.set_job(job, state, changes, result)
+        for iid in () if state is JobState.DONE and self.s.config.let_replicas_finish else sorted(job.live):
+            inst = self.s.instances[iid]
+            self.detach(inst)
+            self.move(inst, InstanceState.CANCELLED, now, f"job {state.value} elsewhere" if state is JobState.DONE
+                      else reason, None, changes)
+            host = self.s.hosts.get(inst.host_id)
+            if host is not None:
+                host.cancel.add(iid)
+        self.s.jobs.pop(job.job_id, None)
+        bag = self.s.bags[job.bag_id]
+        if not bag.closing and bag.counts.queued == 0 and bag.counts.running == 0:
+            self.close_bag(bag, BagState.FAILED if bag.counts.failed else BagState.COMPLETED, now, changes)
+
+    def set_job(self, job: Job, state: JobState, changes: Changes, result: int | None = None,
+                sent: bool = False) -> None:
+        sent = sent and job.state is JobState.QUEUED
+        if state is not job.state:
+            check_transition(JOB_TRANSITIONS, job.state, state)
+            counts = self.s.bags[job.bag_id].counts
+            old, new = _COUNTER[job.state], _COUNTER[state]
+            setattr(counts, old, getattr(counts, old) - 1)
+            setattr(counts, new, getattr(counts, new) + 1)
+            job.state = state
+        self.emit_job(job, changes, result, sent)
+
+    def emit_job(self, job: Job, changes: Changes, result: int | None = None, sent: bool = False) -> None:
+        prior = changes.jobs.get(job.job_id)
+        if prior is not None:
+            sent = False  # the job changed otherwise in this event: the update must be written
+            if result is None:
+                result = prior.result_instance
+        changes.jobs[job.job_id] = JobUpdate(job.job_id, job.state, job.failures, job.attempts, job.reason, result,
+                                             sent)
+        bag = self.s.bags.get(job.bag_id)
+        if bag is not None:
+            if job.job_id > bag.window.touched:
+                bag.window.touched = job.job_id
+            self.emit_bag(bag)
+
+    # -- bags -----------------------------------------------------------------------------------------
+
+    def emit_bag(self, bag: BagRecord) -> None:
+        bag.dirty = True
+        self._touched[bag.bag_id] = bag
+
+    def close_bag(self, bag: BagRecord, state: BagState, now: float, changes: Changes) -> None:
+        """End a bag; its overdue instances are forgotten (a report from one now is ignored)."""
+        bag.state = check_transition(BAG_TRANSITIONS, bag.state, state)
+        bag.window.buffer.clear()
+        bag.retry.clear()
+        bag.replicas.clear()
+        bag.failover.clear()
+        for iid in [i for i, inst in self.s.instances.items() if inst.job.bag_id == bag.bag_id]:
+            del self.s.instances[iid]
+            self.s.running.pop(iid, None)
+        for job_id in [j.job_id for j in self.s.jobs.values() if j.bag_id == bag.bag_id]:
+            del self.s.jobs[job_id]
+        self._touched.pop(bag.bag_id, None)
+        changes.bags[bag.bag_id] = BagUpdate(bag.bag_id, state, _copy(bag.counts), now)
+        del self.s.bags[bag.bag_id]
+
+    # -- checks ---------------------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Counters agree with the jobs held (only with `check_invariants`, as it walks everything)."""
+        if not self.s.config.check_invariants:
+            return
+        s = self.s
+        for bag in s.bags.values():
+            running = sum(1 for j in s.jobs.values() if j.bag_id == bag.bag_id and j.state is JobState.RUNNING)
+            assert running == bag.counts.running, (bag.bag_id, running, bag.counts)
+            assert min(bag.counts.queued, bag.counts.running, bag.counts.done, bag.counts.failed) >= 0, bag.counts
+        assert set(s.running) == {i for i, x in s.instances.items() if x.state is InstanceState.RUNNING}
+        for iid, inst in s.instances.items():
+            assert inst.state in (InstanceState.RUNNING, InstanceState.OVERDUE), (iid, inst.state)
+            assert (iid in inst.job.live) == (inst.state is InstanceState.RUNNING), iid
+
+
+_COUNTER = {s: s.value for s in JobState}
+"""The BagCounts field of each job state."""
+
+
+def _copy(counts: BagCounts) -> BagCounts:
+    return msgspec.structs.replace(counts)

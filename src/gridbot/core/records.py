@@ -1,0 +1,204 @@
+"""The dispatcher's records of what it holds: jobs, instances, bags, hosts, and the whole of them (`State`).
+
+They are the core's own: the kernel changes them, the view reads them, and nothing outside the core
+sees them (strategies, the overlay and the server read `DispatchView`, which wraps them).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from gridbot.core.changes import BagCounts
+from gridbot.core.config import DispatchConfig
+from gridbot.core.feeder import Window
+from gridbot.core.hosts import HostStats
+from gridbot.core.strategy import PlacementStrategy, TailStrategy
+from gridbot.model.records import HostInfo, Limits
+from gridbot.model.spec import BagSpec
+from gridbot.model.states import BagState, InstanceState, JobState
+from gridbot.policy.evaluator import BagPolicies, HostAd
+
+
+@dataclass(slots=True)
+class Job:
+    """A job the dispatcher currently holds: in a bag's window, running, or waiting for a late report."""
+
+    job_id: int
+    bag_id: int
+    index: int
+    line: str | None
+    state: JobState
+    failures: int = 0
+    attempts: int = 0
+    live: set[int] = field(default_factory=set)
+    overdue: set[int] | None = None
+    in_buffer: bool = False
+    reason: str = ""
+    quick_failures: list[str] | None = None
+    """Hosts that failed this job right after starting it: blamed if another host then does it."""
+    replica_pending: bool = False
+    failed_on: dict[str, float] | None = None
+    """When the job last failed on each host (the three are made on first use: most jobs never fail, and a
+    window of twenty thousand jobs paid for them all)."""
+    pools: frozenset[str] | None = None
+    """Pools the job was moved to by its placement strategy (None: any its policies accept)."""
+    replica_pools: frozenset[str] | None = None
+    """Pools its pending replica may go to, as its tail strategy chose (None: any)."""
+
+
+@dataclass(slots=True)
+class Instance:
+    """One run of a job on one host: running, or overdue and waiting for a late report."""
+
+    instance_id: int
+    job: Job
+    host_id: str
+    state: InstanceState
+    sent_at: float
+    instance_deadline: float
+
+
+@dataclass
+class BagRecord:
+    """An active bag: its spec and policies, counters, strategies, and the queues the kernel serves from."""
+
+    bag_id: int
+    spec: BagSpec
+    counts: BagCounts
+    created_at: float
+    policies: BagPolicies
+    tail_strategy: TailStrategy
+    placement: PlacementStrategy
+    state: BagState = BagState.ACTIVE
+    closing: bool = False
+    """Its owner is cancelling it: its jobs end one by one, and it closes once, as cancelled, after them."""
+    tail: bool = False
+    dirty: bool = True
+    """Counters changed since the bag's ad was last refreshed."""
+    seen_active: int = 0
+    rank: float | None = None
+    """The bag's static Rank, while its ad is unchanged."""
+    window: Window = field(default_factory=Window)
+    """The feeder's window of queued jobs read from the store (core/feeder.py)."""
+    failover: deque[Job] = field(default_factory=deque)
+    """Jobs that failed `failover_after` times, for reliable hosts only."""
+    last_sent: float = 0.0
+    """When an instance of the bag was last sent (a bag idle since long enough says why)."""
+    pool_ok: dict[str, bool] = field(default_factory=dict)
+    """GridPolicy's answer per pool, while the bag's ad and policies are unchanged."""
+    retry: deque[Job] = field(default_factory=deque)
+    """Re-queued jobs, oldest first; served before the window."""
+    replicas: deque[Job] = field(default_factory=deque)
+    """Running jobs chosen for one more instance (the tail strategy's), served after the queued jobs."""
+    run_time_sum: float = 0.0
+    good_results: int = 0
+    """Seconds from send to result summed over the good results seen since the server started, and their
+    number: `Bag.MeanRunTime`, which the default replication policy compares a straggler with."""
+    input_names: list[str] = field(default_factory=list)
+    """File names of the spec's inputs, as every assignment carries them."""
+    render: Callable[[int, str | None], tuple[str, dict[str, str], list[str]]] | None = None
+    """The spec's renderer (BagSpec.renderer), made once per spec."""
+    limits: Limits | None = None
+    """The spec's resource limits (BagSpec.limits), made once per spec and sent with every assignment."""
+    revision: int = 1
+    """The spec's revision (BagSnapshot.revision), sent with every assignment."""
+    history: dict[int, Ended] = field(default_factory=dict)
+    """The bag's last `HISTORY` instances that ended or were lost, by id (a late report replaces the loss):
+    what a tail strategy characterizes the pools from (ExPERT's Fs and gamma)."""
+
+
+HISTORY = 20_000
+"""Ended instances a bag remembers (`BagRecord.history`)."""
+
+
+class Ended(NamedTuple):
+    """An instance that ended or was lost, as a tail strategy reads it."""
+
+    instance_id: int
+    sent_at: float
+    ended_at: float | None
+    """None: lost (past its deadline, or its host silent) and not reported since."""
+    success: bool
+    pool: str
+
+
+@dataclass
+class HostRecord:
+    """A host the dispatcher heard from, with its statistics and the instances it holds."""
+
+    info: HostInfo
+    first_seen: float
+    last_seen: float
+    stats: HostStats = field(default_factory=HostStats)
+    running: set[int] = field(default_factory=set)
+    cancel: set[int] = field(default_factory=set)
+    unconfirmed: set[int] = field(default_factory=set)
+    """Instances sent in the last answer (or restored after a restart) that the host has not yet listed as
+    held: if the next exchange of the same worker run (HostInfo.session) does not list them, the answer
+    never reached it, and nobody is blamed. A restarted worker (another session) lost them: they count."""
+    watched: bool = False
+    """The host has an entry in the dispatcher's silence heap."""
+    empty_answers: int = 0
+    """Answers in a row with nothing to run, while bags were active (sets the backoff)."""
+    ad: HostAd | None = None
+    ad_attrs: dict[str, object] = field(default_factory=dict)
+    """The attributes `ad` was last written with: only changed ones are written again."""
+
+
+@dataclass
+class PoolRecord:
+    """What the dispatcher saw of one pool's hosts since it started (for strategies comparing pools)."""
+
+    done: int = 0
+    failed: int = 0
+    turnaround_sum: float = 0.0
+    """Seconds from send to good result, summed over `done`."""
+
+
+@dataclass
+class State:
+    """Everything the dispatcher holds; the kernel changes it, the view reads it."""
+
+    config: DispatchConfig
+    bags: dict[int, BagRecord] = field(default_factory=dict)
+    jobs: dict[int, Job] = field(default_factory=dict)
+    instances: dict[int, Instance] = field(default_factory=dict)
+    running: dict[int, Instance] = field(default_factory=dict)
+    """The running instances alone, oldest first (overdue ones, which may wait long for a late report, stay
+    only in `instances`)."""
+    hosts: dict[str, HostRecord] = field(default_factory=dict)
+    live_hosts: dict[str, HostRecord] = field(default_factory=dict)
+    """Hosts heard from within host_timeout, as of the last tick (or since)."""
+    pools: dict[str, PoolRecord] = field(default_factory=dict)
+    pool_ads: dict[str, dict[str, object]] = field(default_factory=dict)
+    """Ads of the pools in the pools file: a host of such a pool gets only bags whose GridPolicy accepts it."""
+    pool_errors: dict[str, str] = field(default_factory=dict)
+    """The last error of each pool that fails to start pilots (the overlay sets it)."""
+    busy: tuple[str, ...] = ()
+    """Up to two hosts that, at the last tick, ran an instance past the quick-failure window."""
+    good: list[tuple[float, str]] = field(default_factory=list)
+    """When the last two distinct hosts produced a good result, newest first (for black-hole detection)."""
+
+    def others_good_at(self, host_id: str) -> float:
+        """When a host other than `host_id` last produced a good result (-inf: never)."""
+        return next((t for t, h in self.good if h != host_id), -math.inf)
+
+
+class SplitMix:
+    """A small deterministic PRNG (SplitMix64): the core and strategies may not use the random module's
+    entropy, so runs are reproducible."""
+
+    def __init__(self, seed: int) -> None:
+        self.state = seed & 0xFFFFFFFFFFFFFFFF
+
+    def random(self) -> float:
+        """The next float in [0, 1)."""
+        self.state = (self.state + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+        z = self.state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+        return ((z ^ (z >> 31)) >> 11) / float(1 << 53)

@@ -1,0 +1,140 @@
+"""What the core asks of a bag's strategies, and the decisions they give back.
+
+The core calls strategies but never imports them: `gridbot.schedulers` implements these protocols (its
+`Strategy` classes and registry), and the server and the simulator pass the registry's factory to the
+`Dispatcher`, so both run exactly the same decisions. A strategy reads the `DispatchView` and the time it
+is given, and answers; it changes nothing itself, the kernel applies what it returns.
+
+Each bag has two, named in its spec's `[strategy]` table:
+- its tail strategy: when the bag is in its tail, which running jobs get one more instance, and each
+  instance's deadline;
+- its placement: how much the bag wants a host that asks for work (or not at all), pilots wanted per
+  pool, and jobs to move to other pools or levels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, ClassVar, NamedTuple, Protocol
+
+import msgspec
+
+from gridbot.model.spec import BagSpec
+
+if TYPE_CHECKING:
+    from gridbot.core.view import BagView, DispatchView, HostView
+
+
+class Choice(NamedTuple):
+    """A job chosen by a strategy, and why (the job's story shows it)."""
+
+    job_id: int
+    why: str
+    pools: frozenset[str] | None = None
+    """Pools its replica may go to (None: any its policies accept)."""
+
+
+class Migration(NamedTuple):
+    """Move a job to other pools: its running instances are withdrawn (no failure) and it is queued again
+    for hosts of `pools` only."""
+
+    job_id: int
+    pools: frozenset[str]
+    why: str
+
+
+class TailPlan(msgspec.Struct, frozen=True):
+    """What a tail strategy planned for its bag's tail and how the tail went (ExPERT's; `gridbot status`
+    shows it). Times are seconds, costs per tail task in the pools' currency."""
+
+    strategy: str
+    """The strategy in force, as its strategy says it ("N=3 T=1Tur D=2Tur Mr=0.1")."""
+    utility: str
+    tail_start: float
+    """When the tail began (T_tail, the server's clock)."""
+    planned_at: float
+    plans: int
+    """How many times the tail was planned (the statistics changed enough to plan it again)."""
+    tasks: int
+    """Tasks left when the tail began."""
+    predicted_makespan: float
+    """Of the tail, from `tail_start` (inf: never ends)."""
+    predicted_cost: float
+    makespan_error: float
+    """One standard deviation of the estimate's repetitions."""
+    cost_error: float
+    characterization: str
+    frontier: list[tuple[str, float, float]] = msgspec.field(default_factory=list)
+    """The Pareto frontier: (strategy, tail makespan, cost per task), fastest first."""
+    done: int = 0
+    """Tail tasks done so far."""
+    elapsed: float = 0.0
+    """Seconds since `tail_start`, as of the last look."""
+    actual_cost: float | None = None
+    """Measured so far: results returned since the tail began, priced, per tail task."""
+    actual_makespan: float | None = None
+    """Measured once every tail task has ended: its last result's time, from `tail_start`."""
+
+
+class TailStrategy(Protocol):
+    """When a bag is in its tail, which of its running jobs get another instance, and instance deadlines."""
+
+    name: ClassVar[str]
+    sets_deadline: ClassVar[bool]
+    """`deadline` may change the policies' deadline (the kernel calls it for every instance sent)."""
+
+    def in_tail(self, view: DispatchView, bag: BagView, now: float) -> bool:
+        """Whether the bag is in its tail phase now (the policies' `Bag.Tail`)."""
+        ...
+
+    def replicas(self, view: DispatchView, bag: BagView, room: int, now: float) -> Sequence[Choice]:
+        """Up to `room` running jobs of the bag to give one more instance, now (called on every tick)."""
+        ...
+
+    def deadline(self, view: DispatchView, bag: BagView, host: HostView, deadline: float, now: float) -> float:
+        """Seconds an instance sent now to `host` may run before it counts as lost; `deadline` is what the
+        bag's policies say."""
+        ...
+
+    def pilots(self, view: DispatchView, bag: BagView, pools: Sequence[str], now: float) -> Mapping[str, int] | None:
+        """Slots the bag wants per pool for its tail (e.g. ExPERT's Mr on the reliable pool); None: no
+        opinion (the placement's, or the overlay planner's, applies)."""
+        ...
+
+    def summary(self, bag: BagView) -> TailPlan | None:
+        """What the strategy planned for the bag's tail and how it went (None: nothing to show). It may be
+        asked after the bag ended, with the bag's last view."""
+        ...
+
+
+class PlacementStrategy(Protocol):
+    """How much a bag wants a host, the pilots it wants per pool, and jobs it moves between pools."""
+
+    name: ClassVar[str]
+    host_dependent: ClassVar[bool]
+    """`rank` depends on more than the policies' rank (the kernel then calls it for every request)."""
+
+    def rank(self, view: DispatchView, bag: BagView, host: HostView, rank: float, now: float) -> float | None:
+        """The bag's rank on a host asking for work, higher served first, given its policies' `rank`; None
+        refuses the host (the bag's policies have already accepted it)."""
+        ...
+
+    def pilots(self, view: DispatchView, bag: BagView, pools: Sequence[str], now: float) -> Mapping[str, int] | None:
+        """Slots the bag wants per pool among `pools` (those its GridPolicy accepts); None leaves it to the
+        overlay's planner, which spreads the bag's queued jobs over those pools."""
+        ...
+
+    def migrate(self, view: DispatchView, bag: BagView, now: float) -> Sequence[Migration]:
+        """Jobs of the bag to move to other pools or levels now (called on every tick)."""
+        ...
+
+
+class BagStrategies(NamedTuple):
+    """A bag's two strategies, made for it when it is added."""
+
+    tail: TailStrategy
+    placement: PlacementStrategy
+
+
+StrategyFactory = Callable[[int, BagSpec], BagStrategies]
+"""Makes the strategies a bag's spec names (`gridbot.schedulers.registry.factory`)."""

@@ -1,0 +1,296 @@
+"""Plan a bag's tail with ExPERT from what was seen of it (sections 4.2-4.5, end to end).
+
+`ExpertTail` runs this at the tail's start (and again as the statistics change) on what the dispatcher
+saw; `gridbot plan` runs it in the command's own process on what the server sends back, so both find
+the same frontier for the same input and seed. In order:
+
+- the pools: which are reliable, their prices (the pools file's, or the strategy's options), the
+  unreliable pools' effective size #ur and the reliable pools' capacity, which bounds Mr;
+- the characterization: online (`characterize`, the paper's three epochs of gamma) from the bag's own
+  instances, or, with fewer than `min_results` good results, offline from the results there are
+  (`from_runtimes` with the success rate seen so far);
+- the NTDMr space of section 6.1 (N = 0..3, T <= D at 0..4 T_ur, Mr from one reliable machine to
+  Mr_max), or N = infinity alone when no reliable pool can be used;
+- the estimate, kept bounded: about `BUDGET` task-worlds (300 strategies x 10 repetitions x 50 tasks,
+  0.4-0.5 s here); a larger tail is simulated with fewer repetitions (at least 3), then scaled down to
+  fewer tasks on proportionally fewer machines (same Mr, ages taken evenly), which keeps the cost per
+  task and approximates the makespan;
+- the frontier and the best strategy on it for the utility.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gridbot.schedulers.expert.characterize import (
+    Characterization,
+    CharacterizationError,
+    InstanceRecord,
+    characterize,
+    from_runtimes,
+)
+from gridbot.schedulers.expert.estimate import Estimate, Setup, estimate
+from gridbot.schedulers.expert.frontier import Utility, best, pareto, utility
+from gridbot.schedulers.expert.strategy import NTDMr, Plan, Prices, StrategyValueError, sample_space, static_plans
+
+BUDGET = 300 * 10 * 50
+"""Strategies x repetitions x simulated tasks per estimate (the event loop waits for it: well under 1 s)."""
+MIN_REPETITIONS = 3
+MR_MIN = 0.02
+"""The paper's lowest Mr (section 6.1)."""
+
+
+@dataclass(frozen=True)
+class PoolFacts:
+    """One pool as the planner needs it."""
+
+    name: str
+    reliable: bool
+    price_per_hour: float | None = None
+    """Per CPU hour (None: the pools file does not say)."""
+    charging_period: float | None = None
+    slots: int = 0
+    """Slots of its hosts heard from lately."""
+    capacity: int = 0
+    """Slots it may have at most (MaxRunning x Cpus of its ad; 0: unknown, its live slots count)."""
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What was seen of the bag at `now`: its instances, the tasks left and the pools."""
+
+    now: float
+    records: tuple[InstanceRecord, ...]
+    """The instances that ended, or were lost (ended_at None)."""
+    out: tuple[InstanceRecord, ...]
+    """The instances still out (ended_at None)."""
+    ages: tuple[float, ...]
+    """Per task left with an instance out on an unreliable pool: seconds since the newest was sent."""
+    tasks: int
+    pools: tuple[PoolFacts, ...]
+    throughput_deadline: float
+    """D of the instances sent before the tail (the bag's instance deadline)."""
+    mean_run_time: float = 0.0
+    """Mean seconds from send to good result (a last resort when no turnaround was recorded)."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The user's input (section 4.2): utility, Mr_max, repetitions, and prices the pools file lacks."""
+
+    utility: str = "product"
+    mr_max: float = 0.1
+    repetitions: int = 10
+    price_unreliable: float | None = None
+    price_reliable: float | None = None
+    charging_period: float | None = None
+    min_results: int = 10
+    """Good unreliable results below which the characterization is offline (from those results)."""
+    seed: int = 0
+    pin: str = ""
+    """A strategy to apply whatever the utility says (`parse_pin`); it is estimated with the others."""
+
+
+@dataclass(frozen=True)
+class Planning:
+    """A planned tail: the characterization, the space, its estimate, the frontier and the choice."""
+
+    char: Characterization
+    source: str
+    """How the pools were characterized, for people."""
+    setup: Setup
+    scale: float
+    """Simulated tasks over tasks left (1: all simulated)."""
+    space: list[NTDMr]
+    estimate: Estimate
+    frontier: list[int]
+    """Indices into `space`, by increasing makespan."""
+    chosen: int | None
+    """Index into `space` of the best strategy for `utility` (None: nothing meets its bound)."""
+    utility: Utility
+    unreliable: int
+    """#ur, the unreliable pools' effective size."""
+    reliable_capacity: int
+    prices: Prices
+    observed: Observed = field(repr=False)
+    seed: int = 0
+
+    @property
+    def strategy(self) -> NTDMr | None:
+        return self.space[self.chosen] if self.chosen is not None else None
+
+    def describe(self, s: NTDMr) -> str:
+        return s.describe(self.char.tur)
+
+    def point(self, index: int) -> tuple[float, float]:
+        """The tail makespan (seconds) and cost per task of a strategy of the space."""
+        return float(self.estimate.tail_makespan[index]), float(self.estimate.cost[index])
+
+    def spread(self, index: int) -> tuple[float, float]:
+        """One standard deviation over the repetitions of a strategy's tail makespan and cost."""
+        runs_m = self.estimate.runs_tail_makespan[index]
+        runs_c = self.estimate.runs_cost[index]
+        return float(np.std(runs_m)) if np.all(np.isfinite(runs_m)) else math.inf, float(np.std(runs_c))
+
+
+def reliable_pools(pools: Sequence[PoolFacts]) -> frozenset[str]:
+    return frozenset(p.name for p in pools if p.reliable)
+
+
+def prices(pools: Sequence[PoolFacts], settings: Settings) -> Prices:
+    """C_ur: the unreliable pools' price per CPU hour weighted by their slots; C_r and the charging period:
+    the cheapest reliable pool's. An option wins over the pools file; what neither says is the paper's
+    (Table 2: 1 and 34 per hour, the reliable pool charging by the second)."""
+    default = Prices()
+    unreliable = [p for p in pools if not p.reliable and p.price_per_hour is not None]
+    c_ur = settings.price_unreliable
+    if c_ur is None and unreliable:
+        weights = [max(1, p.slots) for p in unreliable]
+        c_ur = sum(w * (p.price_per_hour or 0.0) for w, p in zip(weights, unreliable, strict=True)) / sum(weights)
+    reliable = sorted((p for p in pools if p.reliable and p.price_per_hour is not None),
+                      key=lambda p: p.price_per_hour or 0.0)
+    c_r = settings.price_reliable
+    if c_r is None and reliable:
+        c_r = reliable[0].price_per_hour
+    period = settings.charging_period
+    if period is None and reliable:
+        period = reliable[0].charging_period
+    return Prices(default.unreliable_per_hour if c_ur is None else c_ur,
+                  default.reliable_per_hour if c_r is None else c_r,
+                  period or default.charging_period)
+
+
+def characterization(obs: Observed, settings: Settings) -> tuple[Characterization, str]:
+    """Online from the bag's instances when it has `min_results` good unreliable results, else offline from
+    the results it has (CharacterizationError when it has none)."""
+    ended = [r for r in obs.records if not r.reliable]
+    good = [r for r in ended if r.success and r.ended_at is not None and r.ended_at <= obs.now]
+    if len(good) >= settings.min_results:
+        char = characterize([*obs.records, *obs.out], obs.now, obs.throughput_deadline)
+        return char, (f"online: {len(good)} results of {len(ended)} unreliable instances ended, "
+                      f"gamma {char.gamma_future:.2f}")
+    runtimes = [r.ended_at - r.sent_at for r in good if r.ended_at is not None]
+    if not runtimes and obs.mean_run_time > 0:
+        runtimes = [obs.mean_run_time]
+    if not runtimes:
+        raise CharacterizationError("no instance of the bag has returned a result yet")
+    success = len(good) / len(ended) if ended else 1.0
+    reliable_took = [r.ended_at - r.sent_at for r in obs.records
+                     if r.reliable and r.success and r.ended_at is not None and r.ended_at <= obs.now]
+    char = from_runtimes(runtimes, max(0.05, success), reliable_took or None)
+    return char, f"offline: {len(good)} results so far (fewer than {settings.min_results}), success {success:.2f}"
+
+
+def unreliable_size(obs: Observed) -> int:
+    """#ur: the unreliable pools' live slots, at least the tasks with an instance out there."""
+    return max(sum(p.slots for p in obs.pools if not p.reliable), len(obs.ages))
+
+
+def reliable_capacity(obs: Observed) -> int:
+    return sum(max(p.capacity, p.slots) for p in obs.pools if p.reliable)
+
+
+def space(tur: float, unreliable: int, capacity: int, mr_max: float) -> list[NTDMr]:
+    """The sampled NTDMr strategies for #ur = `unreliable` and `capacity` reliable slots.
+
+    Mr runs from the paper's 0.02 (but at least one reliable machine) to Mr_max (but at most the reliable
+    capacity; at least one machine when there is any, so a bag on fewer than 1/Mr_max unreliable slots
+    may still use the reliable pool). Strategies giving the same number of reliable machines are one.
+    No reliable capacity: the paper's "user without a reliable environment", N = infinity alone."""
+    ur = max(1, unreliable)
+    if capacity <= 0:
+        return [NTDMr(None, s.t, s.d, 0.0) for s in sample_space(tur, MR_MIN, n_values=range(1), mr_points=1)]
+    top = min(max(mr_max, 1.0 / ur), capacity / ur)
+    low = min(top, max(MR_MIN, 0.5 / ur))
+    sampled = sample_space(tur, top, mr_points=5 if top > low else 1, mr_min=low)
+    seen: dict[tuple[int | None, float, float, int], NTDMr] = {}
+    for s in sampled:
+        seen.setdefault((s.n, s.t, s.d, max(1, s.reliable_machines(ur))), s)
+    return list(seen.values())
+
+
+def bounded(obs: Observed, unreliable: int, strategies: int, repetitions: int) -> tuple[int, int, tuple[float, ...],
+                                                                                        int]:
+    """(tasks, unreliable machines, ages, repetitions) to simulate within BUDGET."""
+    tasks = max(1, obs.tasks)
+    reps = max(1, repetitions)
+    if strategies * reps * tasks > BUDGET:
+        reps = max(min(reps, MIN_REPETITIONS), BUDGET // (strategies * tasks))
+    top = max(1, BUDGET // (strategies * reps))
+    if tasks <= top:
+        return tasks, unreliable, obs.ages[:min(tasks, unreliable)], reps
+    factor = top / tasks
+    ur = max(1, round(unreliable * factor))
+    keep = min(top, ur, len(obs.ages))
+    ages = tuple(obs.ages[int(i * len(obs.ages) / keep)] for i in range(keep)) if keep else ()
+    return top, ur, ages, reps
+
+
+def plan(obs: Observed, settings: Settings) -> Planning:
+    """Characterize, sample, estimate, and choose (CharacterizationError when nothing can be planned yet)."""
+    char, source = characterization(obs, settings)
+    price = prices(obs.pools, settings)
+    ur = max(1, unreliable_size(obs))
+    capacity = reliable_capacity(obs)
+    strategies = space(char.tur, ur, capacity, settings.mr_max)
+    if settings.pin:
+        strategies.append(parse_pin(settings.pin, char.tur))
+    tasks, sim_ur, ages, reps = bounded(obs, ur, len(strategies), settings.repetitions)
+    setup = Setup(tasks, sim_ur, price, ages=ages, throughput_deadline=obs.throughput_deadline)
+    est = estimate(char, strategies, setup, repetitions=reps, seed=settings.seed)
+    front = [int(i) for i in pareto(est.tail_makespan, est.cost) if np.isfinite(est.tail_makespan[i])]
+    chosen_utility = utility(settings.utility)
+    chosen = best(est.tail_makespan, est.cost, chosen_utility, front) if front else None
+    if settings.pin:
+        chosen = len(strategies) - 1
+    return Planning(char, source, setup, tasks / max(1, obs.tasks), strategies, est, front, chosen, chosen_utility,
+                    ur, capacity, price, obs, settings.seed)
+
+
+def statics(planning: Planning, mr_max: float, budget: float | None = None) -> dict[str, tuple[float, float]]:
+    """The paper's static strategies (section 5.3) on the same tail and prices: (tail makespan, cost per task).
+
+    On a tail, AR and TRR coincide (everything left goes to the reliable pool at once) and CN1T0 is N = 1,
+    T = 0; B's budget is `budget` per task, else the paper's proportion (2/3 cent against a reliable run
+    of 19.5 cents: 1/29 of one reliable run)."""
+    char, setup = planning.char, planning.setup
+    ur = max(1, setup.unreliable)
+    mr = min(max(mr_max, 1.0 / ur), planning.reliable_capacity / ur) if planning.reliable_capacity else 0.0
+    per_task = float(planning.prices.reliable(np.array([char.tr]))[0])
+    per_task_budget = budget if budget is not None else per_task / 29.0
+    thr = setup.throughput_deadline if setup.throughput_deadline is not None else 4.0 * char.tur
+    plans: dict[str, Plan] = static_plans(char.tur, mr, setup.tasks, per_task_budget, thr)
+    if mr == 0.0:
+        plans = {"AUR": plans["AUR"]}
+    names = list(plans)
+    est = estimate(char, [plans[n] for n in names], setup, repetitions=planning.estimate.runs_cost.shape[1],
+                   seed=planning.seed)
+    return {n: (float(est.tail_makespan[i]), float(est.cost[i])) for i, n in enumerate(names)}
+
+
+def parse_pin(text: str, tur: float) -> NTDMr:
+    """A strategy written as `describe` writes it: "N=3 T=2066 D=4132 Mr=0.02", T and D in seconds or in
+    units of T_ur ("T=1Tur"), N a whole number or "inf" (StrategyValueError when it is not)."""
+    values: dict[str, str] = {}
+    for part in text.split():
+        key, eq, value = part.partition("=")
+        if not eq or key.strip().lower() not in ("n", "t", "d", "mr"):
+            raise StrategyValueError(f"strategy {text!r}: write it as 'N=3 T=1Tur D=2Tur Mr=0.02' (T and D in "
+                                     "seconds, or in units of T_ur)")
+        values[key.strip().lower()] = value.strip()
+    if set(values) != {"n", "t", "d", "mr"}:
+        raise StrategyValueError(f"strategy {text!r} must give N, T, D and Mr, as in 'N=3 T=1Tur D=2Tur Mr=0.02'")
+
+    def seconds(v: str) -> float:
+        return float(v[:-3]) * tur if v.lower().endswith("tur") else float(v)
+
+    try:
+        n = None if values["n"].lower() in ("inf", "infinity", "none") else int(values["n"])
+        return NTDMr(n, seconds(values["t"]), seconds(values["d"]), float(values["mr"]))
+    except ValueError:
+        raise StrategyValueError(f"strategy {text!r}: N is a whole number or inf, T and D seconds (or 2Tur), Mr "
+                                 "a number") from None

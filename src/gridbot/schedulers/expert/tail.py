@@ -1,0 +1,334 @@
+"""`tail = "expert"`: ExPERT chooses the bag's tail strategy at T_tail and gridbot applies it.
+
+The tail begins when none of the bag's jobs is queued (ExPERT's T_tail: every task sent once), and
+stays begun. Then `planner.plan` characterizes the pools from the bag's own instances, estimates the
+sampled NTDMr strategies and picks the best on the frontier for the bag's `utility`; it plans again when
+the bag's instances have grown by `replan_growth` and `replan_after` seconds have passed. Each estimate
+runs on the server's event loop: `planner.BUDGET` keeps it near half a second.
+
+The chosen (N, T, D, Mr) is applied as section 3 and the estimator (`estimate.py`) have it, per task:
+- a task gets another instance once T seconds have passed since its last instance was sent, with no
+  result, and none of its instances waits to be sent;
+- instances 1..N counted from T_tail (the throughput phase's are not counted) go to the unreliable
+  pools, each with instance deadline D; instance N+1 goes to the reliable pools, and then the task
+  waits for it (the reliable pools never fail in the model; their instances keep the policies' deadline);
+- the reliable pools serve at most Mr x #ur instances at once, first come first served: a task due for
+  the reliable pool waits here, in the order its timer ran out, until one of those machines is free;
+- the overlay is asked for Mr x #ur slots on the reliable pools (`pilots`).
+
+Which pools are reliable: the server's `--reliable-pool`s (DispatchConfig.reliable_pools, the paper's
+fail-over pools, Host.Reliable) when it names any, else the pools whose ad says Reliability "reliable"
+(the pools file's `reliability`; a simulated cluster or cloud). Every other pool is unreliable.
+
+Where gridbot differs from the model: a host that reports a failure, or goes silent past the host
+timeout, makes its instance end before D, and a job left with no instance is queued again by the core at
+once, for the first host that asks (the core's retry queue, which no tail strategy routes); that instance
+counts against N like any other if it lands on an unreliable pool. The paper lists the same difference
+(section 6.3, cause 3).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import ClassVar
+
+import numpy as np
+
+from gridbot.core.records import Ended
+from gridbot.core.strategy import Choice, TailPlan
+from gridbot.core.view import BagView, DispatchView, HostView, JobView
+from gridbot.model.spec import StrategyOption
+from gridbot.schedulers.base import StrategyError, TailStrategy
+from gridbot.schedulers.expert.characterize import CharacterizationError, InstanceRecord
+from gridbot.schedulers.expert.frontier import ExpressionError, utility
+from gridbot.schedulers.expert.planner import Observed, Planning, PoolFacts, Settings, parse_pin, plan
+from gridbot.schedulers.expert.strategy import NTDMr, StrategyValueError
+
+
+class ExpertTail(TailStrategy):
+    """ExPERT's NTDMr tail, chosen from the Pareto frontier by the bag's utility."""
+
+    name = "expert"
+    sets_deadline = True
+    options: ClassVar[Mapping[str, StrategyOption]] = {
+        "utility": "product",
+        "mr_max": 0.1,
+        "repetitions": 10,
+        "price_unreliable": -1.0,
+        "price_reliable": -1.0,
+        "charging_period": -1.0,
+        "min_results": 10,
+        "replan_growth": 0.25,
+        "replan_after": 60.0,
+        "pin": "",
+    }
+    """utility: makespan, cost, product, deadline:SECONDS, budget:AMOUNT or an expression over Makespan and
+    Cost; mr_max: most reliable machines per unreliable one; repetitions of the estimate; prices per CPU
+    hour and the reliable charging period in seconds (-1: the pools file's, else the paper's); min_results:
+    good results below which the pools are characterized offline; re-plan when the bag's instances grew
+    by replan_growth and replan_after seconds passed; pin: apply this strategy ("N=3 T=1Tur D=2Tur Mr=0.1")."""
+
+    @classmethod
+    def validate(cls, options: Mapping[str, StrategyOption]) -> None:
+        try:
+            utility(str(options.get("utility", "product")))
+            if options.get("pin"):
+                parse_pin(str(options["pin"]), 1.0)
+        except (ExpressionError, StrategyValueError) as e:
+            raise StrategyError(f"tail = 'expert': {e}") from None
+        for key, low in (("mr_max", 0.0), ("repetitions", 1), ("min_results", 1), ("replan_growth", 0.0)):
+            value = options.get(key, cls.options[key])
+            if isinstance(value, int | float) and (value < low or (key == "mr_max" and value <= 0)):
+                bound = "above" if key == "mr_max" else "at least"
+                raise StrategyError(f"tail = 'expert': option {key} must be {bound} {low}, not {value!r}")
+
+    def __init__(self, bag_id: int, seed: int, options: Mapping[str, StrategyOption]) -> None:
+        super().__init__(bag_id, seed, options)
+        self.tail_start: float | None = None
+        self.done_at_start = 0
+        self.tasks = 0
+        self.planning: Planning | None = None
+        self.strategy: NTDMr | None = None
+        self.plans = 0
+        self.planned_at = 0.0
+        self.instances_at_plan = 0
+        self.spent_at_plan = 0.0
+        self.throughput_deadline = 0.0
+        self.why_not = ""
+        """Why the tail is not planned yet (nothing returned, say)."""
+        self.reliable: frozenset[str] = frozenset()
+        self.seen: set[int] = set()
+        self.seen_up_to = 0
+        self.last: dict[int, float] = {}
+        """Per task: when its last instance was sent."""
+        self.unreliable_sent: dict[int, int] = {}
+        """Per task: instances sent to the unreliable pools since T_tail (the model's N counts these)."""
+        self.reliable_sent: set[int] = set()
+        self.to_reliable: set[int] = set()
+        """Tasks chosen for the reliable pool whose instance was not sent yet."""
+        self.last_now = 0.0
+
+    # -- the tail and its plan ------------------------------------------------------------------------
+
+    def in_tail(self, view: DispatchView, bag: BagView, now: float) -> bool:
+        if self.tail_start is None and bag.queued == 0 and bag.running > 0:
+            self.tail_start = now
+            self.done_at_start = bag.counts.done
+            self.tasks = bag.running
+        return self.tail_start is not None
+
+    def planner_settings(self) -> Settings:
+        """The options as the planner takes them (a negative price: the pools file's)."""
+        def given(key: str) -> float | None:
+            value = self.number(key)
+            return None if value < 0 else value
+
+        return Settings(str(self.settings["utility"]), self.number("mr_max"), int(self.number("repetitions")),
+                        given("price_unreliable"), given("price_reliable"), given("charging_period"),
+                        int(self.number("min_results")), self.seed + self.plans, str(self.settings["pin"]))
+
+    def plan(self, view: DispatchView, bag: BagView, now: float) -> None:
+        """Plan the tail at its start, and again when the statistics changed enough."""
+        if self.tail_start is None:
+            return
+        instances = bag.counts.instances
+        if self.planning is not None and not (
+                instances >= self.instances_at_plan * (1.0 + self.number("replan_growth"))
+                and now - self.planned_at >= self.number("replan_after")):
+            return
+        self.track(view, bag, now)
+        observed = self.observe(view, bag, now)
+        try:
+            planning = plan(observed, self.planner_settings())
+        except CharacterizationError as e:
+            self.why_not = str(e)
+            return
+        self.planning, self.planned_at, self.instances_at_plan = planning, now, instances
+        self.spent_at_plan = self.spent(bag.history, planning)
+        self.strategy = planning.strategy
+        self.plans += 1
+
+    def observe(self, view: DispatchView, bag: BagView, now: float) -> Observed:
+        """What the planner needs, from the view: the pools, the bag's instances, the tasks left."""
+        cfg = view.config
+        pools = view.pools(now)
+        ads = {name: view.pool_ad(name) or {} for name in {*view.pool_names(), *pools}}
+        self.reliable = frozenset(cfg.reliable_pools) if cfg.reliable_pools else frozenset(
+            name for name, ad in ads.items() if str(ad.get("Reliability", "")).lower() == "reliable")
+        facts = []
+        for name, ad in sorted(ads.items()):
+            live = pools.get(name)
+            capacity = _int(ad.get("MaxRunning")) * max(1, _int(ad.get("Cpus")))
+            facts.append(PoolFacts(name, name in self.reliable, _float(ad.get("PricePerCpuHour")),
+                                   _float(ad.get("ChargingPeriod")), live.slots if live else 0, capacity))
+        records = tuple(InstanceRecord(e.sent_at, e.ended_at, e.success, e.pool in self.reliable)
+                        for e in bag.history)
+        out, ages, deadlines = [], [], []
+        for job in view.running_jobs(bag.bag_id):
+            newest = None
+            for inst in view.instances(job.job_id):
+                host = view.host(inst.host_id)
+                reliable = host is not None and host.pool in self.reliable
+                out.append(InstanceRecord(inst.sent_at, None, False, reliable))
+                if not reliable:
+                    newest = inst.sent_at if newest is None else max(newest, inst.sent_at)
+                if inst.sent_at < (self.tail_start or now):
+                    deadlines.append(inst.deadline - inst.sent_at)
+            if newest is not None:
+                ages.append(now - newest)
+        if not self.throughput_deadline:
+            deadlines.sort()
+            self.throughput_deadline = deadlines[len(deadlines) // 2] if deadlines else bag.spec.instance_deadline
+        return Observed(now, records, tuple(out), tuple(ages), bag.running + bag.queued, tuple(facts),
+                        self.throughput_deadline, bag.mean_run_time)
+
+    # -- what the core asks ---------------------------------------------------------------------------
+
+    def replicas(self, view: DispatchView, bag: BagView, room: int, now: float) -> Sequence[Choice]:
+        self.last_now = now
+        self.plan(view, bag, now)
+        s, planning = self.strategy, self.planning
+        if s is None or planning is None or self.tail_start is None:
+            return ()
+        self.track(view, bag, now)
+        desc = planning.describe(s)
+        limit = math.inf if s.n is None else s.n
+        unreliable = frozenset(n for n in (*view.pool_names(), *view.pools(now)) if n not in self.reliable)
+        out: list[Choice] = []
+        due_reliable: list[tuple[float, int, int, float]] = []
+        busy = 0
+        for job in view.running_jobs(bag.bag_id):
+            live = view.instances(job.job_id)
+            busy += sum(1 for i in live if self._reliable_host(view, i.host_id))
+            if job.replica_pending or job.job_id in self.reliable_sent or len(live) >= view.config.max_replicas:
+                continue
+            last = max(self.last.get(job.job_id, -math.inf), *(i.sent_at for i in live))
+            if now < last + s.t:
+                continue
+            sent = self.unreliable_sent.get(job.job_id, 0)
+            if sent < limit:
+                if len(out) < room and unreliable:
+                    out.append(Choice(job.job_id, f"ExPERT {desc}: no result {now - last:.0f} s after its last "
+                                      f"instance was sent (T = {s.t:.0f} s): unreliable instance {sent + 1} of "
+                                      f"N = {'inf' if s.n is None else s.n} since the tail began, deadline D = "
+                                      f"{s.d:.0f} s ({planning.utility.name})", unreliable))
+            else:
+                due_reliable.append((last + s.t, job.job_id, sent, now - last))
+        machines = max(1, s.reliable_machines(planning.unreliable)) if s.mr > 0 else 0
+        pending = sum(1 for j in self.to_reliable if _pending(view, j))
+        free = machines - busy - pending
+        for _, job_id, sent, waited in sorted(due_reliable)[:max(0, min(free, room - len(out)))]:
+            self.to_reliable.add(job_id)
+            out.append(Choice(job_id, f"ExPERT {desc}: {sent} unreliable instance(s) since the tail began and no "
+                                      f"result {waited:.0f} s after the last (T = {s.t:.0f} s): instance N+1 goes to "
+                                      f"the reliable pool ({busy + pending} of Mr x #ur = {machines} reliable "
+                                      f"machines in use; {planning.utility.name})", self.reliable))
+        return out
+
+    def deadline(self, view: DispatchView, bag: BagView, host: HostView, deadline: float, now: float) -> float:
+        s = self.strategy
+        if s is None or self.tail_start is None or host.pool in self.reliable or s.n == 0:
+            return deadline
+        return max(1.0, s.d)
+
+    def pilots(self, view: DispatchView, bag: BagView, pools: Sequence[str], now: float) -> Mapping[str, int] | None:
+        s, planning = self.strategy, self.planning
+        if s is None or planning is None or self.tail_start is None:
+            return None
+        wanted: dict[str, int] = {}
+        machines = max(1, s.reliable_machines(planning.unreliable)) if s.mr > 0 and s.n is not None else 0
+        for name in [p for p in pools if p in self.reliable]:
+            ad = view.pool_ad(name) or {}
+            cap = _int(ad.get("MaxRunning")) * max(1, _int(ad.get("Cpus"))) or machines
+            wanted[name] = min(machines, cap)
+            machines -= wanted[name]
+        others = [p for p in pools if p not in self.reliable]
+        waiting = bag.queued + max(0, bag.waiting_replicas - sum(1 for j in self.to_reliable if _pending(view, j)))
+        for i, name in enumerate(others):
+            wanted[name] = waiting // len(others) + (1 if i < waiting % len(others) else 0)
+        return wanted
+
+    # -- bookkeeping ----------------------------------------------------------------------------------
+
+    def track(self, view: DispatchView, bag: BagView, now: float) -> None:
+        """Count each task's instances since T_tail per kind of pool, from those out now and those lost
+        since the last look (an overdue instance still names its job)."""
+        start = self.tail_start if self.tail_start is not None else now
+        for job in view.running_jobs(bag.bag_id):
+            for inst in view.instances(job.job_id):
+                self._count(view, job.job_id, inst.instance_id, inst.host_id, inst.sent_at, start)
+        if bag.counts.instances != self.seen_up_to:
+            self.seen_up_to = bag.counts.instances
+            for e in bag.history:
+                if e.instance_id not in self.seen and e.sent_at >= start:
+                    lost = view.instance(e.instance_id)
+                    if lost is not None:
+                        self._count(view, lost.job_id, e.instance_id, lost.host_id, e.sent_at, start)
+        self.to_reliable = {j for j in self.to_reliable if j not in self.reliable_sent and _pending(view, j)}
+
+    def _count(self, view: DispatchView, job_id: int, instance_id: int, host_id: str, sent_at: float,
+               start: float) -> None:
+        if instance_id in self.seen:
+            return
+        self.seen.add(instance_id)
+        self.last[job_id] = max(self.last.get(job_id, -math.inf), sent_at)
+        if sent_at < start:
+            return
+        if self._reliable_host(view, host_id):
+            self.reliable_sent.add(job_id)
+        else:
+            self.unreliable_sent[job_id] = self.unreliable_sent.get(job_id, 0) + 1
+
+    def _reliable_host(self, view: DispatchView, host_id: str) -> bool:
+        host = view.host(host_id)
+        return host is not None and host.pool in self.reliable
+
+    def spent(self, history: Sequence[Ended], planning: Planning) -> float:
+        """What the results returned since T_tail cost, at the planning's prices (the estimator's)."""
+        start = self.tail_start
+        paid = [e for e in history if e.success and e.ended_at is not None and start is not None and e.ended_at > start]
+        if not paid:
+            return 0.0
+        took = np.array([max(0.0, (e.ended_at or 0.0) - e.sent_at) for e in paid])
+        reliable = np.array([e.pool in self.reliable for e in paid])
+        prices = planning.prices
+        return float(np.where(reliable, prices.reliable(took), prices.unreliable(took)).sum())
+
+    def summary(self, bag: BagView) -> TailPlan | None:
+        s, planning, start = self.strategy, self.planning, self.tail_start
+        if s is None or planning is None or start is None:
+            return None
+        history = bag.history
+        tasks = max(1, self.tasks)
+        spent = self.spent(history, planning)
+        index = planning.chosen if planning.chosen is not None else 0
+        makespan, cost = planning.point(index)
+        makespan_sd, cost_sd = planning.spread(index)
+        left = max(1, planning.observed.tasks)
+        predicted_cost = (self.spent_at_plan + cost * left) / tasks
+        ended = bag.counts.queued + bag.counts.running == 0
+        finished = max((e.ended_at for e in history if e.success and e.ended_at is not None), default=None)
+        actual = finished - start if ended and finished is not None else None
+        frontier = [(planning.describe(planning.space[i]), *planning.point(i)) for i in planning.frontier]
+        return TailPlan(planning.describe(s), planning.utility.name, start, self.planned_at, self.plans, self.tasks,
+                        self.planned_at - start + makespan, predicted_cost, makespan_sd, cost_sd * left / tasks,
+                        planning.source, frontier, bag.counts.done - self.done_at_start,
+                        actual if actual is not None else max(0.0, self.last_now - start), spent / tasks, actual)
+
+
+def _pending(view: DispatchView, job_id: int) -> bool:
+    job: JobView | None = view.job(job_id)
+    return job is not None and job.replica_pending
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def _float(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and _number(value) else None
+
+
+def _int(value: object) -> int:
+    return int(value) if _number(value) else 0  # type: ignore[call-overload]

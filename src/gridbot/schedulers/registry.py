@@ -1,0 +1,79 @@
+"""The registry of strategies by name, and the factory the server and the simulator give the dispatcher.
+
+Adding a strategy is one module (a subclass of `TailStrategy` or `Placement`) and one line below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TypeVar
+
+from gridbot.core.strategy import BagStrategies, StrategyFactory
+from gridbot.model.spec import BagSpec, StrategyChoice, closest
+from gridbot.schedulers.base import Placement, StrategyError, TailStrategy
+from gridbot.schedulers.expert.tail import ExpertTail
+from gridbot.schedulers.placement import GridBotPlacement
+from gridbot.schedulers.replication import GridBotTail
+
+TAILS: dict[str, type[TailStrategy]] = {
+    GridBotTail.name: GridBotTail,
+    ExpertTail.name: ExpertTail,
+}
+PLACEMENTS: dict[str, type[Placement]] = {
+    GridBotPlacement.name: GridBotPlacement,
+}
+
+
+def check(choice: StrategyChoice) -> None:
+    """Refuse (StrategyError, naming the fix) a `[strategy]` table naming an unknown strategy, or options
+    neither of its strategies takes, or an option of the wrong type."""
+    tail = _lookup("tail", choice.tail, TAILS)
+    placement = _lookup("placement", choice.placement, PLACEMENTS)
+    known: dict[str, object] = {**tail.options, **placement.options}
+    for key, value in choice.options.items():
+        if key not in known:
+            takes = ", ".join(sorted(known)) or "no options"
+            hint = closest(key, list(known))
+            raise StrategyError(f"strategy option '{key}' is not an option of tail = {choice.tail!r} or placement = "
+                                f"{choice.placement!r}: {hint + ' ' if hint else ''}they take {takes}")
+        default = known[key]
+        if not _same_type(value, default):
+            raise StrategyError(f"strategy option '{key}' must be {type(default).__name__} like its default "
+                                f"{default!r}, not {value!r}")
+    tail.validate(choice.options)
+    placement.validate(choice.options)
+
+
+def factory(seed: int = 1) -> StrategyFactory:
+    """Makes a bag's strategies from its spec (checked at submission with `check`); `seed` seeds the
+    strategies' random draws, different per bag."""
+
+    def make(bag_id: int, spec: BagSpec) -> BagStrategies:
+        choice = spec.strategy
+        bag_seed = seed + (bag_id - 1) * 7919
+        tail = _lookup("tail", choice.tail, TAILS)(bag_id, bag_seed, choice.options)
+        placement = _lookup("placement", choice.placement, PLACEMENTS)(bag_id, bag_seed, choice.options)
+        return BagStrategies(tail, placement)
+
+    return make
+
+
+S = TypeVar("S")
+
+
+def _lookup(role: str, name: str, table: Mapping[str, type[S]]) -> type[S]:
+    cls = table.get(name)
+    if cls is None:
+        hint = closest(name, list(table))
+        raise StrategyError(f"unknown {role} strategy {name!r} in [strategy]; "
+                            + (f"{hint} " if hint else "")
+                            + f"the {role} strategies are: {', '.join(sorted(table))}")
+    return cls
+
+
+def _same_type(value: object, default: object) -> bool:
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(value, bool) and isinstance(default, bool)
+    if isinstance(default, float):
+        return isinstance(value, int | float)
+    return type(value) is type(default)

@@ -1,0 +1,329 @@
+"""ExPERT's pure core (issue 15): characterization, strategy space, estimator, frontier and utilities."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from gridbot.errors import GridbotError
+from gridbot.schedulers.expert import (
+    ExpressionError,
+    InstanceRecord,
+    NTDMr,
+    Prices,
+    Setup,
+    Utility,
+    best,
+    characterize,
+    dominating,
+    estimate,
+    from_runtimes,
+    pareto,
+    sample_space,
+    static_plans,
+    utility,
+)
+from gridbot.schedulers.expert.characterize import CharacterizationError
+from gridbot.schedulers.expert.estimate import EstimateError
+from gridbot.schedulers.expert.strategy import Combine, StrategyValueError
+
+PRICES = Prices(unreliable_per_hour=1.0, reliable_per_hour=36.0)
+R = 1000.0
+
+
+def fixed(success: float = 1.0, reliable: float = R):
+    """Every successful instance takes R seconds; the reliable pool takes `reliable`."""
+    return from_runtimes([R], success, reliable)
+
+
+def one(char, strategy, setup, **kw):
+    e = estimate(char, [strategy], setup, **kw)
+    return e.makespan[0], e.cost[0], e.reliable[0]
+
+
+# -- the estimator against closed forms ----------------------------------------------------------------------
+
+
+def test_n0_sends_every_task_to_the_reliable_pool():
+    makespan, cost, reliable = one(fixed(), NTDMr(0, 0.0, R, 0.5), Setup(tasks=10, unreliable=10, prices=PRICES))
+    assert makespan == pytest.approx(2 * R)  # 10 tasks on 5 reliable machines, two rounds
+    assert cost == pytest.approx(R * 36.0 / 3600)  # every task paid once, at the reliable price
+    assert reliable == 10
+
+
+def test_one_reliable_machine_serves_the_tail_in_turn():
+    makespan, _, _ = one(fixed(), NTDMr(0, 0.0, R, 0.02), Setup(tasks=7, unreliable=50, prices=PRICES))
+    assert makespan == pytest.approx(7 * R)  # Mr = 0.02 of 50 machines: one
+
+
+def test_reliable_unreliable_pool_without_replication_takes_one_runtime():
+    makespan, cost, reliable = one(fixed(), NTDMr(None, 4 * R, 4 * R, 0.1), Setup(tasks=10, unreliable=10,
+                                                                                   prices=PRICES))
+    assert makespan == pytest.approx(R)
+    assert cost == pytest.approx(R / 3600)
+    assert reliable == 0
+
+
+def test_a_whole_bag_runs_in_waves_and_its_tail_starts_when_machines_go_idle():
+    e = estimate(fixed(), [NTDMr(None, 4 * R, 4 * R, 0.0)], Setup(tasks=25, unreliable=10, bag=True, prices=PRICES))
+    assert e.makespan[0] == pytest.approx(3 * R)
+    assert e.tail_makespan[0] == pytest.approx(R)  # 5 tasks left after the second wave
+
+
+def test_a_timed_out_instance_hands_over_to_the_reliable_pool_after_t():
+    makespan, cost, reliable = one(fixed(), NTDMr(1, R / 2, R / 2, 1.0), Setup(tasks=4, unreliable=4, prices=PRICES))
+    assert makespan == pytest.approx(1.5 * R)  # times out at R/2, the reliable instance then takes R
+    assert cost == pytest.approx(R * 36.0 / 3600)  # the timed-out instance costs nothing
+    assert reliable == 4
+
+
+def test_replicas_already_sent_run_on_and_their_results_are_paid():
+    makespan, cost, reliable = one(fixed(), NTDMr(1, 0.0, 4 * R, 1.0), Setup(tasks=5, unreliable=5, prices=PRICES))
+    assert makespan == pytest.approx(R)
+    assert cost == pytest.approx(R * (1.0 + 36.0) / 3600)
+    assert reliable == 5
+
+
+def test_a_queued_reliable_instance_is_cancelled_when_the_task_succeeds():
+    # one reliable machine, T = 0: every task queues a reliable instance at once, but the unreliable
+    # instances return after R, before the reliable machine reaches most of them
+    _, cost, reliable = one(fixed(), NTDMr(1, 0.0, 4 * R, 0.1), Setup(tasks=10, unreliable=10, prices=PRICES))
+    assert reliable == 1
+    assert cost == pytest.approx((10 * R * 1.0 + R * 36.0) / 3600 / 10)
+
+
+def test_the_reliable_pool_charges_whole_periods():
+    hourly = Prices(unreliable_per_hour=0.0, reliable_per_hour=34.0, charging_period=3600.0)
+    _, cost, _ = one(fixed(), NTDMr(0, 0.0, R, 1.0), Setup(tasks=3, unreliable=3, prices=hourly))
+    assert cost == pytest.approx(34.0)
+
+
+def test_instances_out_at_the_tail_start_finish_what_they_have_left():
+    setup = Setup(tasks=4, unreliable=4, prices=PRICES, ages=(R / 4, R / 2, R / 2, 3 * R / 4))
+    makespan, cost, _ = one(fixed(), NTDMr(None, 4 * R, 4 * R, 0.0), setup)
+    assert makespan == pytest.approx(3 * R / 4)
+    assert cost == pytest.approx(R / 3600)
+
+
+def test_an_unreachable_deadline_never_ends_and_says_so():
+    setup = Setup(tasks=2, unreliable=2, prices=PRICES, horizon=20 * R)
+    makespan, _, _ = one(fixed(), NTDMr(None, R / 2, R / 2, 0.0), setup)
+    assert math.isinf(makespan)
+
+
+def test_lower_reliability_means_longer_tails_without_replication():
+    runtimes = np.linspace(500.0, 1500.0, 101)
+    setup = Setup(tasks=40, unreliable=50, prices=PRICES)
+    plan = NTDMr(None, 2 * R, 2 * R, 0.0)
+    good = estimate(from_runtimes(runtimes, 0.95), [plan], setup, seed=3).makespan[0]
+    bad = estimate(from_runtimes(runtimes, 0.6), [plan], setup, seed=3).makespan[0]
+    assert bad > good
+
+
+# -- determinism ------------------------------------------------------------------------------------------------
+
+
+def noisy():
+    return from_runtimes(np.linspace(200.0, 4000.0, 200), 0.8, 1500.0)
+
+
+def test_same_seed_same_estimate_other_seed_other_estimate():
+    space = sample_space(noisy().tur, 0.1, mr_points=2)
+    setup = Setup(tasks=30, unreliable=20, bag=True, prices=PRICES)
+    a = estimate(noisy(), space, setup, repetitions=3, seed=7)
+    b = estimate(noisy(), space, setup, repetitions=3, seed=7)
+    c = estimate(noisy(), space, setup, repetitions=3, seed=8)
+    assert np.array_equal(a.runs_makespan, b.runs_makespan) and np.array_equal(a.runs_cost, b.runs_cost)
+    assert not np.array_equal(a.runs_makespan, c.runs_makespan)
+
+
+def test_a_strategy_is_estimated_alike_alone_or_in_a_batch():
+    space = sample_space(noisy().tur, 0.1, mr_points=2)
+    setup = Setup(tasks=30, unreliable=20, bag=True, prices=PRICES)
+    batch = estimate(noisy(), space, setup, repetitions=3, seed=1)
+    alone = estimate(noisy(), [space[17]], setup, repetitions=3, seed=1)
+    assert np.array_equal(batch.runs_makespan[17], alone.runs_makespan[0])
+    assert np.array_equal(batch.runs_cost[17], alone.runs_cost[0])
+
+
+def test_setups_that_cannot_be_simulated_are_refused():
+    with pytest.raises(EstimateError):
+        Setup(tasks=2, unreliable=1, ages=(1.0, 2.0))
+    with pytest.raises(EstimateError):
+        Setup(tasks=2, unreliable=4, ages=(1.0,), bag=True)
+    with pytest.raises(EstimateError):
+        estimate(fixed(), [], Setup(tasks=1, unreliable=1))
+
+
+# -- characterization -------------------------------------------------------------------------------------------
+
+
+def test_fs_and_its_inverse_follow_the_sample():
+    char = from_runtimes([10.0, 20.0, 30.0, 40.0], 0.5)
+    assert list(char.fs([5.0, 10.0, 25.0, 40.0])) == [0.0, 0.25, 0.5, 1.0]
+    assert list(char.fs_inverse([0.1, 0.25, 0.26, 1.0])) == [10.0, 10.0, 20.0, 40.0]
+    assert char.tur == 25.0 and char.tr == 25.0  # T_r defaults to T_ur (paper, Table 2)
+
+
+def test_draws_fail_with_probability_one_minus_gamma():
+    char = from_runtimes(np.linspace(1.0, 100.0, 100), 0.8)
+    u = np.random.default_rng(0).random(20000)
+    took = char.turnaround(u, 0.0)
+    assert np.mean(np.isinf(took)) == pytest.approx(0.2, abs=0.01)
+    assert np.all(took[np.isfinite(took)] >= 1.0)
+
+
+def test_an_instance_already_out_is_drawn_beyond_its_age():
+    char = from_runtimes(np.linspace(1.0, 100.0, 100), 1.0)
+    took = char.turnaround(np.linspace(0.0, 1.0, 50), 0.0, 60.0)
+    assert np.all(took >= 60.0)
+
+
+def records(tail_start=1000.0):
+    """Three full-knowledge sets (gamma 1, 0.5, 0.75), then one set sent 50 s before the tail starts."""
+    out = []
+    for start, good in ((0.0, 4), (100.0, 2), (200.0, 3)):
+        out += [InstanceRecord(start + i, start + i + 50.0 if i < good else None, i < good) for i in range(4)]
+    out += [InstanceRecord(tail_start - 50.0 + i * 0.0, None, False) for i in range(4)]
+    out.append(InstanceRecord(10.0, 80.0, True, reliable=True))
+    return out
+
+
+def test_gamma_in_the_three_epochs():
+    char = characterize(records(), tail_start=1000.0, deadline=400.0, bin_size=4)
+    assert list(char.gamma_values[:3]) == [1.0, 0.5, 0.75]
+    assert char.gamma_values[3] == 0.5  # nothing back yet, Fs(50) = 1: bounded below by the least full value
+    assert char.gamma_future == pytest.approx((0.75 + 0.5) / 2)  # equal weights: full mean, partial mean
+    assert char.gamma([-1000.0, -850.0, 0.0, 500.0]).tolist() == [1.0, 0.5, char.gamma_future, char.gamma_future]
+    assert char.tr == 70.0  # from the reliable record
+    assert char.origin == 1000.0
+
+
+def test_partial_knowledge_counts_results_against_what_fs_expects():
+    took = [40.0, 100.0, 100.0, 100.0]
+    recs = [InstanceRecord(float(i), i + took[i] if i < 4 else None, i < 4) for i in range(10)]  # gamma 0.4
+    recs += [InstanceRecord(950.0, 990.0 if i == 0 else None, i == 0) for i in range(4)]  # out 50 s, 1 back
+    char = characterize(recs, tail_start=1000.0, deadline=300.0, bin_size=10)
+    # Fs(50) = 2/5 (40 s twice among 40, 100, 100, 100, 40): 1 result where 4 x 2/5 were expected
+    assert char.gamma_values.tolist() == pytest.approx([0.4, 0.625])
+    assert char.gamma_future == pytest.approx((0.4 + 0.625) / 2)
+    more = recs[:10] + [InstanceRecord(950.0, 990.0 if i < 3 else None, i < 3) for i in range(4)]
+    assert characterize(more, tail_start=1000.0, deadline=300.0, bin_size=10).gamma_values[1] == 1.0  # capped
+
+
+def test_nothing_returned_yet_asks_for_an_offline_characterization():
+    with pytest.raises(CharacterizationError, match="from_runtimes") as err:
+        characterize([InstanceRecord(0.0, None, False)], tail_start=10.0, deadline=5.0)
+    assert isinstance(err.value, GridbotError)
+    with pytest.raises(CharacterizationError):
+        from_runtimes([], 0.9)
+    with pytest.raises(CharacterizationError):
+        from_runtimes([1.0], 0.0)
+
+
+# -- the strategy space and the static strategies ---------------------------------------------------------------
+
+
+def test_the_papers_sampling():
+    space = sample_space(100.0, 0.1)
+    assert len(space) == 4 * 15 * 5  # N 0..3, 15 pairs T <= D on 5 points, Mr at 5 points
+    assert all(0 <= s.t <= s.d <= 400.0 for s in space)
+    assert {s.mr for s in space} == {0.02, 0.04, 0.06, 0.08, 0.1}
+    assert NTDMr(3, 100.0, 200.0, 0.02) in space  # the paper's "ExPERT recommended"
+    assert [NTDMr(0, 0, 0, mr).reliable_machines(50) for mr in (0.02, 0.04, 0.06, 0.08, 0.1)] == [1, 2, 3, 4, 5]
+
+
+def test_static_strategies_as_the_paper_defines_them():
+    p = static_plans(100.0, 0.1, tasks=150)
+    assert p["AR"].from_start and p["AR"].tail.n == 0
+    assert (p["TRR"].tail.n, p["TRR"].tail.t, p["TRR"].tail.mr) == (0, 0.0, 0.1)
+    assert (p["TR"].tail.n, p["TR"].tail.t, p["TR"].tail.d) == (0, 400.0, 400.0)
+    assert p["AUR"].tail.n is None and p["AUR"].tail.t == p["AUR"].tail.d
+    assert p["B"].budget == pytest.approx(100.0)  # 2/3 cent per task
+    assert p["CN∞"].combine is Combine.ALWAYS and p["CN∞"].tail.n is None
+    assert p["CN1T0"].combine is Combine.THROUGHPUT and (p["CN1T0"].tail.n, p["CN1T0"].tail.t) == (1, 0.0)
+    with pytest.raises(StrategyValueError):
+        NTDMr(-1, 0.0, 1.0, 0.1)
+
+
+def test_all_to_reliable_runs_the_bag_on_the_reliable_pool_alone():
+    p = static_plans(R, 0.1, tasks=20)
+    e = estimate(fixed(), [p["AR"]], Setup(tasks=20, unreliable=50, bag=True, prices=PRICES))
+    assert e.makespan[0] == pytest.approx(4 * R)  # 20 tasks on 5 machines
+    assert e.reliable[0] == 20
+
+
+def test_combining_pools_puts_reliable_machines_to_work_in_the_throughput_phase():
+    p = static_plans(R, 0.2, tasks=60)
+    setup = Setup(tasks=60, unreliable=10, bag=True, prices=PRICES)
+    e = estimate(fixed(), [p["AUR"], p["CN∞"]], setup)
+    assert e.reliable[0] == 0 and e.reliable[1] > 0
+    assert e.makespan[1] < e.makespan[0]
+
+
+def test_the_budget_strategy_waits_until_the_budget_covers_the_rest():
+    p = static_plans(R, 0.1, tasks=20, budget_per_task=1.0)  # 20 in all; a reliable task costs 10
+    setup = Setup(tasks=20, unreliable=10, bag=True, prices=PRICES)
+    e = estimate(from_runtimes(np.linspace(500.0, 1500.0, 11), 0.7), [p["B"]], setup, repetitions=5)
+    assert 0 < e.reliable[0] <= 1.0 + 1e-9
+
+
+# -- the frontier and the utilities -----------------------------------------------------------------------------
+
+M = [10.0, 20.0, 15.0, 30.0, 20.0, 10.0, 40.0]
+C = [9.0, 3.0, 5.0, 1.0, 4.0, 9.0, 1.0]
+
+
+def test_the_frontier_keeps_what_nothing_dominates():
+    assert pareto(M, C).tolist() == [0, 5, 2, 1, 3]  # 4 (20, 4) is dominated by 1, 6 by 3; equal points stay
+    assert dominating(M, C, (25.0, 6.0)).tolist() == [1, 2, 4]
+    assert dominating(M, C, (10.0, 9.0)).tolist() == []
+
+
+def test_the_frontier_of_random_points_matches_the_definition():
+    rng = np.random.default_rng(5)
+    m, c = rng.integers(0, 20, 300).astype(float), rng.integers(0, 20, 300).astype(float)
+    front = set(pareto(m, c).tolist())
+    for i in range(300):
+        assert (i in front) == (dominating(m, c, (m[i], c[i])).size == 0)
+
+
+@pytest.mark.parametrize(("chosen", "index"), [
+    (Utility.makespan(), 0), (Utility.cost(), 3), (Utility.product(), 3), (Utility.deadline(16.0), 2),
+    (Utility.budget(4.5), 1), (Utility.expression("Makespan + 2 * Cost"), 2), (utility("deadline:20"), 1),
+    (utility("budget:1"), 3), (utility("product"), 3), (utility("min(Makespan, 100) * max(Cost, 5)"), 2),
+])
+def test_each_utility_picks_its_best(chosen, index):
+    assert best(M, C, chosen, pareto(M, C)) == index
+
+
+def test_a_deadline_or_budget_nobody_meets_has_no_best():
+    assert best(M, C, Utility.deadline(5.0)) is None
+    assert best(M, C, Utility.budget(0.5)) is None
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("2 + 3 * 4", 14.0), ("-2 ** 2", -4.0), ("2 ** 3 ** 2", 512.0), ("(1 + 2) * 3", 9.0), ("10 / 4 - 1", 1.5),
+    ("max(1, 2, 3) - min(4, 5)", -1.0), ("makespan * COST", 6.0), ("1e3 + .5", 1000.5), ("+Cost", 3.0),
+])
+def test_the_expression_language(text, value):
+    score = Utility.expression(text).score(np.array([2.0]), np.array([3.0]))
+    assert score.tolist() == [value]
+
+
+@pytest.mark.parametrize("text", [
+    "__import__('os').system('true')", "Makespan; Cost", "eval('1')", "Makespan.real", "lambda: 1", "",
+    "1 +", "(1", "max 1", "'a'", "Cost[0]", "Makespan Cost", "min()", "open(1)", "x", "1 = 1", "Cost ** ",
+    "(" * 60 + "1" + ")" * 60, "1+" * 300 + "1",
+])
+def test_the_expression_parser_refuses_anything_else(text):
+    with pytest.raises(ExpressionError, match="Makespan, Cost") as err:
+        utility(text)
+    assert isinstance(err.value, GridbotError)
+
+
+def test_a_named_utility_with_a_bad_bound_says_how_to_write_it():
+    with pytest.raises(ExpressionError, match="deadline:5000"):
+        utility("deadline:soon")

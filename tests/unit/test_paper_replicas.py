@@ -1,0 +1,44 @@
+"""The two ways GridBot's BOINC server handled replicas, which gridbot does differently by default and
+keeps as options for reproducing the paper (issue 14, experiments/replication): replicas sent before the
+jobs not yet run (`replicas_first`), and replicas left to run after the job's first result, their results
+discarded (`let_replicas_finish`)."""
+
+from gridbot.model.records import HostInfo, InstanceReport, Outcome
+from tests.unit.core_harness import CoreSim
+
+PERMISSIVE = {"Concurrency": "1", "ReplicationRequirements": "NumberOfReplicas < 2"}
+
+
+def host(name: str) -> HostInfo:
+    return HostInfo(name, name, "Linux-x86_64", 1, 1024, 1, "grid")
+
+
+def ok(instance_id: int) -> InstanceReport:
+    return InstanceReport(instance_id, Outcome.SUCCESS, 0, 100.0, 100.0)
+
+
+def test_replicas_wait_for_the_queued_jobs_unless_replicas_first():
+    for first in (False, True):
+        sim = CoreSim(replicate_below=10, replicas_first=first)
+        sim.bag("b", 3, PERMISSIVE)
+        running = sim.ask(host("a"), 1, 1)[0]
+        sim.tick(2)  # 2 queued, below 10: the running job gets a replica
+        got = sim.ask(host("b"), 1, 3)[0]
+        assert (got.job_id == running.job_id) is first
+
+
+def test_a_replica_is_cancelled_after_the_first_result_unless_let_finish():
+    for finish in (False, True):
+        sim = CoreSim(let_replicas_finish=finish)
+        bag = sim.bag("b", 2, PERMISSIVE)
+        a, b, c = host("a"), host("b"), host("c")
+        first = sim.ask(a, 1, 1)[0]
+        sim.ask(c, 1, 1)  # the other job, so the bag stays open
+        sim.tick(2)
+        replica = sim.ask(b, 1, 3)[0]
+        assert replica.job_id == first.job_id
+        sim.ask(a, 0, 4, [ok(first.instance_id)])
+        assert (sim.exchange(b, 0, 5).cancel == []) is finish
+        if finish:
+            sim.ask(b, 0, 6, [ok(replica.instance_id)])
+            assert sim.store.bag(bag).counts.wasted == 1, "the late result is discarded"
