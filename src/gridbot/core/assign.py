@@ -26,7 +26,7 @@ def assign(k: Kernel, host: HostRecord, want: int, now: float, changes: Changes)
     out: list[Assignment] = []
     s = k.s
     ready = [b for b in s.bags.values()
-             if b.state is BagState.ACTIVE and (b.retry or b.window.buffer or b.replicas or b.failover)]
+             if b.state is BagState.ACTIVE and (b.retry or b.buffer or b.replicas or b.failover)]
     # (a bag whose only queued jobs avoid this host still gets its policies evaluated: cheap, and rare)
     if not ready or want <= 0:
         return out
@@ -76,7 +76,8 @@ def _ranked(k: Kernel, ready: list[BagRecord], host: HostRecord, ad: HostAd,
     ranked: list[tuple[float, int, BagRecord]] = []
     active = len(k.s.bags)
     for bag in ready:
-        k.refresh(bag, now, active)
+        if bag.dirty or bag.policies.uses_time or bag.seen_active != active:  # (refresh's test, saving a call)
+            k.refresh(bag, now, active)
         if bag.window.last_match is None:
             bag.window.last_match = now
         if bag.policies.rank_static:
@@ -85,7 +86,7 @@ def _ranked(k: Kernel, ready: list[BagRecord], host: HostRecord, ad: HostAd,
             rank = bag.rank
         else:
             rank = bag.policies.rank(ad)
-        if bag.placement.host_dependent:
+        if bag.ranks_hosts:
             placed = bag.placement.rank(k.view, BagView(bag), HostView(host), rank, now)
             if placed is None:
                 continue

@@ -196,6 +196,15 @@ class Dispatcher:
         if bag.window.parked_until is not None:  # parked for matching nobody under the old policies
             feeder.wake(bag.window, now)
 
+    def set_strategy(self, bag_id: int, spec: BagSpec, now: float) -> None:
+        """Use a bag's changed `[strategy]` from the next decision on (validated by the caller): its strategies
+        are made anew from the spec, knowing nothing of what the old ones learnt, and every cached answer and
+        chosen replica is dropped as for a policy change."""
+        bag = self._s.bags[bag_id]
+        bag.tail_strategy, bag.placement = self._strategies(bag_id, spec)
+        bag.ranks_hosts = bag.placement.host_dependent
+        self.set_policy(bag_id, spec, now)
+
     def diagnostics(self, bag_id: int, now: float) -> list[str]:
         """Why an active bag is not moving, if it is not, and policies that evaluated to UNDEFINED or ERROR,
         as sentences for its owner."""

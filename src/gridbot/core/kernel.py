@@ -216,7 +216,8 @@ class Kernel:
     def _remember(bag: BagRecord, inst: Instance, host: HostRecord | None, ended_at: float | None,
                   success: bool) -> None:
         history = bag.history
-        history.pop(inst.instance_id, None)
+        if inst.state is InstanceState.OVERDUE:  # its loss is recorded: the late report replaces it
+            history.pop(inst.instance_id, None)
         history[inst.instance_id] = Ended(inst.instance_id, inst.sent_at, ended_at, success,
                                           host.info.pool if host is not None else "")
         if len(history) > HISTORY:

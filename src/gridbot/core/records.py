@@ -106,9 +106,18 @@ class BagRecord:
     """The spec's resource limits (BagSpec.limits), made once per spec and sent with every assignment."""
     revision: int = 1
     """The spec's revision (BagSnapshot.revision), sent with every assignment."""
+    buffer: deque[Job] = field(init=False)
+    """The window's queued jobs (`window.buffer`, the same deque: Algorithm 1 reads it for every bag on every
+    request, one attribute nearer)."""
+    ranks_hosts: bool = field(init=False)
+    """`placement.host_dependent`, read as often."""
     history: dict[int, Ended] = field(default_factory=dict)
     """The bag's last `HISTORY` instances that ended or were lost, by id (a late report replaces the loss):
     what a tail strategy characterizes the pools from (ExPERT's Fs and gamma)."""
+
+    def __post_init__(self) -> None:
+        self.buffer = self.window.buffer
+        self.ranks_hosts = self.placement.host_dependent
 
 
 HISTORY = 20_000

@@ -61,7 +61,7 @@ class TailPlan(msgspec.Struct, frozen=True):
     """Of the tail, from `tail_start` (inf: never ends)."""
     predicted_cost: float
     makespan_error: float
-    """One standard deviation of the estimate's repetitions."""
+    """One standard deviation: of the estimate's repetitions and of the pools' measured reliability."""
     cost_error: float
     characterization: str
     frontier: list[tuple[str, float, float]] = msgspec.field(default_factory=list)

@@ -296,6 +296,10 @@ class Server:
             gone = request.transport is None or request.transport.is_closing()
             if work.is_set() and not self._closing and not gone:  # a host that left gets no work
                 resp = await self._answer(req)
+                if not resp.assignments and not resp.cancel:
+                    # woken for work another host took, or work the next tick makes (a policy change turning
+                    # replication on): it asks again at once and is held again, not sleeping through it
+                    resp = msgspec.structs.replace(resp, backoff=0.0)
             else:
                 resp = msgspec.structs.replace(resp, backoff=0.0)
         elif hold == 0.0:
