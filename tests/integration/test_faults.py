@@ -42,7 +42,11 @@ def _wait_done(db: Path, at_least: int, timeout: float = 60) -> None:
         time.sleep(0.2)
         if db.exists():
             with sqlite3.connect(db) as conn:
-                if (conn.execute("SELECT COALESCE(SUM(done), 0) FROM bags").fetchone()[0] or 0) >= at_least:
+                try:
+                    done = conn.execute("SELECT COALESCE(SUM(done), 0) FROM bags").fetchone()[0] or 0
+                except sqlite3.OperationalError:
+                    continue  # the file exists before its tables do: `gridbot run` is still migrating it
+                if done >= at_least:
                     return
     raise AssertionError("the bag did not get going")
 
