@@ -29,6 +29,7 @@ from gridbot.model.spec import (
     BagSpec,
     Problem,
     SpecError,
+    StrategyChoice,
     each_line_spec,
     key_lines,
     name_issue,
@@ -47,6 +48,7 @@ from gridbot.protocol import (
     JobInfo,
     JobLog,
     JobStory,
+    PlanInput,
     PolicyChange,
     PoolInfo,
     ResultInfo,
@@ -288,6 +290,16 @@ class Client:
         body = msgspec.json.encode(PolicyChange(name, text))
         return self._request("POST", f"/v1/bags/{_q(ref)}/policy", body, BagInfo,  # type: ignore[no-any-return]
                              "application/json")
+
+    def set_strategy(self, ref: str | int, choice: StrategyChoice) -> BagInfo:
+        """Change a running bag's `[strategy]`; its strategies are made anew from the next decision on."""
+        body = msgspec.json.encode(choice)
+        return self._request("POST", f"/v1/bags/{_q(ref)}/strategy", body, BagInfo,  # type: ignore[no-any-return]
+                             "application/json")
+
+    def plan_input(self, ref: str | int) -> PlanInput:
+        """A running bag's instances so far, tasks left and pools: what `gridbot plan` characterizes."""
+        return self._request("GET", f"/v1/bags/{_q(ref)}/history", None, PlanInput)  # type: ignore[no-any-return]
 
     def cancel(self, ref: str | int) -> BagInfo:
         return self._request("POST", f"/v1/bags/{_q(ref)}/cancel", b"", BagInfo)  # type: ignore[no-any-return]

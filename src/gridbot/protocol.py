@@ -9,8 +9,10 @@ from __future__ import annotations
 import msgspec
 
 from gridbot.core.changes import BagCounts, Decision, Event
+from gridbot.core.strategy import TailPlan
 from gridbot.model.records import Assignment, HostInfo, InstanceReport, Int64, Label
-from gridbot.model.spec import BagSpec
+from gridbot.model.spec import BagSpec, StrategyChoice
+from gridbot.schedulers.expert.planner import Observed
 
 MSGPACK = "application/msgpack"
 DEFAULT_PORT = 8470
@@ -73,6 +75,18 @@ class BagInfo(msgspec.Struct, frozen=True):
     """Policies that evaluated to UNDEFINED or ERROR (they count as no match)."""
     revision: int = 1
     """1 as submitted, one more at each revision of its spec (`gridbot run --retry-failed`)."""
+    tail_plan: TailPlan | None = None
+    """What its tail strategy planned for its tail and how the tail went (ExPERT's), if it says."""
+
+
+class PlanInput(msgspec.Struct, frozen=True):
+    """A running bag as `gridbot plan` characterizes it (`GET /v1/bags/{bag}/history`): its instances so far,
+    the tasks left and the pools with their prices, as the server saw them at `observed.now`."""
+
+    bag: str
+    strategy: StrategyChoice
+    observed: Observed
+    tail_plan: TailPlan | None = None
 
 
 class JobInfo(msgspec.Struct, frozen=True):

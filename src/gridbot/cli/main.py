@@ -271,11 +271,14 @@ def server(db: str, host: str, port: int, dispatch: DispatchConfig, max_jobs: in
 @click.option("--run-as", metavar="USER", help="Run jobs as this user (the worker must start as root).")
 @click.option("--allow-root", is_flag=True,
               help="Run jobs as root when the worker is root and --run-as is not given (refused otherwise).")
+@click.option("--drop", type=click.FloatRange(0, 1), default=0.0, hidden=True,
+              help="Testing: hold this fraction of instances without running them until their deadline, and never "
+                   "report them (a host of an unreliable pool that loses work silently).")
 @friendly
 def worker(server: str | None, access: Path | None, slots: int, prefetch: int, slot_name: str, workdir: Path,
            idle_timeout: float, give_up_after: float, pool: str, keep_dirs: bool, lifetime: float, min_cpu: float,
            cpu_window: float, exit_with_parent: bool, prefetch_seconds: float, executor: str,
-           pass_env: tuple[str, ...], run_as: str | None, allow_root: bool) -> None:
+           pass_env: tuple[str, ...], run_as: str | None, allow_root: bool, drop: float) -> None:
     """Pull jobs from a server and run them (connects out only).
 
     The worker key comes from GRIDBOT_WORKER_KEY (how pilots get it) or from the access file's key for
@@ -294,7 +297,8 @@ def worker(server: str | None, access: Path | None, slots: int, prefetch: int, s
                                      keep_dirs, give_up_after=give_up_after, exit_with_parent=exit_with_parent,
                                      lifetime=lifetime, min_cpu=min_cpu, cpu_window=cpu_window,
                                      prefetch_seconds=prefetch_seconds, key=key, fingerprint=grants.fingerprint,
-                                     executor=executor, pass_env=pass_env, run_as=run_as, allow_root=allow_root)))
+                                     executor=executor, pass_env=pass_env, run_as=run_as, allow_root=allow_root,
+                                     drop=drop)))
 
 
 @cli.command()
@@ -352,6 +356,8 @@ def status(server: str | None, access: Path | None, admin: bool, as_json: bool) 
         for b in bags:
             for message in b.diagnostics:
                 render.console.print(f"[yellow]bag {b.name}:[/] {message}", soft_wrap=True)
+            if (plan := render.tail_plan(b)) is not None:
+                render.console.print(plan, soft_wrap=True, markup=False)
 
 
 @cli.command()
@@ -433,6 +439,64 @@ def policy(bag: str, name: str | None, expression: str | None, server: str | Non
     else:
         for k, v in texts.items():
             click.echo(f"{k} = {v}")
+
+
+@cli.command()
+@click.argument("bag", required=False)
+@click.option("--scenario", type=click.Path(dir_okay=False, path_type=Path),
+              help="Plan a bag of this simulation scenario before it runs (BAG: its name; default its first bag).")
+@click.option("--utility", metavar="NAME|EXPR",
+              help="makespan, cost, product (makespan x cost), or an expression over Makespan and Cost "
+                   "[default: the bag's expert utility, else product].")
+@click.option("--budget", type=click.FloatRange(0), help="The fastest strategy costing at most this per task.")
+@click.option("--deadline", metavar="DURATION", help="The cheapest strategy whose tail ends within this (90, 10m, 2h).")
+@click.option("--plot", "plot_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the frontier as a PNG (the paper's Figures 8 and 9a).")
+@click.option("--apply", "apply_it", is_flag=True,
+              help='Set tail = "expert" with this utility on the running bag (its strategy changes at once).')
+@server_option
+@access_option
+@admin_option
+@json_option
+@friendly
+def plan(bag: str | None, scenario: Path | None, utility: str | None, budget: float | None, deadline: str | None,
+         plot_file: Path | None, apply_it: bool, server: str | None, access: Path | None, admin: bool,
+         as_json: bool) -> None:
+    """ExPERT's Pareto frontier of tail strategies (N, T, D, Mr) for a running bag, from its own instances, and
+    the best one for a utility; with --scenario, for a scenario's bag before it runs."""
+    from gridbot.cli import plan as planning
+
+    seconds = None
+    if deadline is not None:
+        try:
+            seconds = parse_duration(deadline)
+        except ValueError as e:
+            raise click.BadParameter(f"{deadline!r}: {e}", param_hint="--deadline") from None
+    if scenario is not None:
+        if apply_it:
+            raise click.UsageError("--apply sets the strategy of a running bag; a scenario's bag sets it in its "
+                                   "[bags.NAME.strategy] table")
+        report = planning.for_scenario(scenario, bag, utility, budget, seconds)
+    else:
+        if bag is None:
+            raise click.UsageError("give a running BAG, or --scenario FILE")
+        with Client(server, access=access, admin=admin) as client:
+            given = client.plan_input(bag)
+            report = planning.for_bag(given, utility, budget, seconds)
+            if apply_it:
+                text = planning.settings(given.strategy, planning.chosen_utility(utility, budget, seconds)).utility
+                chosen = planning.apply_choice(given.strategy, text)
+                client.set_strategy(bag, chosen)
+    if plot_file is not None:
+        planning.write_plot(report, plot_file)
+    if as_json:
+        render.print_json(planning.as_dict(report))
+        return
+    planning.show(report)
+    if plot_file is not None:
+        click.echo(f"wrote {plot_file}")
+    if scenario is None and apply_it:
+        click.echo(f'bag {bag}: tail = "expert" with utility = {chosen.options["utility"]!r} from now on')
 
 
 @cli.command()

@@ -106,6 +106,27 @@ def bags_table(bags: Sequence[BagInfo]) -> Table:
     return t
 
 
+def tail_plan(bag: BagInfo) -> str | None:
+    """One paragraph on the bag's tail plan (ExPERT's): the strategy in force, what it predicted for the tail,
+    and what was measured."""
+    p = bag.tail_plan
+    if p is None:
+        return None
+    times = f"{p.plans} times" if p.plans > 1 else "once"
+    text = (f"bag {bag.name}: tail strategy {p.strategy}, best for {p.utility} of {len(p.frontier)} on the "
+            f"frontier (planned {times}; {p.characterization}). Predicted tail {_span(p.predicted_makespan)} "
+            f"± {_span(p.makespan_error)}, cost {p.predicted_cost:.4g} ± {p.cost_error:.2g} per task")
+    if p.actual_makespan is not None:
+        return text + (f"; measured tail {_span(p.actual_makespan)}, cost {p.actual_cost or 0.0:.4g} per task "
+                       f"({p.done} of {p.tasks} tail tasks done)")
+    return text + (f"; so far {p.done} of {p.tasks} tail tasks done in {_span(p.elapsed)}, cost "
+                   f"{p.actual_cost or 0.0:.4g} per task")
+
+
+def _span(seconds: float) -> str:
+    return duration(seconds) if seconds < float("inf") else "never"
+
+
 def jobs_table(jobs: Sequence[JobInfo]) -> Table:
     t = _table("INDEX", "STATE", "ATTEMPTS", "COMMAND", "REASON", fold=True)
     for j in jobs:

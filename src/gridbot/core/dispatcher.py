@@ -364,10 +364,12 @@ class Dispatcher:
         return tuple(found)
 
     def _replicate(self, now: float, changes: Changes) -> None:
-        """Each bag with running jobs asks its tail strategy for replicas (GridBot's: Algorithm 2), within
-        `replica_queue` waiting and `max_replicas` out per job."""
+        """Each bag with running (or re-queued) jobs asks its tail strategy for replicas (GridBot's: Algorithm 2),
+        within `replica_queue` waiting and `max_replicas` out per job. A choice of a re-queued job with pools
+        routes it: it waits for a host of those pools (ExPERT sends a task's next instance where N says)."""
         k, s = self._k, self._s
         with_running = {j.bag_id for j in s.jobs.values() if j.state is JobState.RUNNING and j.live}
+        with_running.update(b.bag_id for b in s.bags.values() if b.retry)
         for bag_id in sorted(with_running):
             bag = s.bags[bag_id]
             room = self.config.replica_queue - len(bag.replicas)
@@ -376,6 +378,12 @@ class Dispatcher:
             k.refresh(bag, now, len(s.bags))
             for job_id, why, pools in bag.tail_strategy.replicas(self.view, BagView(bag), room, now)[:room]:
                 job = s.jobs.get(job_id)
+                if job is not None and job.bag_id == bag_id and job.state is JobState.QUEUED and pools:
+                    if job.pools != pools:
+                        job.pools = pools
+                        k.decide(changes, job, f"tail={bag.tail_strategy.name}", "route",
+                                 f"{why} (on {', '.join(sorted(pools))})")
+                    continue
                 if (job is None or job.bag_id != bag_id or job.state is not JobState.RUNNING or not job.live
                         or job.replica_pending or len(job.live) >= self.config.max_replicas):
                     continue

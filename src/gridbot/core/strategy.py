@@ -31,7 +31,8 @@ class Choice(NamedTuple):
     job_id: int
     why: str
     pools: frozenset[str] | None = None
-    """Pools its replica may go to (None: any its policies accept)."""
+    """Pools its replica may go to (None: any its policies accept). A job queued again (its instances lost
+    or failed) is routed by a choice with pools: it waits for a host of those pools."""
 
 
 class Migration(NamedTuple):

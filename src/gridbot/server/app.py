@@ -21,6 +21,7 @@ from aiohttp import web
 
 from gridbot.errors import GridbotError, ServerUnavailable
 from gridbot.model.pacing import server_hold
+from gridbot.model.spec import StrategyChoice
 from gridbot.protocol import (
     MSGPACK,
     ErrorBody,
@@ -50,6 +51,7 @@ _submit_decoder = msgspec.msgpack.Decoder(SubmitRequest)
 _policy_decoder = msgspec.json.Decoder(PolicyChange)
 _register_decoder = msgspec.msgpack.Decoder(RegisterRequest)
 _retry_decoder = msgspec.msgpack.Decoder(RetryRequest)
+_strategy_decoder = msgspec.json.Decoder(StrategyChoice)
 T = TypeVar("T")
 
 
@@ -101,6 +103,8 @@ PERMISSIONS: dict[tuple[str, str], frozenset[Role]] = {
     ("GET", "/v1/bags/{bag}/story/{job}"): USERS,
     ("GET", "/v1/bags/{bag}/policy"): USERS,
     ("POST", "/v1/bags/{bag}/policy"): USERS,
+    ("POST", "/v1/bags/{bag}/strategy"): USERS,
+    ("GET", "/v1/bags/{bag}/history"): USERS,
     ("GET", "/v1/bags/{bag}/jobs"): USERS,
     ("GET", "/v1/bags/{bag}/jobs/{job}/instances"): USERS,
     ("GET", "/v1/bags/{bag}/results"): USERS,
@@ -228,6 +232,8 @@ class Server:
             web.get("/v1/bags/{bag}/story/{job}", self.story),
             web.get("/v1/bags/{bag}/policy", self.get_policy),
             web.post("/v1/bags/{bag}/policy", self.set_policy),
+            web.post("/v1/bags/{bag}/strategy", self.set_strategy),
+            web.get("/v1/bags/{bag}/history", self.history),
             web.get("/v1/bags/{bag}/jobs", self.jobs),
             web.get("/v1/bags/{bag}/results", self.results),
             web.get("/v1/bags/{bag}/inputs/{name}", self.input_file),
@@ -406,6 +412,17 @@ class Server:
         info = self.service.set_policy(self._bag(request), change.name, change.text)
         self._new_work()
         return _reply(request, info)
+
+    async def set_strategy(self, request: web.Request) -> web.Response:
+        """Change a running bag's `[strategy]` (tail, placement and their options), as a policy is changed."""
+        choice = _decode(_strategy_decoder, await request.read())
+        info = self.service.set_strategy(self._bag(request), choice)
+        self._new_work()
+        return _reply(request, info)
+
+    async def history(self, request: web.Request) -> web.Response:
+        """A running bag's instances so far, tasks left and pools, for `gridbot plan` (ExPERT's input)."""
+        return _reply(request, self.service.plan_input(self._bag(request)))
 
     async def cancel(self, request: web.Request) -> web.Response:
         return _reply(request, self.service.cancel(self._bag(request), time.time()))

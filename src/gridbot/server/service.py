@@ -19,8 +19,10 @@ import msgspec
 from gridbot.core.changes import BagSnapshot, Changes, QueuedJob
 from gridbot.core.config import DispatchConfig
 from gridbot.core.dispatcher import Dispatcher
+from gridbot.core.strategy import TailPlan
+from gridbot.core.view import BagView
 from gridbot.errors import GridbotError, ServerUnavailable
-from gridbot.model.spec import MAX_PATH, BagSpec, check_spec
+from gridbot.model.spec import MAX_PATH, BagSpec, StrategyChoice, check_spec
 from gridbot.model.states import BAG_TERMINAL, BagState, JobState
 from gridbot.policy.policies import PolicyError, PolicySet, compile_policies, validate_policies
 from gridbot.protocol import (
@@ -33,12 +35,14 @@ from gridbot.protocol import (
     JobInfo,
     JobLog,
     JobStory,
+    PlanInput,
     ResultInfo,
     RetryAnswer,
     StoryInstance,
 )
 from gridbot.schedulers import registry
 from gridbot.schedulers.base import StrategyError
+from gridbot.schedulers.expert.tail import observe, reliable_pools
 from gridbot.store.base import BagRow, InstanceRow, JobRow, Store, spec_hash
 
 log = logging.getLogger("gridbot.server")
@@ -72,6 +76,8 @@ class ServiceConfig:
 Waiter = Callable[[BaseException | None], None]
 RELOAD_EVERY = 2.0
 """Seconds between tries to reload the dispatcher from a store that was unavailable."""
+ENDED_PLANS = 10_000
+"""Tail plans of ended bags kept in memory for `gridbot status`."""
 SOLO_SECONDS = 10.0
 """How long exchanges are committed one by one after a batch of several failed."""
 PAUSE_GAP = 5.0
@@ -116,6 +122,9 @@ class Service:
         """While the clock is before this, each exchange is committed alone (after a failed batch, so an
         exchange whose changes the store refuses fails alone instead of taking its batch with it)."""
         self.dispatcher = Dispatcher(self.config.dispatch, registry.factory(self.config.dispatch.seed))
+        self._bag_views: dict[int, BagView] = {}
+        """The active bags' views, kept to read their tail plan once they end (`_remember_ended`)."""
+        self._ended_plans: dict[int, TailPlan] = {}
         self._load()
 
     def _load(self) -> None:
@@ -257,6 +266,7 @@ class Service:
             done(None)
         for b in batch.bags.values():
             if b.state is not BagState.ACTIVE:
+                self._remember_ended(b.bag_id)
                 log.info("bag %d %s: %d done, %d failed, %d instances, %d wasted", b.bag_id, b.state.value,
                          b.counts.done, b.counts.failed, b.counts.instances, b.counts.wasted)
 
@@ -311,6 +321,8 @@ class Service:
         self._last_tick = now
         self.commit(self.dispatcher.tick(now))
         self.feed()
+        for bag in self.dispatcher.view.bags():  # read again once the bag has ended: its tail plan
+            self._bag_views[bag.bag_id] = bag
 
     def input_file(self, row: BagRow, name: str) -> bytes:
         data = self.store.input_file(row.bag_id, name) if 0 < len(name) <= MAX_PATH and "\0" not in name else None
@@ -330,6 +342,8 @@ class Service:
         if self.only is not None:
             self.only.add(row.bag_id)
         self.dispatcher.add_bag(BagSnapshot(row.bag_id, row.spec, row.counts, row.created_at))
+        if (view := self.dispatcher.view.bag(row.bag_id)) is not None:  # kept to read its tail plan at its end
+            self._bag_views[row.bag_id] = view
         self.feed()
         log.info("bag %d '%s' submitted: %d jobs", row.bag_id, row.name, row.total)
         return bag_info(row)
@@ -394,7 +408,57 @@ class Service:
         return self.info(self.bag(row.bag_id))
 
     def info(self, row: BagRow) -> BagInfo:
-        return msgspec.structs.replace(bag_info(row), diagnostics=self.dispatcher.diagnostics(row.bag_id, time.time()))
+        return msgspec.structs.replace(bag_info(row), diagnostics=self.dispatcher.diagnostics(row.bag_id, time.time()),
+                                       tail_plan=self.tail_plan(row.bag_id))
+
+    def tail_plan(self, bag_id: int) -> TailPlan | None:
+        """The bag's tail plan: its tail strategy's while the dispatcher holds it; after it ended, the one read
+        then from the view kept of it (in memory: a restarted server has none for the bags ended before)."""
+        live = self.dispatcher.view.bag(bag_id)
+        if live is not None:
+            return live.tail_plan
+        if bag_id in self._ended_plans:
+            return self._ended_plans[bag_id]
+        kept = self._bag_views.get(bag_id)
+        return kept.tail_plan if kept is not None else None
+
+    def _remember_ended(self, bag_id: int) -> None:
+        """A bag ended: keep its tail plan as its last view reads it, and let the view go."""
+        kept = self._bag_views.pop(bag_id, None)
+        plan = kept.tail_plan if kept is not None else None
+        if plan is not None:
+            self._ended_plans[bag_id] = plan
+            while len(self._ended_plans) > ENDED_PLANS:
+                del self._ended_plans[next(iter(self._ended_plans))]
+
+    def set_strategy(self, row: BagRow, choice: StrategyChoice) -> BagInfo:
+        """Change an active bag's `[strategy]` while it runs: its strategies are made anew from the next
+        decision on (what the old ones chose and not yet sent is dropped). Nothing changes if it is refused."""
+        self.ready()
+        try:
+            registry.check(choice)
+        except StrategyError as e:
+            raise BadRequest(str(e)) from None
+        if row.state is not BagState.ACTIVE or row.bag_id not in self.dispatcher.view:
+            raise BadRequest(f"bag {row.name} is {row.state.value}, not running here: its strategy can change only "
+                             "while it runs")
+        spec = msgspec.structs.replace(row.spec, strategy=choice)
+        self.store.set_spec(row.bag_id, spec)
+        self.dispatcher.set_strategy(row.bag_id, spec, time.time())
+        log.info("bag %d strategy: tail %s, placement %s, %s", row.bag_id, choice.tail, choice.placement,
+                 choice.options)
+        return self.info(self.bag(row.bag_id))
+
+    def plan_input(self, row: BagRow) -> PlanInput:
+        """What `gridbot plan` characterizes a running bag from: its instances so far, the tasks left, the pools
+        (BadRequest for a bag that is not running here: its instances are known only while it runs)."""
+        view = self.dispatcher.view
+        bag = view.bag(row.bag_id)
+        if bag is None:
+            raise BadRequest(f"bag {row.name} is {row.state.value}: `gridbot plan` characterizes a running bag from "
+                             "its instances; `gridbot plan --scenario FILE` plans one before it runs")
+        observed = observe(view, bag, time.time(), reliable_pools(view))
+        return PlanInput(row.name, row.spec.strategy, observed, bag.tail_plan)
 
     def hosts(self, now: float) -> list[HostInfoRow]:
         """Known hosts with the statistics the dispatcher holds (the store's for hosts it never saw)."""

@@ -27,6 +27,7 @@ import msgspec
 
 from gridbot.core.changes import BagCounts, BagSnapshot, Changes, QueuedJob
 from gridbot.core.dispatcher import Dispatcher
+from gridbot.core.view import BagView
 from gridbot.model.pacing import PaceConfig, Pacing, server_hold
 from gridbot.model.records import Assignment, HostInfo, InstanceReport, Outcome
 from gridbot.model.spec import BagSpec, Parameter
@@ -182,6 +183,8 @@ class Simulation:
         self.total_jobs = sum(b.jobs for b in scenario.bags)
         self.recorder = Recorder(scenario, [p.name for p in scenario.pools])
         self._inst_pool: dict[int, tuple[str, int]] = {}
+        self._views: dict[int, BagView | None] = {}
+        """Each active bag's view, read once more when it ends (its tail plan)."""
         self._finished = False
         self._held: dict[_Pilot, None] = {}
         """Idle hosts whose requests the server holds, in the order they came (the server's long poll)."""
@@ -251,6 +254,9 @@ class Simulation:
             rec.bag_update(b.bag_id, b.state, b.counts, now)
             if b.state is not BagState.ACTIVE:
                 self.runtimes.pop(b.bag_id, None)
+                kept = self._views.pop(b.bag_id, None)  # its tail plan, as its last view reads it
+                if kept is not None and (tail := kept.tail_plan) is not None:
+                    rec.tail_plans[b.bag_id] = msgspec.to_builtins(tail)
                 if not self.dispatcher.view.bags() and self.pending_bags == 0:
                     self._finished = True
 
@@ -283,6 +289,7 @@ class Simulation:
             draw = model.runtime.draw
             self.runtimes[bag_id] = array("d", (draw(rng) for _ in range(model.jobs)))
         self.dispatcher.add_bag(BagSnapshot(bag_id, spec, counts, self.now))
+        self._views[bag_id] = self.dispatcher.view.bag(bag_id)
         self.recorder.bag_arrived(bag_id, model, self.now)
         self.pending_bags -= 1
         self._wake_held()  # a bag submitted wakes the held requests, as the server's submit does

@@ -48,6 +48,8 @@ class BagResult:
     jobs_per_pool: dict[str, int]
     milestones: dict[str, float]
     """When the bag's incomplete jobs first fell to each threshold (Figure 7a: 1000, 500, 100, 50, 0)."""
+    tail_plan: dict[str, Any] | None = None
+    """What its tail strategy planned and measured (ExPERT's `TailPlan`), as it read when the bag ended."""
 
 
 @dataclass
@@ -119,6 +121,7 @@ class Recorder:
         self.per_pool_jobs: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.pool: dict[str, dict[str, int]] = {p: defaultdict(int) for p in pools}
         self.pilots_peak = dict.fromkeys(pools, 0)
+        self.tail_plans: dict[int, dict[str, Any]] = {}
         self._done_since: dict[str, int] = dict.fromkeys(pools, 0)
         self._last_sample = 0.0
         self.times: list[float] = []
@@ -201,7 +204,8 @@ class Recorder:
                 round(100.0 * c.replicas / model.jobs, 2), round(100.0 * c.wasted / model.jobs, 2),
                 round(100.0 * max(0.0, self.used[bag_id] - self.useful[bag_id]) / self.useful[bag_id], 2)
                 if self.useful[bag_id] else 0.0, round(self.used[bag_id] / 3600.0, 2),
-                dict(sorted(self.per_pool_jobs[bag_id].items())), dict(self.milestones[bag_id])))
+                dict(sorted(self.per_pool_jobs[bag_id].items())), dict(self.milestones[bag_id]),
+                self.tail_plans.get(bag_id)))
         for model in self.scenario.bags:  # bags that never arrived before the horizon
             if model.name not in bag_ids:
                 bags.append(BagResult(model.name, model.jobs, model.arrival, "not arrived", None, None, None, None,

@@ -89,6 +89,9 @@ class WorkerConfig:
     """The user a worker started as root runs its jobs as (`--run-as`); their directories become theirs."""
     allow_root: bool = False
     """Let a worker started as root run its jobs as root (`--allow-root`); refused otherwise."""
+    drop: float = 0.0
+    """Testing: this fraction of the instances, drawn at random, is held without running until its deadline
+    and never reported, as a machine of an unreliable pool loses work silently (`--drop`, hidden)."""
 
 
 EXECUTORS = ("shell", "noop")
@@ -458,6 +461,10 @@ class Worker:
             a = self.waiting.popleft()
             stop = self.kill[a.instance_id] = KillSwitch()
             iid = a.instance_id
+            if self.config.drop and random.random() < self.config.drop:
+                lost = self.running[iid] = asyncio.ensure_future(_vanish(a, stop))
+                lost.add_done_callback(functools.partial(self._vanished, iid))
+                continue
             if self.config.keep_dirs:
                 jobdir = self.workdir / f"{a.bag_name}" / f"{a.index}-{a.instance_id}"
             else:
@@ -471,6 +478,13 @@ class Worker:
                 stop_reason=functools.partial(self._stop_reason, iid), base_env=self.base_env, user=self.run_as))
             self.running[a.instance_id] = task
             task.add_done_callback(functools.partial(self._finished, a.instance_id))
+
+    def _vanished(self, iid: int, _: asyncio.Task[InstanceReport]) -> None:
+        """A dropped instance (`drop`) is let go without a report."""
+        self.running.pop(iid, None)
+        self.kill.pop(iid, None)
+        self.wake.set()
+        self._start_ready()
 
     def _stop_reason(self, iid: int) -> str:
         """Why the worker stops, when it is because of this instance (it then counts as the job's failure)."""
@@ -566,6 +580,18 @@ class Worker:
                 log.warning("could not give back %d instances: %s", len(self.reports), e)
                 await asyncio.sleep(0.5)
         self.spool.keep(r for r in self.reports if r.outcome is not Outcome.INTERRUPTED)
+
+
+async def _vanish(a: Assignment, stop: KillSwitch) -> InstanceReport:
+    """Hold an instance without running it until its deadline has passed (or it is taken back); the report
+    returned is never sent."""
+    taken = asyncio.Event()
+    stop.on_set(taken.set)
+    with contextlib.suppress(TimeoutError):
+        # a second beyond it, so the server's tick has found it overdue: a worker that no longer lists an
+        # instance sent in the last answer it got would have it taken for never delivered (no failure)
+        await asyncio.wait_for(taken.wait(), max(0.0, a.instance_deadline - time.time()) + 1.0)
+    return InstanceReport(a.instance_id, Outcome.INTERRUPTED, reason="dropped (--drop)")
 
 
 def _pin_message(server: str, e: aiohttp.ServerFingerprintMismatch) -> str:

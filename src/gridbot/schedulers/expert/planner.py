@@ -11,15 +11,22 @@ the same frontier for the same input and seed. In order:
   (`from_runtimes` with the success rate seen so far);
 - the NTDMr space of section 6.1 (N = 0..3, T <= D at 0..4 T_ur, Mr from one reliable machine to
   Mr_max), or N = infinity alone when no reliable pool can be used;
-- the estimate, kept bounded: about `BUDGET` task-worlds (300 strategies x 10 repetitions x 50 tasks,
-  0.4-0.5 s here); a larger tail is simulated with fewer repetitions (at least 3), then scaled down to
-  fewer tasks on proportionally fewer machines (same Mr, ages taken evenly), which keeps the cost per
-  task and approximates the makespan;
+- the estimate of the tail (or, while more tasks are left than #ur, of the rest of the bag: a throughput
+  phase without replicas, then the tail, as in the paper's Figure 9), kept bounded: about `BUDGET`
+  task-worlds (300 strategies x 10 repetitions x 50 tasks, 0.4-0.5 s here); a larger tail is simulated
+  with fewer repetitions (at least 3), then scaled down to fewer tasks on proportionally fewer machines
+  (same Mr, ages taken evenly), which keeps the cost per task and approximates the makespan;
 - the frontier and the best strategy on it for the utility.
+
+Short tasks with a long throughput deadline (seconds against an hour) would take the estimator's default
+step (T_ur / 20) through hours of failed instances holding their machines: the step is at least a
+hundredth of that deadline (event times stay exact, the step only orders them) and the horizon allows
+twenty such deadlines.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -118,6 +125,8 @@ class Planning:
     prices: Prices
     observed: Observed = field(repr=False)
     seed: int = 0
+    error: tuple[float, float] = (0.0, 0.0)
+    """One standard deviation of the chosen strategy's tail makespan and cost (`uncertainty`)."""
 
     @property
     def strategy(self) -> NTDMr | None:
@@ -129,6 +138,14 @@ class Planning:
     def point(self, index: int) -> tuple[float, float]:
         """The tail makespan (seconds) and cost per task of a strategy of the space."""
         return float(self.estimate.tail_makespan[index]), float(self.estimate.cost[index])
+
+    def distinct_frontier(self) -> list[int]:
+        """The frontier with one strategy per point (the first sampled of strategies that tie)."""
+        out: list[int] = []
+        for i in self.frontier:
+            if not out or self.point(out[-1]) != self.point(i):
+                out.append(i)
+        return out
 
     def spread(self, index: int) -> tuple[float, float]:
         """One standard deviation over the repetitions of a strategy's tail makespan and cost."""
@@ -164,15 +181,22 @@ def prices(pools: Sequence[PoolFacts], settings: Settings) -> Prices:
                   period or default.charging_period)
 
 
-def characterization(obs: Observed, settings: Settings) -> tuple[Characterization, str]:
+def characterization(obs: Observed, settings: Settings) -> tuple[Characterization, str, int]:
     """Online from the bag's instances when it has `min_results` good unreliable results, else offline from
-    the results it has (CharacterizationError when it has none)."""
+    the results it has (CharacterizationError when it has none); with the unreliable instances it counted."""
     ended = [r for r in obs.records if not r.reliable]
     good = [r for r in ended if r.success and r.ended_at is not None and r.ended_at <= obs.now]
     if len(good) >= settings.min_results:
-        char = characterize([*obs.records, *obs.out], obs.now, obs.throughput_deadline)
+        # an instance out for less than the fastest turnaround seen could not have returned yet: it tells
+        # nothing of gamma (equation 2 divides by Fs = 0) and would only make a set of its own look lost
+        fastest = min((r.ended_at or 0.0) - r.sent_at for r in good)
+        out = [r for r in obs.out if r.reliable or obs.now - r.sent_at >= fastest]
+        # with no reliable result yet, T_r is T_ur (the paper's Table 2), drawn like the unreliable turnarounds
+        # rather than always the mean: a tail is the longest of its tasks
+        took = [(r.ended_at or 0.0) - r.sent_at for r in good]
+        char = characterize([*obs.records, *out], obs.now, obs.throughput_deadline, reliable_runtime=took)
         return char, (f"online: {len(good)} results of {len(ended)} unreliable instances ended, "
-                      f"gamma {char.gamma_future:.2f}")
+                      f"gamma {char.gamma_future:.2f}"), len(ended) + sum(1 for r in out if not r.reliable)
     runtimes = [r.ended_at - r.sent_at for r in good if r.ended_at is not None]
     if not runtimes and obs.mean_run_time > 0:
         runtimes = [obs.mean_run_time]
@@ -181,8 +205,9 @@ def characterization(obs: Observed, settings: Settings) -> tuple[Characterizatio
     success = len(good) / len(ended) if ended else 1.0
     reliable_took = [r.ended_at - r.sent_at for r in obs.records
                      if r.reliable and r.success and r.ended_at is not None and r.ended_at <= obs.now]
-    char = from_runtimes(runtimes, max(0.05, success), reliable_took or None)
-    return char, f"offline: {len(good)} results so far (fewer than {settings.min_results}), success {success:.2f}"
+    char = from_runtimes(runtimes, max(0.05, success), reliable_took or runtimes)
+    return char, (f"offline: {len(good)} results so far (fewer than {settings.min_results}), success "
+                  f"{success:.2f}"), len(ended)
 
 
 def unreliable_size(obs: Observed) -> int:
@@ -200,7 +225,9 @@ def space(tur: float, unreliable: int, capacity: int, mr_max: float) -> list[NTD
     Mr runs from the paper's 0.02 (but at least one reliable machine) to Mr_max (but at most the reliable
     capacity; at least one machine when there is any, so a bag on fewer than 1/Mr_max unreliable slots
     may still use the reliable pool). Strategies giving the same number of reliable machines are one.
-    No reliable capacity: the paper's "user without a reliable environment", N = infinity alone."""
+    No reliable capacity: the paper's "user without a reliable environment", N = infinity alone. D = 0 is
+    kept for N = 0 only (gridbot accepts a late result, which the model ignores, so such instances would
+    not even be useless)."""
     ur = max(1, unreliable)
     if capacity <= 0:
         return [NTDMr(None, s.t, s.d, 0.0) for s in sample_space(tur, MR_MIN, n_values=range(1), mr_points=1)]
@@ -209,6 +236,8 @@ def space(tur: float, unreliable: int, capacity: int, mr_max: float) -> list[NTD
     sampled = sample_space(tur, top, mr_points=5 if top > low else 1, mr_min=low)
     seen: dict[tuple[int | None, float, float, int], NTDMr] = {}
     for s in sampled:
+        if s.n != 0 and s.d == 0:  # unreliable instances that can never return: N = 0 with machines wasted
+            continue
         seen.setdefault((s.n, s.t, s.d, max(1, s.reliable_machines(ur))), s)
     return list(seen.values())
 
@@ -232,7 +261,13 @@ def bounded(obs: Observed, unreliable: int, strategies: int, repetitions: int) -
 
 def plan(obs: Observed, settings: Settings) -> Planning:
     """Characterize, sample, estimate, and choose (CharacterizationError when nothing can be planned yet)."""
-    char, source = characterization(obs, settings)
+    char, source, sample = characterization(obs, settings)
+    return plan_with(char, source, obs, settings, sample)
+
+
+def plan_with(char: Characterization, source: str, obs: Observed, settings: Settings, sample: int = 0) -> Planning:
+    """Sample, estimate and choose with a given characterization (an offline one: `gridbot plan --scenario`);
+    `sample` is the number of instances its gamma was measured on (0: gamma is taken as known)."""
     price = prices(obs.pools, settings)
     ur = max(1, unreliable_size(obs))
     capacity = reliable_capacity(obs)
@@ -240,15 +275,42 @@ def plan(obs: Observed, settings: Settings) -> Planning:
     if settings.pin:
         strategies.append(parse_pin(settings.pin, char.tur))
     tasks, sim_ur, ages, reps = bounded(obs, ur, len(strategies), settings.repetitions)
-    setup = Setup(tasks, sim_ur, price, ages=ages, throughput_deadline=obs.throughput_deadline)
+    whole = obs.tasks > ur  # not in its tail yet: the rest of the bag, its throughput phase first
+    thr = obs.throughput_deadline
+    setup = Setup(tasks, sim_ur, price, ages=() if whole else ages, bag=whole, throughput_deadline=thr,
+                  step=max(char.tur / 20.0, thr / 100.0),
+                  horizon=(100.0 + 2.0 * tasks) * max(char.tur, char.tr) + 20.0 * thr)
     est = estimate(char, strategies, setup, repetitions=reps, seed=settings.seed)
     front = [int(i) for i in pareto(est.tail_makespan, est.cost) if np.isfinite(est.tail_makespan[i])]
     chosen_utility = utility(settings.utility)
     chosen = best(est.tail_makespan, est.cost, chosen_utility, front) if front else None
     if settings.pin:
         chosen = len(strategies) - 1
-    return Planning(char, source, setup, tasks / max(1, obs.tasks), strategies, est, front, chosen, chosen_utility,
-                    ur, capacity, price, obs, settings.seed)
+    planning = Planning(char, source, setup, tasks / max(1, obs.tasks), strategies, est, front, chosen,
+                        chosen_utility, ur, capacity, price, obs, settings.seed)
+    if chosen is None:
+        return planning
+    return dataclasses.replace(planning, error=uncertainty(planning, chosen, sample))
+
+
+def uncertainty(planning: Planning, index: int, sample: int) -> tuple[float, float]:
+    """One standard deviation of a strategy's tail makespan and cost: the spread of the estimate's repetitions
+    and, when gamma was measured on `sample` instances, the change of the estimate over gamma's binomial
+    standard error either way, combined. (The paper's online estimates were 20% off on average, Table 5:
+    gamma measured while results are still coming in is what such estimates are least sure of.)"""
+    sd_m, sd_c = planning.spread(index)
+    g = planning.char.gamma_future
+    se = math.sqrt(g * (1.0 - g) / sample) if sample > 0 else 0.0
+    if se == 0.0:
+        return sd_m, sd_c
+    points = []
+    for gamma in (max(0.01, g - se), min(1.0, g + se)):
+        char = dataclasses.replace(planning.char, gamma_future=gamma)
+        est = estimate(char, [planning.space[index]], planning.setup,
+                       repetitions=int(planning.estimate.runs_cost.shape[1]), seed=planning.seed)
+        points.append((float(est.tail_makespan[0]), float(est.cost[0])))
+    (m_lo, c_lo), (m_hi, c_hi) = points
+    return math.hypot(sd_m, abs(m_lo - m_hi) / 2.0), math.hypot(sd_c, abs(c_lo - c_hi) / 2.0)
 
 
 def statics(planning: Planning, mr_max: float, budget: float | None = None) -> dict[str, tuple[float, float]]:

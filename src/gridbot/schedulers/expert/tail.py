@@ -8,23 +8,25 @@ runs on the server's event loop: `planner.BUDGET` keeps it near half a second.
 
 The chosen (N, T, D, Mr) is applied as section 3 and the estimator (`estimate.py`) have it, per task:
 - a task gets another instance once T seconds have passed since its last instance was sent, with no
-  result, and none of its instances waits to be sent;
+  result, and none of its instances waits to be sent (decided on the server's tick nearest to that time);
 - instances 1..N counted from T_tail (the throughput phase's are not counted) go to the unreliable
   pools, each with instance deadline D; instance N+1 goes to the reliable pools, and then the task
   waits for it (the reliable pools never fail in the model; their instances keep the policies' deadline);
 - the reliable pools serve at most Mr x #ur instances at once, first come first served: a task due for
   the reliable pool waits here, in the order its timer ran out, until one of those machines is free;
-- the overlay is asked for Mr x #ur slots on the reliable pools (`pilots`).
+- the overlay is asked for Mr x #ur slots on the reliable pools (`pilots`) while a task is on, or due for,
+  the reliable pools; otherwise for none, so that no reliable host idles in the tail and takes the jobs
+  the core queues again (see below).
 
 Which pools are reliable: the server's `--reliable-pool`s (DispatchConfig.reliable_pools, the paper's
 fail-over pools, Host.Reliable) when it names any, else the pools whose ad says Reliability "reliable"
 (the pools file's `reliability`; a simulated cluster or cloud). Every other pool is unreliable.
 
 Where gridbot differs from the model: a host that reports a failure, or goes silent past the host
-timeout, makes its instance end before D, and a job left with no instance is queued again by the core at
-once, for the first host that asks (the core's retry queue, which no tail strategy routes); that instance
-counts against N like any other if it lands on an unreliable pool. The paper lists the same difference
-(section 6.3, cause 3).
+timeout, makes its instance end before D, and a job left with no instance is queued again by the core,
+which sends it on as soon as a host asks rather than T after its last instance; this strategy routes such
+a job to where its next instance belongs (the unreliable pools until N, then the reliable ones). The
+paper lists the same difference (section 6.3, cause 3).
 """
 
 from __future__ import annotations
@@ -39,11 +41,15 @@ from gridbot.core.records import Ended
 from gridbot.core.strategy import Choice, TailPlan
 from gridbot.core.view import BagView, DispatchView, HostView, JobView
 from gridbot.model.spec import StrategyOption
+from gridbot.model.states import JobState
 from gridbot.schedulers.base import StrategyError, TailStrategy
 from gridbot.schedulers.expert.characterize import CharacterizationError, InstanceRecord
 from gridbot.schedulers.expert.frontier import ExpressionError, utility
 from gridbot.schedulers.expert.planner import Observed, Planning, PoolFacts, Settings, parse_pin, plan
 from gridbot.schedulers.expert.strategy import NTDMr, StrategyValueError
+
+MAX_TICK = 120.0
+"""Longer gaps between ticks are not taken for the tick's interval (a server that was away)."""
 
 
 class ExpertTail(TailStrategy):
@@ -108,6 +114,14 @@ class ExpertTail(TailStrategy):
         self.to_reliable: set[int] = set()
         """Tasks chosen for the reliable pool whose instance was not sent yet."""
         self.last_now = 0.0
+        self.tick = 0.0
+        """Seconds between the calls of `replicas` when they come regularly (the server's tick), else 0: a
+        timer that runs out within half a tick (at most T / 10) is taken now, so replicas are not late by
+        half a tick on average."""
+        self.gap = 0.0
+        self.needs_reliable = 0
+        """Tasks on, chosen for, or due for the reliable pools at the last look (`pilots` asks for Mr x #ur
+        reliable slots only while there is one)."""
 
     # -- the tail and its plan ------------------------------------------------------------------------
 
@@ -116,6 +130,10 @@ class ExpertTail(TailStrategy):
             self.tail_start = now
             self.done_at_start = bag.counts.done
             self.tasks = bag.running
+            for job in view.running_jobs(bag.bag_id):  # the throughput phase's: not counted against N
+                self.seen.update(i.instance_id for i in view.instances(job.job_id))
+                self.last[job.job_id] = max(i.sent_at for i in view.instances(job.job_id))
+            self.plan(view, bag, now)
         return self.tail_start is not None
 
     def planner_settings(self) -> Settings:
@@ -137,6 +155,7 @@ class ExpertTail(TailStrategy):
                 instances >= self.instances_at_plan * (1.0 + self.number("replan_growth"))
                 and now - self.planned_at >= self.number("replan_after")):
             return
+        self.reliable = reliable_pools(view)
         self.track(view, bag, now)
         observed = self.observe(view, bag, now)
         try:
@@ -150,43 +169,16 @@ class ExpertTail(TailStrategy):
         self.plans += 1
 
     def observe(self, view: DispatchView, bag: BagView, now: float) -> Observed:
-        """What the planner needs, from the view: the pools, the bag's instances, the tasks left."""
-        cfg = view.config
-        pools = view.pools(now)
-        ads = {name: view.pool_ad(name) or {} for name in {*view.pool_names(), *pools}}
-        self.reliable = frozenset(cfg.reliable_pools) if cfg.reliable_pools else frozenset(
-            name for name, ad in ads.items() if str(ad.get("Reliability", "")).lower() == "reliable")
-        facts = []
-        for name, ad in sorted(ads.items()):
-            live = pools.get(name)
-            capacity = _int(ad.get("MaxRunning")) * max(1, _int(ad.get("Cpus")))
-            facts.append(PoolFacts(name, name in self.reliable, _float(ad.get("PricePerCpuHour")),
-                                   _float(ad.get("ChargingPeriod")), live.slots if live else 0, capacity))
-        records = tuple(InstanceRecord(e.sent_at, e.ended_at, e.success, e.pool in self.reliable)
-                        for e in bag.history)
-        out, ages, deadlines = [], [], []
-        for job in view.running_jobs(bag.bag_id):
-            newest = None
-            for inst in view.instances(job.job_id):
-                host = view.host(inst.host_id)
-                reliable = host is not None and host.pool in self.reliable
-                out.append(InstanceRecord(inst.sent_at, None, False, reliable))
-                if not reliable:
-                    newest = inst.sent_at if newest is None else max(newest, inst.sent_at)
-                if inst.sent_at < (self.tail_start or now):
-                    deadlines.append(inst.deadline - inst.sent_at)
-            if newest is not None:
-                ages.append(now - newest)
-        if not self.throughput_deadline:
-            deadlines.sort()
-            self.throughput_deadline = deadlines[len(deadlines) // 2] if deadlines else bag.spec.instance_deadline
-        return Observed(now, records, tuple(out), tuple(ages), bag.running + bag.queued, tuple(facts),
-                        self.throughput_deadline, bag.mean_run_time)
+        observed = observe(view, bag, now, self.reliable, self.tail_start, self.throughput_deadline)
+        self.throughput_deadline = observed.throughput_deadline
+        return observed
 
     # -- what the core asks ---------------------------------------------------------------------------
 
     def replicas(self, view: DispatchView, bag: BagView, room: int, now: float) -> Sequence[Choice]:
-        self.last_now = now
+        gap = now - self.last_now
+        self.tick = gap if 0.0 < gap < MAX_TICK and abs(gap - self.gap) <= 0.1 * gap else 0.0
+        self.last_now, self.gap = now, gap
         self.plan(view, bag, now)
         s, planning = self.strategy, self.planning
         if s is None or planning is None or self.tail_start is None:
@@ -195,7 +187,7 @@ class ExpertTail(TailStrategy):
         desc = planning.describe(s)
         limit = math.inf if s.n is None else s.n
         unreliable = frozenset(n for n in (*view.pool_names(), *view.pools(now)) if n not in self.reliable)
-        out: list[Choice] = []
+        out = self.route(view, desc, unreliable, planning.utility.name)
         due_reliable: list[tuple[float, int, int, float]] = []
         busy = 0
         for job in view.running_jobs(bag.bag_id):
@@ -204,7 +196,7 @@ class ExpertTail(TailStrategy):
             if job.replica_pending or job.job_id in self.reliable_sent or len(live) >= view.config.max_replicas:
                 continue
             last = max(self.last.get(job.job_id, -math.inf), *(i.sent_at for i in live))
-            if now < last + s.t:
+            if now + min(self.tick / 2.0, s.t / 10.0) < last + s.t:  # the tick nearest to the timer's end
                 continue
             sent = self.unreliable_sent.get(job.job_id, 0)
             if sent < limit:
@@ -218,12 +210,34 @@ class ExpertTail(TailStrategy):
         machines = max(1, s.reliable_machines(planning.unreliable)) if s.mr > 0 else 0
         pending = sum(1 for j in self.to_reliable if _pending(view, j))
         free = machines - busy - pending
+        self.needs_reliable = busy + pending + len(due_reliable) + sum(1 for c in out if c.pools == self.reliable)
         for _, job_id, sent, waited in sorted(due_reliable)[:max(0, min(free, room - len(out)))]:
             self.to_reliable.add(job_id)
             out.append(Choice(job_id, f"ExPERT {desc}: {sent} unreliable instance(s) since the tail began and no "
                                       f"result {waited:.0f} s after the last (T = {s.t:.0f} s): instance N+1 goes to "
                                       f"the reliable pool ({busy + pending} of Mr x #ur = {machines} reliable "
                                       f"machines in use; {planning.utility.name})", self.reliable))
+        return out
+
+    def route(self, view: DispatchView, desc: str, unreliable: frozenset[str], why: str) -> list[Choice]:
+        """Tail tasks the core queued again (their instances lost or failed: it sends them on as soon as a host
+        asks) go where their next instance belongs: the unreliable pools until N, then the reliable ones."""
+        s = self.strategy
+        assert s is not None
+        out = []
+        for job_id in sorted(self.last):
+            job = view.job(job_id)
+            if job is None or job.state is not JobState.QUEUED:
+                continue
+            sent = self.unreliable_sent.get(job_id, 0)
+            if ((s.n is None or sent < s.n) and job_id not in self.reliable_sent) or not self.reliable:
+                out.append(Choice(job_id, f"ExPERT {desc}: queued again, its instances lost or failed: unreliable "
+                                          f"instance {sent + 1} of N = {'inf' if s.n is None else s.n} since the "
+                                          f"tail began ({why})", unreliable))
+            else:
+                out.append(Choice(job_id, f"ExPERT {desc}: queued again after {sent} unreliable instance(s) since "
+                                          f"the tail began: instance N+1 goes to the reliable pool ({why})",
+                                  self.reliable))
         return out
 
     def deadline(self, view: DispatchView, bag: BagView, host: HostView, deadline: float, now: float) -> float:
@@ -238,6 +252,8 @@ class ExpertTail(TailStrategy):
             return None
         wanted: dict[str, int] = {}
         machines = max(1, s.reliable_machines(planning.unreliable)) if s.mr > 0 and s.n is not None else 0
+        if not self.needs_reliable:  # no reliable host idles in the tail to take the core's re-queued jobs
+            machines = 0
         for name in [p for p in pools if p in self.reliable]:
             ad = view.pool_ad(name) or {}
             cap = _int(ad.get("MaxRunning")) * max(1, _int(ad.get("Cpus"))) or machines
@@ -304,17 +320,58 @@ class ExpertTail(TailStrategy):
         spent = self.spent(history, planning)
         index = planning.chosen if planning.chosen is not None else 0
         makespan, cost = planning.point(index)
-        makespan_sd, cost_sd = planning.spread(index)
+        makespan_sd, cost_sd = planning.error
         left = max(1, planning.observed.tasks)
         predicted_cost = (self.spent_at_plan + cost * left) / tasks
         ended = bag.counts.queued + bag.counts.running == 0
         finished = max((e.ended_at for e in history if e.success and e.ended_at is not None), default=None)
         actual = finished - start if ended and finished is not None else None
-        frontier = [(planning.describe(planning.space[i]), *planning.point(i)) for i in planning.frontier]
+        frontier = [(planning.describe(planning.space[i]), *planning.point(i)) for i in planning.distinct_frontier()]
         return TailPlan(planning.describe(s), planning.utility.name, start, self.planned_at, self.plans, self.tasks,
                         self.planned_at - start + makespan, predicted_cost, makespan_sd, cost_sd * left / tasks,
                         planning.source, frontier, bag.counts.done - self.done_at_start,
                         actual if actual is not None else max(0.0, self.last_now - start), spent / tasks, actual)
+
+
+def reliable_pools(view: DispatchView) -> frozenset[str]:
+    """The server's `--reliable-pool`s, else the pools whose ad says Reliability "reliable"."""
+    if view.config.reliable_pools:
+        return frozenset(view.config.reliable_pools)
+    return frozenset(name for name in view.pool_names()
+                     if str((view.pool_ad(name) or {}).get("Reliability", "")).lower() == "reliable")
+
+
+def observe(view: DispatchView, bag: BagView, now: float, reliable: frozenset[str], tail_start: float | None = None,
+            throughput_deadline: float = 0.0) -> Observed:
+    """What the planner needs from the view: the pools, the bag's instances, the tasks left. The throughput
+    deadline is the median deadline of the instances sent before `tail_start` (or now) unless given."""
+    pools = view.pools(now)
+    facts = []
+    for name in sorted({*view.pool_names(), *pools}):
+        ad = view.pool_ad(name) or {}
+        live = pools.get(name)
+        capacity = _int(ad.get("MaxRunning")) * max(1, _int(ad.get("Cpus")))
+        facts.append(PoolFacts(name, name in reliable, _float(ad.get("PricePerCpuHour")),
+                               _float(ad.get("ChargingPeriod")), live.slots if live else 0, capacity))
+    records = tuple(InstanceRecord(e.sent_at, e.ended_at, e.success, e.pool in reliable) for e in bag.history)
+    out, ages, deadlines = [], [], []
+    for job in view.running_jobs(bag.bag_id):
+        newest = None
+        for inst in view.instances(job.job_id):
+            host = view.host(inst.host_id)
+            on_reliable = host is not None and host.pool in reliable
+            out.append(InstanceRecord(inst.sent_at, None, False, on_reliable))
+            if not on_reliable:
+                newest = inst.sent_at if newest is None else max(newest, inst.sent_at)
+            if inst.sent_at < (tail_start if tail_start is not None else now) + 1e-9:
+                deadlines.append(inst.deadline - inst.sent_at)
+        if newest is not None:
+            ages.append(now - newest)
+    if not throughput_deadline:
+        deadlines.sort()
+        throughput_deadline = deadlines[len(deadlines) // 2] if deadlines else bag.spec.instance_deadline
+    return Observed(now, records, tuple(out), tuple(ages), bag.running + bag.queued, tuple(facts),
+                    throughput_deadline, bag.mean_run_time)
 
 
 def _pending(view: DispatchView, job_id: int) -> bool:

@@ -1,0 +1,246 @@
+"""`gridbot plan`: ExPERT's frontier for a running bag (or a scenario's bag before it runs), computed here.
+
+The server sends what it saw of the bag (`GET /v1/bags/{bag}/history`: its instances, the tasks left, the
+pools and their prices); this process characterizes, estimates and chooses with the very code
+`tail = "expert"` runs at T_tail (`gridbot.schedulers.expert.planner`), so the server's loop never waits
+for it. The paper's static strategies are estimated on the same tail and placed against the frontier,
+and the best strategy is marked for each of the utilities of the paper's Figure 8 and the user's.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gridbot.errors import GridbotError
+from gridbot.model.spec import StrategyChoice
+from gridbot.protocol import PlanInput
+from gridbot.schedulers.expert.characterize import Characterization, from_runtimes
+from gridbot.schedulers.expert.frontier import best, dominating, utility
+from gridbot.schedulers.expert.planner import Observed, Planning, PoolFacts, Settings, plan, plan_with, statics
+from gridbot.schedulers.expert.tail import ExpertTail
+
+
+@dataclass(frozen=True)
+class Report:
+    """A planning, the static strategies on the same tail, and the best strategy for each utility."""
+
+    title: str
+    planning: Planning
+    statics: dict[str, tuple[float, float]]
+    bests: dict[str, int | None]
+    """Utility name -> index into the planning's space (None: no strategy meets its bound)."""
+
+
+def settings(choice: StrategyChoice, chosen_utility: str | None) -> Settings:
+    """The planner's settings: the bag's expert options when its tail is ExPERT's, with `chosen_utility`."""
+    given = {**ExpertTail.options, **(choice.options if choice.tail == ExpertTail.name else {})}
+
+    def price(key: str) -> float | None:
+        value = float(given[key])
+        return None if value < 0 else value
+
+    return Settings(chosen_utility or str(given["utility"]), float(given["mr_max"]), int(given["repetitions"]),
+                    price("price_unreliable"), price("price_reliable"), price("charging_period"),
+                    int(given["min_results"]))
+
+
+def chosen_utility(name: str | None, budget: float | None, deadline: float | None) -> str | None:
+    given = [u for u in (name, None if budget is None else f"budget:{budget:g}",
+                         None if deadline is None else f"deadline:{deadline:g}") if u is not None]
+    if len(given) > 1:
+        raise GridbotError("give one of --utility, --budget and --deadline")
+    return given[0] if given else None
+
+
+def report(title: str, planning: Planning, budget: float | None, mr_max: float) -> Report:
+    est = planning.estimate
+    bests: dict[str, int | None] = {}
+    for name in ("makespan", "cost", "product"):
+        u = utility(name)
+        bests[u.name] = best(est.tail_makespan, est.cost, u, planning.frontier)
+    bests[planning.utility.name] = planning.chosen
+    return Report(title, planning, statics(planning, mr_max, budget), bests)
+
+
+def for_bag(given: PlanInput, name: str | None, budget: float | None, deadline: float | None) -> Report:
+    chosen = settings(given.strategy, chosen_utility(name, budget, deadline))
+    planning = plan(given.observed, chosen)
+    return report(f"bag {given.bag}", planning, budget, chosen.mr_max)
+
+
+def for_scenario(path: Path, bag_name: str | None, name: str | None, budget: float | None,
+                 deadline: float | None) -> Report:
+    """A scenario's bag before it runs: an offline characterization from its runtime distribution and its
+    pools' model (success = no failure, no black hole, no preemption during the run), the whole bag."""
+    from gridbot.sim.scenario import parse_scenario
+
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise GridbotError(f"cannot read scenario {path}: {e.strerror}") from e
+    sc = parse_scenario(text, str(path))
+    bags = [b for b in sc.bags if bag_name is None or b.name == bag_name]
+    if not bags:
+        raise GridbotError(f"scenario {path} has no bag {bag_name!r}; its bags: {', '.join(b.name for b in sc.bags)}")
+    bag = bags[0]
+    reliable = {p.name for p in sc.pools if p.name in sc.dispatch.reliable_pools
+                or (not sc.dispatch.reliable_pools and p.spec.reliability == "reliable")}
+    facts = tuple(PoolFacts(p.name, p.name in reliable, p.spec.price_per_cpu_hour, p.spec.charging_period,
+                            p.max_size * p.spec.cpus, p.max_size * p.spec.cpus) for p in sc.pools)
+    char = _offline(sc.pools, reliable, bag.runtime, sc.seed)
+    chosen = settings(bag.strategy, chosen_utility(name, budget, deadline))
+    observed = Observed(0.0, (), (), (), bag.jobs, facts, bag.instance_deadline)
+    source = f"offline from the scenario: runtimes {bag.runtime.describe}, success {char.gamma_future:.2f}"
+    planning = plan_with(char, source, observed, chosen)
+    return report(f"bag {bag.name} of {path.name} (before it runs)", planning, budget, chosen.mr_max)
+
+
+def _offline(pools: list[Any], reliable: set[str], runtime: Any, seed: int, draws: int = 2000) -> Characterization:
+    rng = random.Random(seed)
+    unreliable = [p for p in pools if p.name not in reliable] or pools
+    weights = [max(1, p.max_size * p.spec.cpus) for p in unreliable]
+    lives = {p.name: [p.preemption.sample(rng) for _ in range(500)] for p in unreliable if p.preemption is not None}
+    turnarounds, good = [], 0.0
+    for _ in range(draws):
+        p = rng.choices(unreliable, weights)[0]
+        took = runtime.sample(rng) / max(1e-3, p.speed.sample(rng))
+        took /= min(1.0, max(1e-3, p.turnaround_ratio.sample(rng)))
+        survives = rng.random() >= p.failure_rate and rng.random() >= p.black_holes
+        if p.name in lives:  # a pilot met at a random moment of its life outlives the run (residual life)
+            life = lives[p.name]
+            survives = survives and rng.random() < sum(max(0.0, x - took) for x in life) / max(1e-9, sum(life))
+        turnarounds.append(took)
+        good += survives
+    fast = [p for p in pools if p.name in reliable]
+    speed = sum(p.speed.mean for p in fast) / len(fast) if fast else 1.0
+    reliable_runs = [runtime.sample(rng) / max(1e-3, speed) for _ in range(200)]
+    return from_runtimes(turnarounds, max(0.05, good / draws), reliable_runs)
+
+
+# -- what is shown ----------------------------------------------------------------------------------------
+
+
+def as_dict(r: Report) -> dict[str, Any]:
+    p = r.planning
+    est = p.estimate
+
+    def point(i: int) -> dict[str, Any]:
+        m, c = p.point(i)
+        s = p.space[i]
+        return {"strategy": p.describe(s), "n": s.n, "t": s.t, "d": s.d, "mr": s.mr,
+                "reliable_machines": max(1, s.reliable_machines(p.unreliable)) if s.mr > 0 else 0,
+                "tail_makespan": _finite(m), "cost": c}
+
+    return {
+        "title": r.title, "characterization": p.source, "tur": p.char.tur, "tr": p.char.tr,
+        "gamma": p.char.gamma_future, "unreliable": p.unreliable, "reliable_capacity": p.reliable_capacity,
+        "prices": {"unreliable_per_hour": p.prices.unreliable_per_hour, "reliable_per_hour": p.prices.reliable_per_hour,
+                   "charging_period": p.prices.charging_period},
+        "tasks": p.observed.tasks, "simulated_tasks": p.setup.tasks, "whole_bag": p.setup.bag,
+        "repetitions": int(est.runs_cost.shape[1]), "sampled": len(p.space), "utility": p.utility.name,
+        "chosen": {**point(p.chosen), "tail_makespan_error": p.error[0], "cost_error": p.error[1]}
+        if p.chosen is not None else None,
+        "frontier": [point(i) for i in p.distinct_frontier()],
+        "statics": {name: {"tail_makespan": _finite(m), "cost": c,
+                           "dominated_by": len(dominating(est.tail_makespan[p.frontier], est.cost[p.frontier],
+                                                          (m, c)))}
+                    for name, (m, c) in r.statics.items()},
+        "bests": {name: (point(i) if i is not None else None) for name, i in r.bests.items()},
+    }
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def show(r: Report) -> None:
+    from gridbot.cli import render
+
+    p = r.planning
+    out = render.console.print
+    where = "the rest of the bag (throughput phase, then the tail)" if p.setup.bag else "the tail"
+    out(f"[bold]{r.title}[/]: ExPERT's frontier for {where}", soft_wrap=True)
+    out(f"  characterization: {p.source}; T_ur {render.duration(p.char.tur)}, T_r {render.duration(p.char.tr)}",
+        soft_wrap=True, markup=False)
+    out(f"  {p.observed.tasks:,} tasks left on #ur = {p.unreliable} unreliable slots, reliable capacity "
+        f"{p.reliable_capacity}; prices per CPU hour {p.prices.unreliable_per_hour:g} (unreliable), "
+        f"{p.prices.reliable_per_hour:g} (reliable, by {p.prices.charging_period:g} s)", soft_wrap=True)
+    scaled = f", simulated as {p.setup.tasks} tasks on {p.setup.unreliable} slots" if p.scale < 1 else ""
+    out(f"  {len(p.space)} strategies sampled x {p.estimate.runs_cost.shape[1]} repetitions{scaled}", soft_wrap=True)
+    marks: dict[int, list[str]] = {}
+    for name, i in r.bests.items():
+        if i is not None:
+            marks.setdefault(i, []).append(name)
+    table = render._table("STRATEGY", "TAIL MAKESPAN", "COST/TASK", "BEST FOR", right=("TAIL MAKESPAN", "COST/TASK"))
+    for i in p.distinct_frontier():
+        m, c = p.point(i)
+        tied = [k for k in marks if p.point(k) == (m, c)]
+        table.add_row(p.describe(p.space[i]), render.duration(m), f"{c:.4g}",
+                      ", ".join(n for k in tied for n in marks[k]))
+    out(table)
+    est = p.estimate
+    statics = render._table("STATIC", "TAIL MAKESPAN", "COST/TASK", "DOMINATED BY", right=("TAIL MAKESPAN",
+                                                                                          "COST/TASK", "DOMINATED BY"))
+    for name, (m, c) in r.statics.items():
+        beaten = len(dominating(est.tail_makespan[p.frontier], est.cost[p.frontier], (m, c)))
+        statics.add_row(name, render.duration(m) if math.isfinite(m) else "never", f"{c:.4g}",
+                        f"{beaten} frontier strategies" if beaten else "none: on or below the frontier")
+    out(statics)
+    if p.chosen is None:
+        out(f"no strategy meets {p.utility.name}", soft_wrap=True)
+    else:
+        m, c = p.point(p.chosen)
+        ms, cs = p.error
+        out(f"best for {p.utility.name}: [bold]{p.describe(p.space[p.chosen])}[/] (T and D in units of T_ur = "
+            f"{p.char.tur:.0f} s): tail {render.duration(m)} ± {render.duration(ms)}, cost {c:.4g} ± {cs:.2g} per "
+            "task", soft_wrap=True)
+
+
+def write_plot(r: Report, path: Path) -> None:
+    """The frontier, the sampled strategies, the static ones and the bests, as the paper's Figures 8 and 9a."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    p = r.planning
+    est = p.estimate
+    m, c = est.tail_makespan, est.cost
+    ok = np.isfinite(m)
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+    ax.scatter(m[ok], c[ok], s=8, color="0.75", label="sampled NTDMr strategies")
+    front = p.distinct_frontier()
+    ax.plot(m[front], c[front], "-o", color="tab:blue", markersize=4, label="Pareto frontier")
+    for name, (sm, sc) in r.statics.items():
+        if math.isfinite(sm):
+            ax.scatter([sm], [sc], marker="s", color="tab:red", s=30)
+            ax.annotate(name, (sm, sc), textcoords="offset points", xytext=(4, 4), fontsize=8, color="tab:red")
+    shapes = ["*", "^", "v", "D", "P", "X"]
+    for k, (name, i) in enumerate(r.bests.items()):
+        if i is not None:
+            ax.scatter([m[i]], [c[i]], marker=shapes[k % len(shapes)], s=120, zorder=5,
+                       label=f"best for {name}: {p.describe(p.space[i])}")
+    ax.set_xlabel("tail makespan [s]")
+    ax.set_ylabel("cost per task")
+    ax.set_title(f"{r.title}: ExPERT frontier", fontsize=10)
+    ax.legend(fontsize=7, loc="upper right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def apply_choice(current: StrategyChoice, chosen: str) -> StrategyChoice:
+    """`tail = "expert"` with `utility = chosen`, keeping the placement and the options it or ExPERT takes."""
+    from gridbot.schedulers.registry import PLACEMENTS
+
+    placement = PLACEMENTS.get(current.placement)
+    takes = {*ExpertTail.options, *(placement.options if placement is not None else {})}
+    options = {k: v for k, v in current.options.items() if k in takes}
+    return StrategyChoice(ExpertTail.name, current.placement, {**options, "utility": chosen})

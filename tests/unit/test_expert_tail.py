@@ -1,0 +1,219 @@
+"""`tail = "expert"` on the core (issue 15): ExPERT's NTDMr chosen at T_tail and applied by the kernel."""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+import pytest
+
+from gridbot.model.records import HostInfo, InstanceReport, Outcome
+from gridbot.model.spec import StrategyChoice
+from gridbot.model.states import InstanceState
+from gridbot.schedulers import registry
+from gridbot.schedulers.base import StrategyError
+from gridbot.schedulers.expert.tail import ExpertTail
+
+from .core_harness import CoreSim
+
+ADS = {
+    "grid": {"Name": "grid", "Reliability": "unreliable", "PricePerCpuHour": 0.0, "MaxRunning": 8, "Cpus": 1},
+    "cloud": {"Name": "cloud", "Reliability": "reliable", "PricePerCpuHour": 3.6, "ChargingPeriod": 1.0,
+              "MaxRunning": 4, "Cpus": 1},
+}
+BAD = {"g6", "g7"}
+"""Grid hosts that keep what they are sent and never report it (the paper's unreliable machines)."""
+
+
+def host(name: str, pool: str) -> HostInfo:
+    return HostInfo(name, name, "Linux", 1, 0, 1, pool)
+
+
+GRID = [host(f"g{i}", "grid") for i in range(8)]
+CLOUD = [host(f"c{i}", "cloud") for i in range(4)]
+
+
+def ok(iid: int, wall: float = 100.0) -> InstanceReport:
+    return InstanceReport(iid, Outcome.SUCCESS, 0, wall, wall)
+
+
+def throughput(options: str, jobs: int = 40) -> tuple[CoreSim, int, float]:
+    """A bag run on the grid in rounds of 100 s until nothing is queued: the good hosts return every instance
+    after 100 s, the bad ones keep theirs. Returns the harness, the bag and T_tail."""
+    sim = CoreSim()
+    sim.d.pool_ads = ADS
+    bag = sim.bag("b", jobs, deadline=1000, strategy=f'[strategy]\ntail = "expert"\nmin_results = 5\n{options}\n')
+    t = 0.0
+    while True:
+        for h in GRID:
+            held = sim.held.get(h.host_id, set())
+            if h.host_id in BAD:
+                sim.ask(h, 0 if held else 1, t)
+            else:
+                sim.ask(h, 1, t, [ok(i) for i in sorted(held)])
+        sim.tick(t)
+        view = sim.d.view.bag(bag)
+        assert view is not None
+        if view.queued == 0:
+            return sim, bag, t
+        t += 100.0
+
+
+def tail_of(sim: CoreSim, bag: int) -> ExpertTail:
+    strategy = sim.d._s.bags[bag].tail_strategy
+    assert isinstance(strategy, ExpertTail)
+    return strategy
+
+
+def decisions(sim: CoreSim, bag: int) -> list:
+    made = [d for ds in sim.store.d.decisions.values() for d in ds if d.bag_id == bag]
+    return sorted(made, key=lambda d: d.event_id)
+
+
+def test_expert_is_a_registered_tail_strategy_and_its_options_are_checked_at_submission():
+    registry.check(StrategyChoice("expert", options={"utility": "deadline:3600", "mr_max": 0.3}))
+    with pytest.raises(StrategyError, match="utility expression 'Makespan \\*\\* Cst'"):
+        registry.check(StrategyChoice("expert", options={"utility": "Makespan ** Cst"}))
+    with pytest.raises(StrategyError, match="mr_max must be above 0"):
+        registry.check(StrategyChoice("expert", options={"mr_max": 0.0}))
+    with pytest.raises(StrategyError, match="N=3 T=1Tur"):
+        registry.check(StrategyChoice("expert", options={"pin": "N=3"}))
+    with pytest.raises(StrategyError, match="must be str"):
+        registry.check(StrategyChoice("expert", options={"utility": 3}))
+
+
+def test_the_chosen_ntdmr_is_applied_unreliable_up_to_n_then_the_reliable_pool():
+    sim, bag, t_tail = throughput('pin = "N=1 T=50 D=80 Mr=0.125"')
+    tail = tail_of(sim, bag)
+    assert tail.tail_start == t_tail and tail.strategy is not None
+    assert (tail.strategy.n, tail.strategy.t, tail.strategy.d) == (1, 50.0, 80.0)
+    assert tail.planning is not None and tail.planning.unreliable == 8
+    assert tail.planning.source.startswith("online")
+    # the instances on the bad hosts, sent long before, are due at once: one more on the unreliable pool each
+    stuck = sorted(j.job_id for j in sim.d.view.running_jobs(bag)
+                   if sim.d.view.instances(j.job_id)[0].host_id in BAD)
+    made = decisions(sim, bag)
+    assert sorted(d.job_id for d in made) == stuck
+    assert all(d.strategy == "tail=expert" and d.action == "replicate" for d in made)
+    assert all("N=1 " in d.why and "unreliable instance 1 of N = 1" in d.why and d.why.endswith("(on grid)")
+               for d in made)
+    # a cloud host asking now gets nothing: the replicas are for the grid
+    assert sim.ask(CLOUD[0], 1, t_tail + 1) == []
+    replicas = [a for h in GRID[:2] for a in sim.ask(h, 1, t_tail + 1)]
+    assert sorted(a.job_id for a in replicas) == stuck
+    assert all(a.instance_deadline == pytest.approx(t_tail + 1 + 80) for a in replicas)  # D on the unreliable pool
+    # T = 50 s later without a result: N is reached, instance N+1 goes to the reliable pool, one at a time
+    # (Mr = 0.125 of 8 unreliable slots: one reliable machine)
+    sim.tick(t_tail + 52)
+    reliable = [d for d in decisions(sim, bag) if d.why.endswith("(on cloud)")]
+    assert [d.job_id for d in reliable] == stuck[:1]
+    assert "instance N+1 goes to the reliable pool" in reliable[0].why and "Mr x #ur = 1" in reliable[0].why
+    # (the tasks whose first instance went out at T_tail are due too: their first tail instance, on the grid)
+    assert all(d.job_id not in stuck for d in decisions(sim, bag)[len(made):] if d.why.endswith("(on grid)"))
+    assert all(a.job_id not in stuck for a in sim.ask(GRID[2], 1, t_tail + 53))
+    [first] = sim.ask(CLOUD[1], 1, t_tail + 53)
+    assert first.job_id == stuck[0]
+    assert first.instance_deadline == pytest.approx(t_tail + 53 + 1000)  # the policies' deadline, not D
+    # the reliable machine is busy: the second task waits for it, and gets it when the first is done
+    sim.tick(t_tail + 60)
+    assert [d.job_id for d in decisions(sim, bag) if d.why.endswith("(on cloud)")] == stuck[:1]
+    sim.ask(CLOUD[1], 1, t_tail + 100, [ok(first.instance_id, 47.0)])
+    sim.tick(t_tail + 101)
+    assert [d.job_id for d in decisions(sim, bag) if d.why.endswith("(on cloud)")] == stuck
+    # the second task's grid replica passed its deadline D (t_tail + 81) without a word: lost (the first's
+    # was cancelled when the reliable pool's result came); the tasks had their N
+    [late] = [a for a in replicas if a.job_id == stuck[1]]
+    lost = sim.d.view.instance(late.instance_id)
+    assert lost is not None and lost.state is InstanceState.OVERDUE
+    assert {job: tail.unreliable_sent[job] for job in stuck} == {job: 1 for job in stuck}
+
+
+def test_pilots_ask_mr_times_the_unreliable_slots_of_the_reliable_pool_once_the_tail_needs_it():
+    sim = CoreSim()
+    sim.d.pool_ads = ADS
+    bag = sim.bag("b", 40, deadline=1000, strategy='[strategy]\ntail = "expert"\npin = "N=0 T=0 D=80 Mr=0.25"\n')
+    for h in GRID:
+        sim.ask(h, 1, 0.0)
+    view = sim.d.view.bag(bag)
+    assert view is not None
+    assert tail_of(sim, bag).pilots(sim.d.view, view, ["grid", "cloud"], 0.0) is None  # throughput phase
+    # N = 0: at T_tail every task is due for the reliable pool
+    sim, bag, t_tail = throughput('pin = "N=0 T=0 D=80 Mr=0.25"')
+    view = sim.d.view.bag(bag)
+    assert view is not None
+    wanted = tail_of(sim, bag).pilots(sim.d.view, view, ["grid", "cloud"], t_tail)
+    assert wanted == {"cloud": 2, "grid": 0}  # Mr 0.25 x 8 unreliable slots; nothing waits for the grid
+    # N = 2: no task needs the reliable pool yet, so no reliable host idles there; the grid's replicas wait
+    sim, bag, t_tail = throughput('pin = "N=2 T=50 D=80 Mr=0.25"')
+    view = sim.d.view.bag(bag)
+    assert view is not None
+    wanted = tail_of(sim, bag).pilots(sim.d.view, view, ["grid", "cloud"], t_tail)
+    assert wanted == {"cloud": 0, "grid": view.waiting_replicas} and view.waiting_replicas > 0
+
+
+def test_status_shows_the_strategy_in_force_the_prediction_and_then_what_was_measured():
+    sim, bag, t_tail = throughput('utility = "makespan"\nmr_max = 0.5')
+    tail = tail_of(sim, bag)
+    view = sim.d.view.bag(bag)
+    assert view is not None
+    plan = view.tail_plan
+    assert plan is not None and tail.planning is not None
+    assert plan.utility == "fastest" and plan.plans == 1 and plan.tasks == tail.tasks
+    assert plan.strategy == tail.planning.describe(tail.strategy)
+    assert plan.frontier and all(a[1] <= b[1] for a, b in zip(plan.frontier, plan.frontier[1:], strict=False))
+    assert plan.predicted_makespan == pytest.approx(min(p[1] for p in plan.frontier))  # the fastest
+    assert plan.actual_makespan is None
+    # run the tail out: every host returns what it holds; reliable hosts serve what waits for them
+    now = t_tail
+    kept = sim.d.view.bag(bag)
+    while sim.d.view.bag(bag) is not None and now < t_tail + 5000:
+        now += 10.0
+        for h in GRID + CLOUD:
+            held = sim.held.get(h.host_id, set())
+            reports = [] if h.host_id in BAD else [ok(i, 10.0) for i in sorted(held)]
+            sim.ask(h, 1, now, reports)
+        sim.tick(now)
+    assert sim.d.view.bag(bag) is None, "the tail did not end"
+    assert kept is not None
+    final = kept.tail_plan  # the view kept from before still reads the bag's last state
+    assert final is not None and final.done == tail.tasks
+    assert final.actual_makespan is not None and 0 < final.actual_makespan <= now - t_tail
+    assert final.actual_cost is not None and final.actual_cost >= 0.0
+    assert not math.isnan(final.predicted_cost)
+
+
+def test_a_running_bags_strategy_changes_live_and_the_new_one_starts_from_what_it_sees():
+    sim = CoreSim()
+    sim.d.pool_ads = ADS
+    bag = sim.bag("b", 40, deadline=1000)
+    for h in GRID:
+        sim.ask(h, 1, 0.0)
+    view = sim.d.view.bag(bag)
+    assert view is not None and view.strategies == ("gridbot", "gridbot") and view.tail_plan is None
+    spec = sim.store.bag(bag).spec
+    changed = msgspec.structs.replace(spec, strategy=StrategyChoice("expert", options={"utility": "cost"}))
+    sim.d.set_strategy(bag, changed, 1.0)
+    view = sim.d.view.bag(bag)
+    assert view is not None and view.strategies == ("expert", "gridbot")
+    assert tail_of(sim, bag).settings["utility"] == "cost" and tail_of(sim, bag).tail_start is None
+
+
+def test_a_task_the_core_queues_again_is_routed_where_its_next_instance_belongs():
+    sim, bag, t_tail = throughput('pin = "N=1 T=50 D=80 Mr=0.125"')
+    stuck = sorted(j.job_id for j in sim.d.view.running_jobs(bag)
+                   if sim.d.view.instances(j.job_id)[0].host_id in BAD)
+    replicas = [a for h in GRID[:2] for a in sim.ask(h, 1, t_tail + 1)]  # the grid replicas, never returned
+    assert sorted(a.job_id for a in replicas) == stuck
+    # the bad hosts say their throughput instances failed: the tasks keep their grid replica
+    for h in GRID[6:]:
+        sim.ask(h, 0, t_tail + 2, [InstanceReport(i, Outcome.FAILURE, 1, 5.0, 5.0, "exit code 1")
+                                   for i in sorted(sim.held.get(h.host_id, ()))])
+    # the grid replicas pass D: the tasks have no instance left and the core queues them again; each has had
+    # its N = 1 unreliable instance since T_tail, so it waits for the reliable pool, not the first host
+    sim.tick(t_tail + 82)
+    routed = [d for d in decisions(sim, bag) if d.action == "route"]
+    assert sorted(d.job_id for d in routed) == stuck
+    assert all(d.why.endswith("(on cloud)") and "instance N+1 goes to the reliable pool" in d.why for d in routed)
+    assert all(a.job_id not in stuck for a in sim.ask(GRID[3], 1, t_tail + 83))
+    sent = sim.ask(CLOUD[0], 1, t_tail + 83) + sim.ask(CLOUD[1], 1, t_tail + 83)
+    assert sorted(a.job_id for a in sent) == stuck
