@@ -74,8 +74,13 @@ def test_expert_is_a_registered_tail_strategy_and_its_options_are_checked_at_sub
     registry.check(StrategyChoice("expert", options={"utility": "deadline:3600", "mr_max": 0.3}))
     with pytest.raises(StrategyError, match="utility expression 'Makespan \\*\\* Cst'"):
         registry.check(StrategyChoice("expert", options={"utility": "Makespan ** Cst"}))
-    with pytest.raises(StrategyError, match="mr_max must be above 0"):
+    with pytest.raises(StrategyError, match=r"mr_max must be a number from 0 to 10 \(above 0\)"):
         registry.check(StrategyChoice("expert", options={"mr_max": 0.0}))
+    for pin in ("N=3 T=1Tur D=2Tur Mr=1e6", "N=99999999999999999999 T=1 D=1 Mr=0.1", "N=3 T=1e307Tur D=1 Mr=0.1"):
+        with pytest.raises(StrategyError, match="N from 0 to 100"):  # the server would plan with them in a tick
+            registry.check(StrategyChoice("expert", options={"pin": pin}))
+    with pytest.raises(StrategyError, match="repetitions must be a number from 1 to 1000"):
+        registry.check(StrategyChoice("expert", options={"repetitions": 10**20}))
     with pytest.raises(StrategyError, match="N=3 T=1Tur"):
         registry.check(StrategyChoice("expert", options={"pin": "N=3"}))
     with pytest.raises(StrategyError, match="must be str"):

@@ -225,3 +225,33 @@ def test_a_bag_remembers_its_ended_and_lost_instances_for_its_tail_strategy():
     sim.ask(h, 0, 25.0, [done(c, 25.0)])  # its late report replaces the loss
     last = sim.d.view.history(bag)[-1]
     assert (last.instance_id, last.ended_at, last.success) == (c.instance_id, 25.0, True)
+
+
+class Broken(TailStrategy):
+    """A tail strategy with a bug in every answer."""
+
+    name = "broken"
+    sets_deadline = True
+
+    def in_tail(self, view, bag, now):
+        raise ZeroDivisionError("in_tail")
+
+    def replicas(self, view, bag, room, now):
+        raise RuntimeError("replicas")
+
+    def deadline(self, view, bag, host, deadline, now):
+        raise KeyError("deadline")
+
+
+def test_a_strategy_that_raises_does_not_stop_the_dispatcher_or_the_other_bags(monkeypatch):
+    monkeypatch.setitem(registry.TAILS, Broken.name, Broken)
+    sim = CoreSim()
+    bad = sim.bag("bad", 1, {"ReplicationRequirements": "true"}, strategy='[strategy]\ntail = "broken"\n')
+    good = sim.bag("good", 1, {"ReplicationRequirements": "true"})
+    sent = sim.ask(host("h1", "a", 2), 2, 0.0)
+    assert {a.bag_id for a in sent} == {bad, good}, "the broken bag still runs, with its policies' deadline"
+    assert [a.instance_deadline for a in sent if a.bag_id == bad] == [3600.0]
+    changes = sim.d.tick(1.0)
+    assert [d.bag_id for d in changes.decisions] == [good], "the other bag still gets its replica"
+    [why] = [m for m in sim.d.diagnostics(bad, 1.0) if "tail=broken" in m]
+    assert "RuntimeError: replicas" in why or "ZeroDivisionError" in why

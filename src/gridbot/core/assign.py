@@ -14,7 +14,7 @@ from collections import deque
 
 from gridbot.core.changes import Changes
 from gridbot.core.kernel import Kernel
-from gridbot.core.records import BagRecord, HostRecord, Job
+from gridbot.core.records import BagRecord, HostRecord, Job, guarded
 from gridbot.core.view import BagView, HostView, accepts, host_ad_of, job_ad
 from gridbot.model.records import Assignment
 from gridbot.model.states import BagState, JobState
@@ -43,7 +43,7 @@ def assign(k: Kernel, host: HostRecord, want: int, now: float, changes: Changes)
         if bag_concurrency <= 0:
             continue  # none of the bag's instances on this host, and no bound on the others' (issue 12)
         if bag.tail_strategy.sets_deadline:
-            deadline = bag.tail_strategy.deadline(k.view, BagView(bag), HostView(host), deadline, now)
+            deadline = _deadline(k, bag, host, deadline, now)
         concurrency = bag_concurrency if concurrency is None else min(concurrency, bag_concurrency)
         if s.config.replicas_first and bag.replicas:
             _replicas(k, bag, host, ad, want, concurrency, now, changes, out)
@@ -87,7 +87,9 @@ def _ranked(k: Kernel, ready: list[BagRecord], host: HostRecord, ad: HostAd,
         else:
             rank = bag.policies.rank(ad)
         if bag.ranks_hosts:
-            placed = bag.placement.rank(k.view, BagView(bag), HostView(host), rank, now)
+            kept: float | None = rank
+            placed = guarded(bag, f"placement={bag.placement.name} rank", kept,
+                             bag.placement.rank, k.view, BagView(bag), HostView(host), rank, now)
             if placed is None:
                 continue
             rank = placed
@@ -143,6 +145,12 @@ def _replicas(k: Kernel, bag: BagRecord, host: HostRecord, ad: HostAd, want: int
         bag.counts.replicas += 1
         seconds = d.deadline
         if bag.tail_strategy.sets_deadline:
-            seconds = bag.tail_strategy.deadline(k.view, BagView(bag), HostView(host), seconds, now)
+            seconds = _deadline(k, bag, host, seconds, now)
         out.append(k.send(bag, job, host, now, changes, seconds, replica=True))
     bag.replicas = keep
+
+
+def _deadline(k: Kernel, bag: BagRecord, host: HostRecord, deadline: float, now: float) -> float:
+    """The instance deadline the bag's tail strategy sets (the policies' if it fails)."""
+    return guarded(bag, f"tail={bag.tail_strategy.name} deadline", deadline,
+                   bag.tail_strategy.deadline, k.view, BagView(bag), HostView(host), deadline, now)

@@ -29,8 +29,8 @@ from gridbot.core.diagnostics import stuck
 from gridbot.core.feeder import FeedRequest
 from gridbot.core.hosts import QUICK_FAILURE_S
 from gridbot.core.kernel import Kernel
-from gridbot.core.records import BagRecord, HostRecord, Instance, Job, State
-from gridbot.core.strategy import StrategyFactory
+from gridbot.core.records import BagRecord, HostRecord, Instance, Job, State, guarded
+from gridbot.core.strategy import Choice, Migration, StrategyFactory
 from gridbot.core.view import BagView, DispatchView
 from gridbot.model.records import Assignment, HostInfo, InstanceReport, Outcome
 from gridbot.model.spec import BagSpec, output_name_problem
@@ -211,7 +211,8 @@ class Dispatcher:
         bag = self._s.bags.get(bag_id)
         if bag is None:
             return []
-        return [*stuck(self._s, bag, now), *bag.policies.messages()]
+        failed = [bag.strategy_error] if bag.strategy_error else []
+        return [*stuck(self._s, bag, now), *bag.policies.messages(), *failed]
 
     # -- the feeder -----------------------------------------------------------------------------------
 
@@ -376,7 +377,9 @@ class Dispatcher:
             if room <= 0:
                 continue
             k.refresh(bag, now, len(s.bags))
-            for job_id, why, pools in bag.tail_strategy.replicas(self.view, BagView(bag), room, now)[:room]:
+            chosen: Sequence[Choice] = guarded(bag, f"tail={bag.tail_strategy.name} replicas", (),
+                                               bag.tail_strategy.replicas, self.view, BagView(bag), room, now)
+            for job_id, why, pools in list(chosen)[:room]:
                 job = s.jobs.get(job_id)
                 if job is not None and job.bag_id == bag_id and job.state is JobState.QUEUED and pools:
                     if job.pools != pools:
@@ -399,7 +402,9 @@ class Dispatcher:
         counted, and they are queued again for hosts of those pools only."""
         k, s = self._k, self._s
         for bag in list(s.bags.values()):
-            for job_id, pools, why in bag.placement.migrate(self.view, BagView(bag), now):
+            moves: Sequence[Migration] = guarded(bag, f"placement={bag.placement.name} migrate", (),
+                                                 bag.placement.migrate, self.view, BagView(bag), now)
+            for job_id, pools, why in list(moves):
                 job = s.jobs.get(job_id)
                 if job is None or job.bag_id != bag.bag_id or job.state in JOB_TERMINAL:
                     continue

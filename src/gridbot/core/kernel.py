@@ -25,7 +25,7 @@ from gridbot.core.changes import (
     NewInstance,
 )
 from gridbot.core.hosts import QUICK_FAILURE_S
-from gridbot.core.records import HISTORY, BagRecord, Ended, HostRecord, Instance, Job, PoolRecord, State
+from gridbot.core.records import HISTORY, BagRecord, Ended, HostRecord, Instance, Job, PoolRecord, State, guarded
 from gridbot.core.view import BagView, DispatchView
 from gridbot.model.records import Assignment, HostInfo, InstanceReport, Outcome
 from gridbot.model.states import (
@@ -126,7 +126,8 @@ class Kernel:
         bag.rank = None
         if not bag.policies.grid_policy_static:
             bag.pool_ok.clear()
-        bag.tail = bag.tail_strategy.in_tail(self.view, BagView(bag), now)
+        bag.tail = guarded(bag, f"tail={bag.tail_strategy.name} in_tail", bag.counts.queued == 0,
+                           bag.tail_strategy.in_tail, self.view, BagView(bag), now)
         c = bag.counts
         bag.policies.set_bag({
             "Name": bag.spec.name, "Tail": bag.tail, "JobsTotal": c.total, "JobsLeft": c.queued + c.running,

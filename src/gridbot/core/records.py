@@ -10,7 +10,7 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from gridbot.core.changes import BagCounts
 from gridbot.core.config import DispatchConfig
@@ -111,6 +111,8 @@ class BagRecord:
     request, one attribute nearer)."""
     ranks_hosts: bool = field(init=False)
     """`placement.host_dependent`, read as often."""
+    strategy_error: str = ""
+    """The last error one of the bag's strategies raised (shown with its diagnostics)."""
     history: dict[int, Ended] = field(default_factory=dict)
     """The bag's last `HISTORY` instances that ended or were lost, by id (a late report replaces the loss):
     what a tail strategy characterizes the pools from (ExPERT's Fs and gamma)."""
@@ -195,6 +197,20 @@ class State:
     def others_good_at(self, host_id: str) -> float:
         """When a host other than `host_id` last produced a good result (-inf: never)."""
         return next((t for t, h in self.good if h != host_id), -math.inf)
+
+
+T = TypeVar("T")
+
+
+def guarded(bag: BagRecord, what: str, default: T, call: Callable[..., T], *args: object) -> T:
+    """Ask one of the bag's strategies; if it raises, the bag falls back to `default` and its diagnostics
+    say why (`gridbot status`): a strategy's error must not stop the dispatcher, nor leave an event
+    half-applied, nor starve the other bags."""
+    try:
+        return call(*args)
+    except Exception as e:  # any error of a strategy, which may be a user's plug-in
+        bag.strategy_error = f"{what} failed ({type(e).__name__}: {str(e)[:300]}); the bag falls back to no opinion"
+        return default
 
 
 class SplitMix:

@@ -17,7 +17,7 @@ import msgspec
 from gridbot.core.changes import BagCounts
 from gridbot.core.config import DispatchConfig
 from gridbot.core.hosts import HostStats
-from gridbot.core.records import BagRecord, Ended, HostRecord, Job, State
+from gridbot.core.records import BagRecord, Ended, HostRecord, Job, State, guarded
 from gridbot.core.strategy import TailPlan
 from gridbot.model.records import HostInfo
 from gridbot.model.spec import BagSpec
@@ -122,7 +122,9 @@ class BagView:
     @property
     def tail_plan(self) -> TailPlan | None:
         """What the bag's tail strategy planned and how its tail went (`TailStrategy.summary`)."""
-        return self._b.tail_strategy.summary(self)
+        b = self._b
+        plan: TailPlan | None = guarded(b, f"tail={b.tail_strategy.name} summary", None, b.tail_strategy.summary, self)
+        return plan
 
 
 class HostView:
@@ -278,8 +280,13 @@ class DispatchView:
         """The slots the bag wants per pool among `pools`: its tail strategy's say first, then its
         placement's (None: the overlay's planner decides)."""
         b = self._s.bags[bag_id]
-        wanted = b.tail_strategy.pilots(self, BagView(b), pools, now)
-        return wanted if wanted is not None else b.placement.pilots(self, BagView(b), pools, now)
+        view = BagView(b)
+        wanted: Mapping[str, int] | None = guarded(b, f"tail={b.tail_strategy.name} pilots", None,
+                                                   b.tail_strategy.pilots, self, view, pools, now)
+        if wanted is None:
+            wanted = guarded(b, f"placement={b.placement.name} pilots", None,
+                             b.placement.pilots, self, view, pools, now)
+        return wanted
 
     def history(self, bag_id: int) -> list[Ended]:
         """The bag's instances that ended or were lost, oldest first (the last `HISTORY` of them)."""

@@ -52,6 +52,14 @@ MAX_TICK = 120.0
 """Longer gaps between ticks are not taken for the tick's interval (a server that was away)."""
 
 
+MAX_PIN_N = 100
+"""Most unreliable instances per task a pinned strategy may ask for."""
+MAX_PIN_VALUE = 1e7
+"""Largest T or D a pinned strategy may give (seconds, or units of T_ur)."""
+MAX_PIN_MR = 10.0
+"""Largest Mr (reliable machines per unreliable one) a bag may ask for: the estimate's size grows with it."""
+
+
 class ExpertTail(TailStrategy):
     """ExPERT's NTDMr tail, chosen from the Pareto frontier by the bag's utility."""
 
@@ -80,14 +88,21 @@ class ExpertTail(TailStrategy):
         try:
             utility(str(options.get("utility", "product")))
             if options.get("pin"):
-                parse_pin(str(options["pin"]), 1.0)
+                pin = parse_pin(str(options["pin"]), 1.0)
+                if not (pin.n is None or 0 <= pin.n <= MAX_PIN_N) or not all(
+                        math.isfinite(v) and 0 <= v <= MAX_PIN_VALUE for v in (pin.t, pin.d)) or not (
+                        math.isfinite(pin.mr) and 0 <= pin.mr <= MAX_PIN_MR):
+                    raise StrategyValueError(f"pin {options['pin']!r}: N from 0 to {MAX_PIN_N} (or inf), T and D "
+                                             f"from 0 to {MAX_PIN_VALUE:g}, Mr from 0 to {MAX_PIN_MR:g}")
         except (ExpressionError, StrategyValueError) as e:
             raise StrategyError(f"tail = 'expert': {e}") from None
-        for key, low in (("mr_max", 0.0), ("repetitions", 1), ("min_results", 1), ("replan_growth", 0.0)):
+        for key, low, high in (("mr_max", 0.0, MAX_PIN_MR), ("repetitions", 1, 1000), ("min_results", 1, 1e9),
+                               ("replan_growth", 0.0, 1e6), ("replan_after", 0.0, 1e9)):
             value = options.get(key, cls.options[key])
-            if isinstance(value, int | float) and (value < low or (key == "mr_max" and value <= 0)):
-                bound = "above" if key == "mr_max" else "at least"
-                raise StrategyError(f"tail = 'expert': option {key} must be {bound} {low}, not {value!r}")
+            if isinstance(value, int | float) and not (math.isfinite(value) and low <= value <= high
+                                                       and (key != "mr_max" or value > 0)):
+                raise StrategyError(f"tail = 'expert': option {key} must be a number from {low:g} to {high:g}"
+                                    f"{' (above 0)' if key == 'mr_max' else ''}, not {value!r}")
 
     def __init__(self, bag_id: int, seed: int, options: Mapping[str, StrategyOption]) -> None:
         super().__init__(bag_id, seed, options)
