@@ -415,8 +415,9 @@ class Server:
 
     async def set_strategy(self, request: web.Request) -> web.Response:
         """Change a running bag's `[strategy]` (tail, placement and their options), as a policy is changed."""
+        row = self._bag(request)  # another owner's bag is a 404 whatever the body
         choice = _decode(_strategy_decoder, await request.read())
-        info = self.service.set_strategy(self._bag(request), choice)
+        info = self.service.set_strategy(row, choice)
         self._new_work()
         return _reply(request, info)
 

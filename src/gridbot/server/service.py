@@ -443,6 +443,10 @@ class Service:
             raise BadRequest(f"bag {row.name} is {row.state.value}, not running here: its strategy can change only "
                              "while it runs")
         spec = msgspec.structs.replace(row.spec, strategy=choice)
+        try:
+            registry.factory()(row.bag_id, spec)  # made once on trial: a strategy that cannot start changes nothing
+        except Exception as e:
+            raise BadRequest(f"the strategies {choice.tail!r} and {choice.placement!r} cannot start: {e}") from None
         self.store.set_spec(row.bag_id, spec)
         self.dispatcher.set_strategy(row.bag_id, spec, time.time())
         log.info("bag %d strategy: tail %s, placement %s, %s", row.bag_id, choice.tail, choice.placement,
