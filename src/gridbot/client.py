@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from gridbot.errors import GridbotError, ServerUnavailable
+from gridbot.model.plan_file import PLAN_SUFFIX, parse_plan
 from gridbot.model.spec import (
     DEFAULT_MAX_JOBS,
     BagSpec,
@@ -42,6 +43,7 @@ from gridbot.protocol import (
     DEFAULT_PORT,
     MSGPACK,
     BagInfo,
+    CostInfo,
     Deleted,
     HostInfoRow,
     InstanceInfo,
@@ -51,6 +53,7 @@ from gridbot.protocol import (
     PlanInput,
     PolicyChange,
     PoolInfo,
+    QosChange,
     ResultInfo,
     RetryAnswer,
     RetryRequest,
@@ -80,13 +83,17 @@ class ApiError(GridbotError):
 
 def load_spec_file(path: str | Path, name: str | None = None,
                    max_jobs: int = DEFAULT_MAX_JOBS) -> tuple[BagSpec, dict[str, bytes]]:
-    """Read and validate a spec file and its input files (relative to the spec's folder)."""
+    """Read and validate a spec file and its input files (relative to the spec's folder). A file ending in
+    `.pln` is a Nimrod/G plan file, translated into the same bag (docs/spec.md, "Nimrod plan files")."""
     path = Path(path)
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise GridbotError(f"cannot read spec {path}: {e}") from e
-    spec = parse_spec(text, str(path), path.stem, max_jobs)
+    if path.suffix.lower() == PLAN_SUFFIX:
+        spec = parse_plan(text, str(path), path.stem, max_jobs)
+    else:
+        spec = parse_spec(text, str(path), path.stem, max_jobs)
     if name:
         spec = _named(msgspec.structs.replace(spec, name=name), str(path))
     try:
@@ -96,7 +103,7 @@ def load_spec_file(path: str | Path, name: str | None = None,
         line = lines.get(("policy", e.policy)) or lines.get(("policy",))
         raise SpecError(str(path), [Problem(f"policy {e.policy} = {e.text!r}: {e.problem}", line, e.hint)]) from None
     try:
-        registry.check(spec.strategy)
+        registry.check_bag(spec)
     except StrategyError as e:
         line = key_lines(text).get(("strategy",))
         raise SpecError(str(path), [Problem(str(e), line, "see docs/architecture.md for the strategies")]) from None
@@ -246,7 +253,8 @@ class Client:
         return self._request("POST", "/v1/bags", body, BagInfo)  # type: ignore[no-any-return]
 
     def submit_file(self, path: str | Path, name: str | None = None, max_jobs: int = DEFAULT_MAX_JOBS) -> BagInfo:
-        """Validate and submit a TOML spec; SpecError names the file, line and fix of every problem."""
+        """Validate and submit a TOML spec (or a `.pln` plan file); SpecError names the file, line and fix of
+        every problem."""
         spec, inputs = load_spec_file(path, name, max_jobs)
         return self.submit(spec, None, inputs)
 
@@ -296,6 +304,15 @@ class Client:
         body = msgspec.json.encode(choice)
         return self._request("POST", f"/v1/bags/{_q(ref)}/strategy", body, BagInfo,  # type: ignore[no-any-return]
                              "application/json")
+
+    def set_qos(self, ref: str | int, change: QosChange) -> BagInfo:
+        """Change a running bag's deadline or budget; its placement plans with them from the next decision on."""
+        return self._request("POST", f"/v1/bags/{_q(ref)}/qos", msgspec.json.encode(change), BagInfo,  # type: ignore[no-any-return]
+                             "application/json")
+
+    def cost(self, ref: str | int) -> CostInfo:
+        """What a bag spent, per pool, against its budget."""
+        return self._request("GET", f"/v1/bags/{_q(ref)}/cost", None, CostInfo)  # type: ignore[no-any-return]
 
     def plan_input(self, ref: str | int) -> PlanInput:
         """A running bag's instances so far, tasks left and pools: what `gridbot plan` characterizes."""

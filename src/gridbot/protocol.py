@@ -9,7 +9,8 @@ from __future__ import annotations
 import msgspec
 
 from gridbot.core.changes import BagCounts, Decision, Event
-from gridbot.core.strategy import TailPlan
+from gridbot.core.ledger import PoolBill
+from gridbot.core.strategy import QosReport, TailPlan
 from gridbot.model.records import Assignment, HostInfo, InstanceReport, Int64, Label
 from gridbot.model.spec import BagSpec, StrategyChoice
 from gridbot.schedulers.expert.planner import Observed
@@ -77,6 +78,35 @@ class BagInfo(msgspec.Struct, frozen=True):
     """1 as submitted, one more at each revision of its spec (`gridbot run --retry-failed`)."""
     tail_plan: TailPlan | None = None
     """What its tail strategy planned for its tail and how the tail went (ExPERT's), if it says."""
+    budget: float | None = None
+    deadline_at: float | None = None
+    """Its QoS deadline on the server's clock (`bag_deadline`), if it has one."""
+    spent: float = 0.0
+    """What it has spent on priced pools so far (`gridbot cost` breaks it down)."""
+    qos: QosReport | None = None
+    """Its placement's plan for its deadline and budget (DBC's), while it runs."""
+
+
+class QosChange(msgspec.Struct, frozen=True):
+    """A change of a bag's deadline or budget (`gridbot qos`); a field left out keeps its value."""
+
+    budget: float | msgspec.UnsetType | None = msgspec.UNSET
+    """The new budget (null: none)."""
+    bag_deadline: str | float | msgspec.UnsetType | None = msgspec.UNSET
+    """The new deadline: a duration after the bag's submission, an ISO 8601 time with its zone, or null: none."""
+
+
+class CostInfo(msgspec.Struct, frozen=True):
+    """What a bag spent, per pool, against its budget (`gridbot cost`)."""
+
+    bag: str
+    spent: float
+    pools: list[PoolBill]
+    budget: float | None = None
+    deadline_at: float | None = None
+    qos: QosReport | None = None
+    idle_pilots: float = 0.0
+    """What the server's pilots that ran no instance cost (nobody's share: the run's)."""
 
 
 class PlanInput(msgspec.Struct, frozen=True):

@@ -22,8 +22,17 @@ from gridbot.cli.options import KNOBS, DispatchCommand, dispatch_options, knob_o
 from gridbot.client import DEFAULT_SERVER, ApiError, Client, load_lines_file, load_spec_file, with_policies
 from gridbot.core.config import DispatchConfig
 from gridbot.errors import GridbotError, ServerUnavailable
-from gridbot.model.spec import DEFAULT_MAX_JOBS, HARD_MAX_JOBS, BagSpec, SpecError, parse_duration
+from gridbot.model.spec import (
+    DEFAULT_MAX_JOBS,
+    HARD_MAX_JOBS,
+    BagSpec,
+    SpecError,
+    parse_bag_deadline,
+    parse_duration,
+    with_qos_placement,
+)
 from gridbot.model.states import BagState, JobState
+from gridbot.protocol import QosChange
 
 F = TypeVar("F", bound=Callable[..., Any])
 server_option = click.option("--server", envvar="GRIDBOT_SERVER", default=None,
@@ -42,6 +51,11 @@ max_jobs_option = click.option("--max-jobs", type=click.IntRange(1), default=DEF
 max_failures_option = click.option("--max-failures", type=click.IntRange(1),
                                    help="With --each-line: failed instances after which a job fails for good, as "
                                         "a spec's max_failures [default: 3].")
+deadline_option = click.option("--deadline", metavar="WHEN",
+                               help="The bag's QoS deadline: a duration after submission (2h) or a time with its zone "
+                                    "(2026-11-27T17:00:00Z); with a budget, DBC scheduling keeps both.")
+budget_option = click.option("--budget", type=click.FloatRange(0), metavar="MONEY",
+                             help="What the bag may spend on priced pools at most, in their currency.")
 timeout_option = click.option("--timeout", metavar="DURATION",
                               help="With --each-line: kill a job that runs longer than this (90, 10m, 2h), as a "
                                    "spec's timeout [default: none].")
@@ -116,6 +130,8 @@ def cli(log_level: str) -> None:
 @max_failures_option
 @timeout_option
 @knob_option(KNOBS["max_result_bytes"])
+@deadline_option
+@budget_option
 @click.option("--retry-failed", is_flag=True,
               help="Run the failed jobs of the stored bag again; with a changed spec or inputs, as the bag's next "
                    "revision (done jobs keep their results, the others run the new command).")
@@ -123,7 +139,7 @@ def cli(log_level: str) -> None:
 @friendly
 def run(spec: Path | None, each_line: Path | None, workers: int, db: str, results_dir: Path | None,
         name: str | None, max_jobs: int, policies: tuple[str, ...], max_failures: int | None, timeout: str | None,
-        max_result_bytes: int, retry_failed: bool, force: bool) -> None:
+        max_result_bytes: int, deadline: str | None, budget: float | None, retry_failed: bool, force: bool) -> None:
     """Run a bag on this machine: embedded server, local workers, live progress, results collected."""
     from gridbot.cli.run import run_here
 
@@ -137,6 +153,7 @@ def run(spec: Path | None, each_line: Path | None, workers: int, db: str, result
         bag_spec, lines = load_lines_file(each_line, name, max_jobs)
         inputs = {}
     bag_spec = with_policies(each_line_settings(bag_spec, spec is not None, max_failures, timeout), policies)
+    bag_spec = with_qos(bag_spec, deadline, budget)
     sys.exit(run_here(bag_spec, lines, inputs, workers, db, results_dir, max_result_bytes, max_jobs,
                       retry_failed=retry_failed, force=force))
 
@@ -313,11 +330,14 @@ def worker(server: str | None, access: Path | None, slots: int, prefetch: int, s
 @policy_option
 @max_failures_option
 @timeout_option
+@deadline_option
+@budget_option
 @json_option
 @friendly
 def submit(spec: Path | None, each_line: Path | None, name: str | None, server: str | None,
            access: Path | None, admin: bool, max_jobs: int,
-           policies: tuple[str, ...], max_failures: int | None, timeout: str | None, as_json: bool) -> None:
+           policies: tuple[str, ...], max_failures: int | None, timeout: str | None, deadline: str | None,
+           budget: float | None, as_json: bool) -> None:
     """Submit a bag to a running server."""
     if (spec is None) == (each_line is None):
         raise click.UsageError("give either a SPEC file or --each-line FILE")
@@ -328,7 +348,7 @@ def submit(spec: Path | None, each_line: Path | None, name: str | None, server: 
     else:
         assert each_line is not None
         bag_spec, lines = load_lines_file(each_line, name, max_jobs)
-    bag_spec = each_line_settings(bag_spec, spec is not None, max_failures, timeout)
+    bag_spec = with_qos(each_line_settings(bag_spec, spec is not None, max_failures, timeout), deadline, budget)
     with Client(server, access=access, admin=admin) as client:
         info = client.submit(with_policies(bag_spec, policies), lines, inputs)
     if as_json:
@@ -358,6 +378,82 @@ def status(server: str | None, access: Path | None, admin: bool, as_json: bool) 
                 render.console.print(f"[yellow]bag {b.name}:[/] {message}", soft_wrap=True)
             if (plan := render.tail_plan(b)) is not None:
                 render.console.print(plan, soft_wrap=True, markup=False)
+            if (line := render.money(b)) is not None:
+                render.console.print(line, soft_wrap=True, markup=False)
+
+
+@cli.command()
+@click.argument("bag")
+@click.option("--deadline", metavar="WHEN", help="The bag's new deadline: a duration after its submission (90, 10m, "
+              "2h, 1d) or a time with its zone (2026-11-27T17:00:00Z); 'none' removes it.")
+@click.option("--budget", metavar="MONEY", help="The bag's new budget, in the pools' currency; 'none' removes it.")
+@server_option
+@access_option
+@admin_option
+@json_option
+@friendly
+def qos(bag: str, deadline: str | None, budget: str | None, server: str | None, access: Path | None, admin: bool,
+        as_json: bool) -> None:
+    """Change a running bag's deadline or budget: its placement plans with them from the next decision on."""
+    if deadline is None and budget is None:
+        raise click.UsageError("give --deadline or --budget (or both)")
+    change = QosChange(
+        budget=msgspec.UNSET if budget is None else None if budget.lower() == "none" else _money(budget),
+        bag_deadline=msgspec.UNSET if deadline is None else None if deadline.lower() == "none" else deadline)
+    with Client(server, access=access, admin=admin) as client:
+        info = client.set_qos(bag, change)
+    if as_json:
+        render.print_json(info)
+    else:
+        click.echo(render.money(info) or f"bag {info.name}: no deadline, no budget")
+
+
+@cli.command()
+@click.argument("bag")
+@server_option
+@access_option
+@admin_option
+@json_option
+@friendly
+def cost(bag: str, server: str | None, access: Path | None, admin: bool, as_json: bool) -> None:
+    """What a bag spent per pool (instances' CPU-hours, its share of pilot-hours), against its budget."""
+    with Client(server, access=access, admin=admin) as client:
+        info = client.cost(bag)
+    if as_json:
+        render.print_json(info)
+        return
+    render.console.print(render.cost_table(info))
+    budget = f" of a budget of {info.budget:,.2f}" if info.budget is not None else ""
+    click.echo(f"bag {info.bag}: spent {info.spent:,.2f}{budget}")
+    if info.qos is not None:
+        q = info.qos
+        click.echo(f"committed by running instances {q.committed:,.2f}; projected to completion "
+                   f"{q.projected_cost:,.2f} ({q.strategy})")
+    if info.idle_pilots > 0:
+        click.echo(f"pilots that ran nothing cost {info.idle_pilots:,.2f} more (no bag's share)")
+
+
+def _money(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a number (or 'none')", param_hint="--budget") from None
+    if not 0 <= value < float("inf"):
+        raise click.BadParameter(f"{text!r} must be a finite number >= 0", param_hint="--budget")
+    return value
+
+
+def with_qos(spec: BagSpec, deadline: str | None, budget: float | None) -> BagSpec:
+    """The spec with the command line's --deadline and --budget (they override the spec's)."""
+    values: dict[str, float | None] = {}
+    if deadline is not None:
+        try:
+            values = {"bag_deadline": None, "bag_deadline_at": None, **parse_bag_deadline(deadline)}
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--deadline") from None
+    if budget is not None:
+        values["budget"] = budget
+    return with_qos_placement(msgspec.structs.replace(spec, **values)) if values else spec
 
 
 @cli.command()

@@ -22,8 +22,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from gridbot.model.states import JobState
-from gridbot.protocol import BagInfo, HostInfoRow, JobInfo, JobLog, PoolInfo
+from gridbot.model.states import BagState, JobState
+from gridbot.protocol import BagInfo, CostInfo, HostInfoRow, JobInfo, JobLog, PoolInfo
 
 
 def _width(stream: object) -> int | None:
@@ -121,6 +121,45 @@ def tail_plan(bag: BagInfo) -> str | None:
                        f"({p.done} of {p.tasks} tail tasks done)")
     return text + (f"; so far {p.done} of {p.tasks} tail tasks done in {_span(p.elapsed)}, cost "
                    f"{p.actual_cost or 0.0:.4g} per task")
+
+
+def money(bag: BagInfo, now: float | None = None) -> str | None:
+    """One line on the bag's budget and deadline: spent against the budget, projected cost and completion
+    against the deadline (None: it has neither and spent nothing)."""
+    if bag.budget is None and bag.deadline_at is None and bag.spent <= 0:
+        return None
+    now = time.time() if now is None else now
+    parts = [f"spent {bag.spent:,.2f}" + (f" of {bag.budget:,.2f}" if bag.budget is not None else "")]
+    q = bag.qos
+    if q is not None:
+        parts.append(f"committed {q.committed:,.2f}, projected {q.projected_cost:,.2f}")
+    if bag.deadline_at is not None:
+        left = bag.deadline_at - now
+        parts.append(f"deadline {'in ' + duration(left) if left > 0 else duration(-left) + ' ago'}")
+    if q is not None and q.projected_finish is not None and bag.state == BagState.ACTIVE.value:
+        parts.append(f"projected completion in {duration(max(0.0, q.projected_finish - now))}")
+    if q is not None and q.unplanned:
+        parts.append(f"{q.unplanned:,} jobs fit neither")
+    where = f" ({q.strategy}: {', '.join(f'{p} {n:,}' for p, n in sorted(q.planned.items()))} planned)" if (
+        q is not None and q.planned) else ""
+    return f"bag {bag.name}: " + "; ".join(parts) + where
+
+
+def cost_table(info: CostInfo) -> Table:
+    """A bag's spend per pool (`gridbot cost`)."""
+    t = _table("POOL", "INSTANCES", "HOURS", "CPU", "PILOTS", "TOTAL", "SEC/JOB", "COST/JOB",
+               right=("INSTANCES", "HOURS", "CPU", "PILOTS", "TOTAL", "SEC/JOB", "COST/JOB"))
+    q = info.qos
+    names = sorted({p.pool for p in info.pools} | (set(q.seconds_per_job) if q is not None else set()))
+    bills = {p.pool: p for p in info.pools}
+    for name in names:
+        b = bills.get(name)
+        rate = q.seconds_per_job.get(name) if q is not None else None
+        cost = q.cost_per_job.get(name) if q is not None else None
+        t.add_row(name or "(unknown host)", f"{b.instances:,}" if b else "0", f"{b.seconds / 3600:,.2f}" if b else "0",
+                  f"{b.cpu:,.2f}" if b else "0", f"{b.pilots:,.2f}" if b else "0", f"{b.total:,.2f}" if b else "0",
+                  f"{rate:,.0f}" if rate is not None else "", f"{cost:,.4g}" if cost is not None else "")
+    return t
 
 
 def _span(seconds: float) -> str:

@@ -42,17 +42,24 @@ def assign(k: Kernel, host: HostRecord, want: int, now: float, changes: Changes)
         bag_concurrency, deadline = bag.policies.bundle(ad)
         if bag_concurrency <= 0:
             continue  # none of the bag's instances on this host, and no bound on the others' (issue 12)
+        room: int | None = None
+        if bag.ranks_hosts:
+            room = guarded(bag, f"placement={bag.placement.name} limit", None,
+                           bag.placement.limit, k.view, BagView(bag), HostView(host), now)
+            if room is not None and room <= 0:
+                continue  # (its budget or its plan allows nothing more here now: the host is no bag's worse)
         if bag.tail_strategy.sets_deadline:
             deadline = _deadline(k, bag, host, deadline, now)
         concurrency = bag_concurrency if concurrency is None else min(concurrency, bag_concurrency)
+        bound = concurrency if room is None else min(concurrency, len(host.running) + room)
         if s.config.replicas_first and bag.replicas:
-            _replicas(k, bag, host, ad, want, concurrency, now, changes, out)
+            _replicas(k, bag, host, ad, want, bound, now, changes, out)
         if bag.failover and host.info.pool in s.config.reliable_pools:
-            _queue(k, bag.failover, bag, host, want, concurrency, now, deadline, changes, out)
+            _queue(k, bag.failover, bag, host, want, bound, now, deadline, changes, out)
         if bag.retry:
-            _queue(k, bag.retry, bag, host, want, concurrency, now, deadline, changes, out)
+            _queue(k, bag.retry, bag, host, want, bound, now, deadline, changes, out)
         buffer = bag.window.buffer
-        while buffer and len(out) < want and len(host.running) < concurrency:
+        while buffer and len(out) < want and len(host.running) < bound:
             job = buffer.popleft()
             job.in_buffer = False
             if job.state is not JobState.QUEUED:
@@ -62,8 +69,8 @@ def assign(k: Kernel, host: HostRecord, want: int, now: float, changes: Changes)
                 bag.retry.append(job)
                 continue
             out.append(k.send(bag, job, host, now, changes, deadline))
-        if bag.replicas and len(out) < want and len(host.running) < concurrency:
-            _replicas(k, bag, host, ad, want, concurrency, now, changes, out)
+        if bag.replicas and len(out) < want and len(host.running) < bound:
+            _replicas(k, bag, host, ad, want, bound, now, changes, out)
         if len(out) >= want or len(host.running) >= concurrency:
             break
     return out

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from gridbot.core.hosts import HostStats
+from gridbot.core.ledger import Usage
 from gridbot.model.records import HostInfo, InstanceReport
 from gridbot.model.spec import BagSpec
 from gridbot.model.states import BagState, InstanceState, JobState
@@ -236,3 +237,5 @@ class Snapshot(msgspec.Struct, frozen=True):
     next_instance_id: int
     next_event_id: int = 1
     """One more than the highest event id the store holds."""
+    usage: list[Usage] = msgspec.field(default_factory=list)
+    """Every bag's instances that ended with a report, per host: the ledger's spend (core/ledger.py)."""

@@ -30,7 +30,7 @@ from gridbot.core.feeder import FeedRequest
 from gridbot.core.hosts import QUICK_FAILURE_S
 from gridbot.core.kernel import Kernel
 from gridbot.core.records import BagRecord, HostRecord, Instance, Job, State, guarded
-from gridbot.core.strategy import Choice, Migration, StrategyFactory
+from gridbot.core.strategy import Choice, Migration, QosReport, StrategyFactory
 from gridbot.core.view import BagView, DispatchView
 from gridbot.model.records import Assignment, HostInfo, InstanceReport, Outcome
 from gridbot.model.spec import BagSpec, output_name_problem
@@ -118,6 +118,7 @@ class Dispatcher:
         for h in snapshot.hosts:
             restored = s.hosts[h.info.host_id] = HostRecord(h.info, h.first_seen, h.last_seen, h.stats)
             k.watch(restored)
+        s.ledger.restore(snapshot.usage)
         for li in snapshot.instances:
             if li.bag_id not in s.bags:
                 continue
@@ -129,13 +130,17 @@ class Dispatcher:
                 # the rows of one job may disagree: a store that did not write the send (JobUpdate.sent)
                 # shows the job running only beside its running instance, not beside an overdue one
                 job.state, job.attempts = JobState.RUNNING, li.job_attempts
+            host = s.hosts.get(li.host_id)
+            pool = host.info.pool if host is not None else ""
             inst = s.instances[li.instance_id] = Instance(li.instance_id, job, li.host_id, li.state, li.sent_at,
-                                                          li.instance_deadline)
+                                                          li.instance_deadline, pool)
             if li.state is InstanceState.RUNNING:
                 s.running[li.instance_id] = inst
+                counts = s.bags[li.bag_id].on_pool.setdefault(pool, [0, 0])
+                counts[0] += 1
+                counts[1] += 1
                 job.live.add(li.instance_id)
                 heapq.heappush(k.deadlines, (li.instance_deadline, li.instance_id))
-                host = s.hosts.get(li.host_id)
                 if host is not None:
                     host.running.add(li.instance_id)
                     host.unconfirmed.add(li.instance_id)  # the answer sending it may have died with the server
@@ -211,8 +216,20 @@ class Dispatcher:
         bag = self._s.bags.get(bag_id)
         if bag is None:
             return []
+        none: list[str] = []
+        notes = guarded(bag, f"placement={bag.placement.name} notes", none, bag.placement.notes, self.view,
+                        BagView(bag), now)
         failed = [bag.strategy_error] if bag.strategy_error else []
-        return [*stuck(self._s, bag, now), *bag.policies.messages(), *failed]
+        return [*stuck(self._s, bag, now), *notes, *bag.policies.messages(), *failed]
+
+    def qos(self, bag_id: int, now: float) -> QosReport | None:
+        """An active bag's deadline and budget as its placement plans them (None: it does not, or the bag is
+        not active here)."""
+        bag = self._s.bags.get(bag_id)
+        if bag is None:
+            return None
+        return guarded(bag, f"placement={bag.placement.name} qos", None, bag.placement.qos, self.view, BagView(bag),
+                       now)
 
     # -- the feeder -----------------------------------------------------------------------------------
 

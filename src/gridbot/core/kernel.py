@@ -145,7 +145,10 @@ class Kernel:
         self.next_instance_id += 1
         deadline = now + instance_deadline
         bag.window.last_match = bag.last_sent = now
-        inst = Instance(iid, job, host.info.host_id, InstanceState.RUNNING, now, deadline)
+        inst = Instance(iid, job, host.info.host_id, InstanceState.RUNNING, now, deadline, host.info.pool)
+        counts = bag.on_pool.setdefault(host.info.pool, [0, 0])
+        counts[0] += 1
+        counts[1] += 1
         self.s.instances[iid] = inst
         self.s.running[iid] = inst
         self.s.jobs[job.job_id] = job
@@ -167,6 +170,7 @@ class Kernel:
     def end(self, inst: Instance, r: InstanceReport, now: float, changes: Changes) -> None:
         """Apply a host's report about `inst`, which may be running or overdue (a late report)."""
         job, bag = inst.job, self.s.bags[inst.job.bag_id]
+        self.s.ledger.charge(bag.bag_id, inst.host_id, r.wall_s)
         was_running = self.detach(inst)
         host = self.s.hosts.get(inst.host_id)
         if r.outcome is not Outcome.INTERRUPTED:
@@ -271,7 +275,10 @@ class Kernel:
         inst.job.live.discard(inst.instance_id)
         if inst.job.overdue:
             inst.job.overdue.discard(inst.instance_id)
-        self.s.running.pop(inst.instance_id, None)
+        if self.s.running.pop(inst.instance_id, None) is not None:
+            bag = self.s.bags.get(inst.job.bag_id)
+            if bag is not None and (counts := bag.on_pool.get(inst.pool)):
+                counts[1] -= 1
         host = self.s.hosts.get(inst.host_id)
         if host is not None:
             host.running.discard(inst.instance_id)

@@ -16,6 +16,7 @@ from gridbot.core.changes import BagCounts
 from gridbot.core.config import DispatchConfig
 from gridbot.core.feeder import Window
 from gridbot.core.hosts import HostStats
+from gridbot.core.ledger import Ledger
 from gridbot.core.strategy import PlacementStrategy, TailStrategy
 from gridbot.model.records import HostInfo, Limits
 from gridbot.model.spec import BagSpec
@@ -60,6 +61,8 @@ class Instance:
     state: InstanceState
     sent_at: float
     instance_deadline: float
+    pool: str = ""
+    """Its host's pool when it was sent."""
 
 
 @dataclass
@@ -113,6 +116,8 @@ class BagRecord:
     """`placement.host_dependent`, read as often."""
     strategy_error: str = ""
     """The last error one of the bag's strategies raised (shown with its diagnostics)."""
+    on_pool: dict[str, list[int]] = field(default_factory=dict)
+    """Per pool: [instances sent there since the dispatcher took the bag up, instances running there now]."""
     history: dict[int, Ended] = field(default_factory=dict)
     """The bag's last `HISTORY` instances that ended or were lost, by id (a late report replaces the loss):
     what a tail strategy characterizes the pools from (ExPERT's Fs and gamma)."""
@@ -193,6 +198,8 @@ class State:
     """Up to two hosts that, at the last tick, ran an instance past the quick-failure window."""
     good: list[tuple[float, str]] = field(default_factory=list)
     """When the last two distinct hosts produced a good result, newest first (for black-hole detection)."""
+    ledger: Ledger = field(default_factory=Ledger)
+    """Wall time of every bag's ended instances per host: what each bag spent (core/ledger.py)."""
 
     def others_good_at(self, host_id: str) -> float:
         """When a host other than `host_id` last produced a good result (-inf: never)."""

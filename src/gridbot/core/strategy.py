@@ -77,6 +77,30 @@ class TailPlan(msgspec.Struct, frozen=True):
     """Measured once every tail task has ended: its last result's time, from `tail_start`."""
 
 
+class QosReport(msgspec.Struct, frozen=True):
+    """A bag's deadline and budget, what it spent, and what its placement projects (`gridbot status`, `gridbot
+    cost`). Money in the pools' currency; times on the server's clock."""
+
+    strategy: str
+    deadline_at: float | None
+    budget: float | None
+    spent: float
+    committed: float
+    """What the running instances will cost when they end, as estimated (their pools' cost per job)."""
+    projected_cost: float
+    """Spent, committed, and what the jobs left will cost as planned."""
+    projected_finish: float | None
+    """When the last job planned would end (None: nothing planned, or no rate known yet)."""
+    planned: dict[str, int]
+    """Jobs not yet started, planned per pool."""
+    unplanned: int
+    """Jobs no pool can take within the deadline and budget."""
+    seconds_per_job: dict[str, float]
+    """Per pool, the time one job takes on one slot, as measured (or extrapolated from the pools' speeds)."""
+    cost_per_job: dict[str, float]
+    planned_at: float
+
+
 class TailStrategy(Protocol):
     """When a bag is in its tail, which of its running jobs get another instance, and instance deadlines."""
 
@@ -127,6 +151,20 @@ class PlacementStrategy(Protocol):
 
     def migrate(self, view: DispatchView, bag: BagView, now: float) -> Sequence[Migration]:
         """Jobs of the bag to move to other pools or levels now (called on every tick)."""
+        ...
+
+    def limit(self, view: DispatchView, bag: BagView, host: HostView, now: float) -> int | None:
+        """At most how many more instances of the bag the host may get in this request (its replicas too),
+        e.g. what the bag's budget still pays for there; None: no bound (called when `host_dependent`)."""
+        ...
+
+    def notes(self, view: DispatchView, bag: BagView, now: float) -> list[str]:
+        """Sentences for the bag's owner about what the placement sees coming (e.g. a deadline the budget
+        cannot meet), shown with the bag's diagnostics."""
+        ...
+
+    def qos(self, view: DispatchView, bag: BagView, now: float) -> QosReport | None:
+        """The bag's deadline and budget as the placement plans them (None: it does not plan for them)."""
         ...
 
 

@@ -17,6 +17,7 @@ import msgspec
 from gridbot.core.changes import BagCounts
 from gridbot.core.config import DispatchConfig
 from gridbot.core.hosts import HostStats
+from gridbot.core.ledger import Bill, HostTerm, Prices
 from gridbot.core.records import BagRecord, Ended, HostRecord, Job, State, guarded
 from gridbot.core.strategy import TailPlan
 from gridbot.model.records import HostInfo
@@ -112,6 +113,16 @@ class BagView:
     def strategies(self) -> tuple[str, str]:
         """The names of the bag's tail strategy and placement."""
         return self._b.tail_strategy.name, self._b.placement.name
+
+    def on_pool(self, pool: str) -> tuple[int, int]:
+        """Instances of the bag sent to the pool since the dispatcher took it up, and running there now."""
+        counts = self._b.on_pool.get(pool)
+        return (counts[0], counts[1]) if counts else (0, 0)
+
+    @property
+    def pools_used(self) -> list[str]:
+        """Pools the bag has sent instances to since the dispatcher took it up."""
+        return list(self._b.on_pool)
 
     @property
     def history(self) -> list[Ended]:
@@ -342,6 +353,34 @@ class DispatchView:
                                  sum(min(len(h.running), h.info.slots) for h in hosts), done,
                                  rec.failed if rec else 0, rec.turnaround_sum / done if rec and done else 0.0)
         return out
+
+    # -- money --------------------------------------------------------------------------------------
+
+    def prices(self, pool: str) -> Prices:
+        """What a pool charges, from its ad (a pool not in the pools file is free)."""
+        return Prices.of(self._s.pool_ads.get(pool))
+
+    def bill(self, bag_id: int) -> Bill:
+        """What the bag (active or ended since the server started) has spent, per pool (core/ledger.py)."""
+        return self._s.ledger.bill(bag_id, self._term, self.prices)
+
+    def idle_pilots(self) -> float:
+        """What the pilots that ran no instance with a report cost (nobody's share of it)."""
+        terms = {h: HostTerm(r.info.pool, r.first_seen, r.last_seen) for h, r in self._s.hosts.items()}
+        return self._s.ledger.idle_pilots(terms, self.prices)
+
+    def running_by_pool(self, bag_id: int) -> dict[str, list[float]]:
+        """When each running instance of the bag was sent, per pool of its host ("" for a host not known)."""
+        out: dict[str, list[float]] = {}
+        for inst in self._s.running.values():
+            if inst.job.bag_id == bag_id:
+                h = self._s.hosts.get(inst.host_id)
+                out.setdefault(h.info.pool if h is not None else "", []).append(inst.sent_at)
+        return out
+
+    def _term(self, host_id: str) -> HostTerm | None:
+        h = self._s.hosts.get(host_id)
+        return HostTerm(h.info.pool, h.first_seen, h.last_seen) if h is not None else None
 
     # -- composite ads --------------------------------------------------------------------------------
 

@@ -7,7 +7,9 @@
     max_queued = 10           # pilots waiting in the pool's queue at once (not for local: it has no queue)
     cpus = 4                  # slots of each pilot
     walltime = "4h"
-    price_per_cpu_hour = 0.0
+    price_per_cpu_hour = 0.0  # charged per CPU-hour an instance holds a slot (Nimrod-G's price per CPU time)
+    price_per_pilot_hour = 0.0  # charged per pilot per started charging_period (a cloud instance's hourly bill)
+    charging_period = "1h"
     reliability = "reliable"  # unreliable (a grid that preempts), reliable (a cluster or a cloud), volunteer
     level = 1                 # the grid execution hierarchy's level
     [pools.cluster.attributes]
@@ -29,6 +31,7 @@ from gridbot.model.spec import Problem, SpecError, closest, key_lines, parse_dur
 
 RELIABILITY = ("unreliable", "reliable", "volunteer")
 COMMON_KEYS = ("kind", "max_running", "max_queued", "cpus", "memory_mb", "walltime", "price_per_cpu_hour",
+               "price_per_pilot_hour",
                "charging_period", "reliability", "level", "attributes", "idle_timeout", "min_cpu", "cpu_window",
                "run_as", "allow_root")
 
@@ -95,6 +98,11 @@ class PoolSpec(msgspec.Struct, frozen=True):
     memory_mb: int = 0
     walltime: float = 4 * 3600.0
     price_per_cpu_hour: float = 0.0
+    """Money per hour an instance holds one of the pool's slots (its reported wall time), as Nimrod-G prices CPU
+    time; 0: free (own machines, volunteers)."""
+    price_per_pilot_hour: float = 0.0
+    """Money per hour a pilot lives, billed per started `charging_period` (a cloud instance bills by the started
+    hour), from its worker's first call to its last; shared by the bags it served in proportion to use."""
     charging_period: float = 3600.0
     reliability: str = "reliable"
     level: int = 0
@@ -115,7 +123,8 @@ class PoolSpec(msgspec.Struct, frozen=True):
         """The pool's ClassAd attributes, for GridPolicy."""
         return {"Name": self.name, "Kind": self.kind, "Reliability": self.reliability, "Level": self.level,
                 "Cpus": self.cpus, "Memory": self.memory_mb, "Walltime": self.walltime,
-                "PricePerCpuHour": self.price_per_cpu_hour, "ChargingPeriod": self.charging_period,
+                "PricePerCpuHour": self.price_per_cpu_hour, "PricePerPilotHour": self.price_per_pilot_hour,
+                "ChargingPeriod": self.charging_period,
                 "MaxRunning": self.max_running, **self.attributes}
 
     @property
@@ -199,13 +208,14 @@ def _pool(name: str, table: object, fail: Any) -> PoolSpec | None:
             except ValueError as e:
                 fail((*path, key), f"'{key}' of pool '{name}': {e}")
                 ok = False
-    if "price_per_cpu_hour" in table:
-        v = table["price_per_cpu_hour"]
-        if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
-            fail((*path, "price_per_cpu_hour"), f"'price_per_cpu_hour' of pool '{name}' must be a number >= 0")
-            ok = False
-        else:
-            values["price_per_cpu_hour"] = float(v)
+    for key in ("price_per_cpu_hour", "price_per_pilot_hour"):
+        if key in table:
+            v = table[key]
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < float("inf"):
+                fail((*path, key), f"'{key}' of pool '{name}' must be a finite number >= 0, not {v!r}")
+                ok = False
+            else:
+                values[key] = float(v)
     if "run_as" in table:
         v = table["run_as"]
         if not isinstance(v, str) or not v or not v.replace("-", "").replace("_", "").replace(".", "").isalnum():

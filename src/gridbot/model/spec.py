@@ -50,6 +50,8 @@ TOP_KEYS = (
     "max_processes",
     "policy",
     "strategy",
+    "bag_deadline",
+    "budget",
 )
 RANGE_KEYS = ("from", "to", "step")
 MAX_OPTION = 1_000
@@ -216,6 +218,20 @@ class BagSpec(msgspec.Struct, frozen=True):
     """Processes the job's user may have at once, as RLIMIT_NPROC counts them (None: unlimited)."""
     strategy: StrategyChoice = msgspec.field(default_factory=StrategyChoice)
     """The bag's tail strategy and placement, with their options."""
+    bag_deadline: float | None = None
+    """The bag's QoS deadline as seconds after its submission: when its owner wants every result (None: none,
+    or `bag_deadline_at`). Not an instance's deadline (`instance_deadline`)."""
+    bag_deadline_at: float | None = None
+    """The bag's QoS deadline as an absolute time, seconds since the epoch (a spec gives one of the two)."""
+    budget: float | None = None
+    """What the bag may spend at most, in the pools' currency (`price_per_cpu_hour`, `price_per_pilot_hour`;
+    the paper's G$); None: no limit."""
+
+    def deadline_at(self, created_at: float) -> float | None:
+        """The bag's QoS deadline as a time on the server's clock, given when the bag was submitted."""
+        if self.bag_deadline_at is not None:
+            return self.bag_deadline_at
+        return None if self.bag_deadline is None else created_at + self.bag_deadline
 
     def limits(self) -> Limits | None:
         """What the worker enforces on each job of the bag, or None when the spec sets no limit.
@@ -326,6 +342,72 @@ def parse_duration(value: object) -> float:
     if problem:
         raise ValueError(problem)
     return seconds
+
+
+QOS_PLACEMENT = "cost-time"
+"""The placement a bag with a deadline or a budget gets when it names none (the DBC paper's own)."""
+
+
+def with_qos_placement(spec: BagSpec) -> BagSpec:
+    """The spec, with placement `QOS_PLACEMENT` if it has a deadline or a budget and names GridBot's placement
+    (which counts no money): a user who gives a budget expects it kept without knowing the strategies."""
+    qos = spec.budget is not None or spec.bag_deadline is not None or spec.bag_deadline_at is not None
+    if not qos or spec.strategy.placement != "gridbot":
+        return spec
+    return msgspec.structs.replace(spec, strategy=msgspec.structs.replace(spec.strategy, placement=QOS_PLACEMENT))
+
+
+def budget_problem(value: object) -> str:
+    """Why `value` cannot be a bag's budget, or ""."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"'budget' must be a number, not {_show(value)}"
+    if not 0 <= value < math.inf:
+        return f"'budget' must be a finite number >= 0, not {value!r}"
+    return ""
+
+
+_ISO = re.compile(r"\s*(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2})(?::(\d{2})(\.\d+)?)?\s*(Z|z|[+-]\d{2}:?\d{2})?\s*")
+
+
+def parse_bag_deadline(value: object) -> dict[str, float]:
+    """A bag's QoS deadline as spec fields: `{"bag_deadline": seconds}` from a duration (after submission:
+    90, "10m", "2h", "1d"), or `{"bag_deadline_at": epoch seconds}` from an absolute time with its zone (a
+    TOML offset date-time, or the same ISO 8601 text, "2026-11-27T17:00:00Z"); raise ValueError otherwise.
+
+    (The model may not import `datetime`, the clock's module: a TOML date-time is read through its own
+    methods, and ISO text by the calendar's arithmetic.)"""
+    if hasattr(value, "tzinfo") and hasattr(value, "timestamp"):  # a TOML date-time
+        if value.tzinfo is None:
+            raise ValueError("an absolute deadline needs its time zone (add Z for UTC, or +01:00)")
+        return {"bag_deadline_at": float(value.timestamp())}
+    if isinstance(value, str) and (m := _ISO.fullmatch(value)):
+        year, month, day, hour, minute = (int(m.group(i)) for i in range(1, 6))
+        second = int(m.group(6) or 0) + float(m.group(7) or 0.0)
+        zone = m.group(8)
+        if zone is None:
+            raise ValueError("an absolute deadline needs its time zone (add Z for UTC, or +01:00)")
+        if not (1 <= month <= 12 and 1 <= day <= 31 and hour <= 23 and minute <= 59 and second < 61):
+            raise ValueError(f"{value.strip()!r} is not a valid time")
+        offset = 0 if zone in "Zz" else (1 if zone[0] == "+" else -1) * (int(zone[1:3]) * 3600 + int(zone[-2:]) * 60)
+        return {"bag_deadline_at": _days_from_civil(year, month, day) * 86400.0 + hour * 3600 + minute * 60 + second
+                - offset}
+    if isinstance(value, str) and "T" in value.upper() and any(c.isdigit() for c in value[:4]):
+        raise ValueError("not an ISO 8601 time like 2026-11-27T17:00:00Z")
+    try:
+        return {"bag_deadline": parse_duration(value)}
+    except ValueError:
+        raise ValueError("a bag deadline is a duration after submission (90, '10m', '2h', '1d') or an absolute "
+                         "time with its zone (2026-11-27T17:00:00Z)") from None
+
+
+def _days_from_civil(year: int, month: int, day: int) -> int:
+    """Days from 1970-01-01 to a date of the proleptic Gregorian calendar (H. Hinnant's algorithm)."""
+    year -= month <= 2
+    era = (year if year >= 0 else year - 399) // 400
+    yoe = year - era * 400
+    doy = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return era * 146097 + doe - 719468
 
 
 def duration_problem(seconds: float) -> str:
@@ -469,6 +551,7 @@ class _Validator:
         self.check_templates(("env",), list(env.values()), names)
         self.check_templates(("outputs",), outputs, names)
         self.check_paths(inputs, outputs)
+        deadline = self.bag_deadline(data)
         spec = BagSpec(
             name=name,
             command=command,
@@ -486,6 +569,9 @@ class _Validator:
             description=self.string(data, "description", ""),
             policy=self.policy(data.get("policy", {})),
             strategy=self.strategy(data.get("strategy", {})),
+            budget=self.budget(data),
+            bag_deadline=deadline.get("bag_deadline"),
+            bag_deadline_at=deadline.get("bag_deadline_at"),
         )
         if len(spec.description) > MAX_DESCRIPTION:
             self.fail(("description",), f"the description has {len(spec.description):,} characters, over the "
@@ -497,7 +583,7 @@ class _Validator:
                 self.fail(("parameters",), *issue)
         if self.problems:
             raise SpecError(self.source, self.problems)
-        return spec
+        return with_qos_placement(spec)
 
     def string(self, data: dict[str, Any], key: str, default: str) -> str:
         value = data.get(key, default)
@@ -546,6 +632,25 @@ class _Validator:
         except ValueError as e:
             self.fail((key,), f"'{key}' = {data[key]!r}: {e}")
             return None
+
+    def budget(self, data: dict[str, Any]) -> float | None:
+        if "budget" not in data:
+            return None
+        value = data["budget"]
+        if problem := budget_problem(value):
+            self.fail(("budget",), problem, "write budget = 600 (in the pools' currency)")
+            return None
+        return float(value)
+
+    def bag_deadline(self, data: dict[str, Any]) -> dict[str, float]:
+        if "bag_deadline" not in data:
+            return {}
+        try:
+            return parse_bag_deadline(data["bag_deadline"])
+        except ValueError as e:
+            self.fail(("bag_deadline",), f"'bag_deadline' = {_show(data['bag_deadline'])}: {e}",
+                      'write bag_deadline = "2h" (after submission) or bag_deadline = 2026-11-27T17:00:00Z')
+            return {}
 
     def env(self, table: object) -> dict[str, str]:
         if not isinstance(table, dict):
@@ -945,6 +1050,15 @@ def _number_issues(spec: BagSpec) -> list[tuple[str, Issue]]:
         if size is not None and (problem := size_problem(size) or (
                 f"{size:,} bytes is less than {low:,}" if size < low else "")):
             out.append((key, (f"'{key}': {problem}", "")))
+    if spec.budget is not None and (problem := budget_problem(spec.budget)):
+        out.append(("budget", (problem, "")))
+    if spec.bag_deadline is not None and (problem := duration_problem(spec.bag_deadline)):
+        out.append(("bag_deadline", (f"'bag_deadline': {problem}", "")))
+    if spec.bag_deadline_at is not None and not math.isfinite(spec.bag_deadline_at):
+        out.append(("bag_deadline_at", ("'bag_deadline_at' must be a finite time", "")))
+    if spec.bag_deadline is not None and spec.bag_deadline_at is not None:
+        out.append(("bag_deadline", ("give 'bag_deadline' (after submission) or 'bag_deadline_at' (absolute), "
+                                     "not both", "")))
     return out
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
-from gridbot.core.strategy import Choice, Migration, TailPlan
+from gridbot.core.strategy import Choice, Migration, QosReport, TailPlan
 from gridbot.core.view import BagView, DispatchView, HostView
 from gridbot.errors import GridbotError
 from gridbot.model.spec import StrategyOption
@@ -78,8 +78,12 @@ class TailStrategy(Strategy):
 class Placement(Strategy):
     """How much the bag wants a host, pilots per pool, jobs moved between pools.
 
-    Defaults: the policies' Rank as it is, the overlay's planner decides pilots, nothing moves.
+    Defaults: the policies' Rank as it is, the overlay's planner decides pilots, nothing moves, no bound per
+    host, nothing to say of the bag's deadline and budget.
     """
+
+    counts_money: ClassVar[bool] = False
+    """It keeps a bag within its budget and plans for its deadline (a bag with either needs such a placement)."""
 
     host_dependent: ClassVar[bool] = False
     """Set when `rank` is overridden (the kernel then calls it for every request)."""
@@ -92,3 +96,12 @@ class Placement(Strategy):
 
     def migrate(self, view: DispatchView, bag: BagView, now: float) -> Sequence[Migration]:
         return ()
+
+    def limit(self, view: DispatchView, bag: BagView, host: HostView, now: float) -> int | None:
+        return None
+
+    def notes(self, view: DispatchView, bag: BagView, now: float) -> list[str]:
+        return []
+
+    def qos(self, view: DispatchView, bag: BagView, now: float) -> QosReport | None:
+        return None

@@ -11,6 +11,7 @@ from typing import TypeVar
 from gridbot.core.strategy import BagStrategies, StrategyFactory
 from gridbot.model.spec import BagSpec, StrategyChoice, closest
 from gridbot.schedulers.base import Placement, StrategyError, TailStrategy
+from gridbot.schedulers.economy import PLACEMENTS as DBC_PLACEMENTS
 from gridbot.schedulers.expert.tail import ExpertTail
 from gridbot.schedulers.placement import GridBotPlacement
 from gridbot.schedulers.replication import GridBotTail
@@ -21,7 +22,19 @@ TAILS: dict[str, type[TailStrategy]] = {
 }
 PLACEMENTS: dict[str, type[Placement]] = {
     GridBotPlacement.name: GridBotPlacement,
+    **{p.name: p for p in DBC_PLACEMENTS},
 }
+
+
+def check_bag(spec: BagSpec) -> None:
+    """`check` the bag's `[strategy]`, and refuse a deadline or a budget its placement would not keep."""
+    check(spec.strategy)
+    qos = [k for k, v in (("bag_deadline", spec.bag_deadline), ("bag_deadline", spec.bag_deadline_at),
+                          ("budget", spec.budget)) if v is not None]
+    if qos and not PLACEMENTS[spec.strategy.placement].counts_money:
+        takes = ", ".join(n for n, p in PLACEMENTS.items() if p.counts_money)
+        raise StrategyError(f"placement {spec.strategy.placement!r} does not keep a bag's {qos[0]}: set "
+                            f"[strategy] placement to one that does ({takes})")
 
 
 def check(choice: StrategyChoice) -> None:

@@ -29,6 +29,7 @@ from gridbot.protocol import (
     ExchangeResponse,
     InstanceInfo,
     PolicyChange,
+    QosChange,
     RegisterRequest,
     Registration,
     RetryRequest,
@@ -52,6 +53,7 @@ _policy_decoder = msgspec.json.Decoder(PolicyChange)
 _register_decoder = msgspec.msgpack.Decoder(RegisterRequest)
 _retry_decoder = msgspec.msgpack.Decoder(RetryRequest)
 _strategy_decoder = msgspec.json.Decoder(StrategyChoice)
+_qos_decoder = msgspec.json.Decoder(QosChange)
 T = TypeVar("T")
 
 
@@ -104,6 +106,8 @@ PERMISSIONS: dict[tuple[str, str], frozenset[Role]] = {
     ("GET", "/v1/bags/{bag}/policy"): USERS,
     ("POST", "/v1/bags/{bag}/policy"): USERS,
     ("POST", "/v1/bags/{bag}/strategy"): USERS,
+    ("POST", "/v1/bags/{bag}/qos"): USERS,
+    ("GET", "/v1/bags/{bag}/cost"): USERS,
     ("GET", "/v1/bags/{bag}/history"): USERS,
     ("GET", "/v1/bags/{bag}/jobs"): USERS,
     ("GET", "/v1/bags/{bag}/jobs/{job}/instances"): USERS,
@@ -233,6 +237,8 @@ class Server:
             web.get("/v1/bags/{bag}/policy", self.get_policy),
             web.post("/v1/bags/{bag}/policy", self.set_policy),
             web.post("/v1/bags/{bag}/strategy", self.set_strategy),
+            web.post("/v1/bags/{bag}/qos", self.set_qos),
+            web.get("/v1/bags/{bag}/cost", self.cost),
             web.get("/v1/bags/{bag}/history", self.history),
             web.get("/v1/bags/{bag}/jobs", self.jobs),
             web.get("/v1/bags/{bag}/results", self.results),
@@ -420,6 +426,18 @@ class Server:
         info = self.service.set_strategy(row, choice)
         self._new_work()
         return _reply(request, info)
+
+    async def set_qos(self, request: web.Request) -> web.Response:
+        """Change a running bag's deadline or budget (`gridbot qos`)."""
+        row = self._bag(request)
+        change = _decode(_qos_decoder, await request.read())
+        info = self.service.set_qos(row, change)
+        self._new_work()
+        return _reply(request, info)
+
+    async def cost(self, request: web.Request) -> web.Response:
+        """What a bag spent, per pool, against its budget (`gridbot cost`)."""
+        return _reply(request, self.service.cost(self._bag(request)))
 
     async def history(self, request: web.Request) -> web.Response:
         """A running bag's instances so far, tasks left and pools, for `gridbot plan` (ExPERT's input)."""

@@ -22,11 +22,20 @@ from gridbot.core.dispatcher import Dispatcher
 from gridbot.core.strategy import TailPlan
 from gridbot.core.view import BagView
 from gridbot.errors import GridbotError, ServerUnavailable
-from gridbot.model.spec import MAX_PATH, BagSpec, StrategyChoice, check_spec
+from gridbot.model.spec import (
+    MAX_PATH,
+    BagSpec,
+    StrategyChoice,
+    budget_problem,
+    check_spec,
+    parse_bag_deadline,
+    with_qos_placement,
+)
 from gridbot.model.states import BAG_TERMINAL, BagState, JobState
 from gridbot.policy.policies import PolicyError, PolicySet, compile_policies, validate_policies
 from gridbot.protocol import (
     BagInfo,
+    CostInfo,
     Deleted,
     ExchangeRequest,
     ExchangeResponse,
@@ -36,6 +45,7 @@ from gridbot.protocol import (
     JobLog,
     JobStory,
     PlanInput,
+    QosChange,
     ResultInfo,
     RetryAnswer,
     StoryInstance,
@@ -336,6 +346,7 @@ class Service:
                owner: str = "") -> BagInfo:
         """Store a bag for `owner` and start dispatching it; nothing is stored if it is refused."""
         self.ready()
+        spec = with_qos_placement(spec)
         self._check_work(spec, lines, inputs)
         self._check_room(owner)
         row = self.store.create_bag(spec, lines, inputs, now, owner)
@@ -356,7 +367,7 @@ class Service:
         total = len(lines) if lines is not None else spec.sweep_size
         self.compile(spec.policy, spec)
         try:
-            registry.check(spec.strategy)
+            registry.check_bag(spec)
         except StrategyError as e:
             raise BadRequest(str(e)) from None
         named = {p.rstrip("/").rsplit("/", 1)[-1] for p in spec.inputs}
@@ -408,8 +419,51 @@ class Service:
         return self.info(self.bag(row.bag_id))
 
     def info(self, row: BagRow) -> BagInfo:
-        return msgspec.structs.replace(bag_info(row), diagnostics=self.dispatcher.diagnostics(row.bag_id, time.time()),
-                                       tail_plan=self.tail_plan(row.bag_id))
+        now = time.time()
+        return msgspec.structs.replace(bag_info(row), diagnostics=self.dispatcher.diagnostics(row.bag_id, now),
+                                       tail_plan=self.tail_plan(row.bag_id), budget=row.spec.budget,
+                                       deadline_at=row.spec.deadline_at(row.created_at),
+                                       spent=self.dispatcher.view.bill(row.bag_id).total,
+                                       qos=self.dispatcher.qos(row.bag_id, now))
+
+    def cost(self, row: BagRow) -> CostInfo:
+        """What the bag spent per pool, as the dispatcher's ledger bills it (core/ledger.py)."""
+        view = self.dispatcher.view
+        bill = view.bill(row.bag_id)
+        return CostInfo(row.name, bill.total, bill.pools, row.spec.budget, row.spec.deadline_at(row.created_at),
+                        self.dispatcher.qos(row.bag_id, time.time()), view.idle_pilots())
+
+    def set_qos(self, row: BagRow, change: QosChange) -> BagInfo:
+        """Change a bag's deadline or budget while it runs: its placement plans with them from the next
+        decision on (a bag with GridBot's placement gets the DBC placement `cost-time`, as at submission).
+        Nothing changes if it is refused."""
+        self.ready()
+        if row.state is not BagState.ACTIVE or row.bag_id not in self.dispatcher.view:
+            raise BadRequest(f"bag {row.name} is {row.state.value}, not running here: its deadline and budget can "
+                             "change only while it runs")
+        values: dict[str, float | None] = {}
+        if change.budget is not msgspec.UNSET:
+            if change.budget is not None and (problem := budget_problem(change.budget)):
+                raise BadRequest(f"{problem}: give a number >= 0 in the pools' currency, or null for no budget")
+            values["budget"] = None if change.budget is None else float(change.budget)
+        if change.bag_deadline is not msgspec.UNSET:
+            values["bag_deadline"] = values["bag_deadline_at"] = None
+            if change.bag_deadline is not None:
+                try:
+                    values.update(parse_bag_deadline(change.bag_deadline))
+                except ValueError as e:
+                    raise BadRequest(f"bag_deadline {str(change.bag_deadline)[:80]!r}: {e}") from None
+        if not values:
+            raise BadRequest("give a budget or a bag_deadline to change (null removes one)")
+        spec = with_qos_placement(msgspec.structs.replace(row.spec, **values))
+        try:
+            registry.check_bag(spec)
+        except StrategyError as e:
+            raise BadRequest(str(e)) from None
+        self.store.set_spec(row.bag_id, spec)
+        self.dispatcher.set_strategy(row.bag_id, spec, time.time())
+        log.info("bag %d qos: budget %s, deadline %s", row.bag_id, spec.budget, spec.deadline_at(row.created_at))
+        return self.info(self.bag(row.bag_id))
 
     def tail_plan(self, bag_id: int) -> TailPlan | None:
         """The bag's tail plan: its tail strategy's while the dispatcher holds it; after it ended, the one read

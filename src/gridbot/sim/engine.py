@@ -27,6 +27,7 @@ import msgspec
 
 from gridbot.core.changes import BagCounts, BagSnapshot, Changes, QueuedJob
 from gridbot.core.dispatcher import Dispatcher
+from gridbot.core.strategy import QosReport
 from gridbot.core.view import BagView
 from gridbot.model.pacing import PaceConfig, Pacing, server_hold
 from gridbot.model.records import Assignment, HostInfo, InstanceReport, Outcome
@@ -155,7 +156,7 @@ class Simulation:
         self.rng = random.Random(self.seed)
         cfg = scenario.dispatch
         self.dispatcher = Dispatcher(type(cfg)(**{**cfg.__dict__, "seed": self.seed}), registry.factory(self.seed))
-        self.dispatcher.pool_ads = {p.name: p.spec.ad() for p in scenario.pools}
+        self.dispatcher.pool_ads = {p.name: {"Speed": p.speed.mean, **p.spec.ad()} for p in scenario.pools}
         self.memory = MemoryStore() if scenario.store == "memory" else None
         self.compact = CompactStore()
         self.progress = progress
@@ -184,6 +185,8 @@ class Simulation:
         self.recorder = Recorder(scenario, [p.name for p in scenario.pools])
         self._inst_pool: dict[int, tuple[str, int]] = {}
         self._views: dict[int, BagView | None] = {}
+        self._qos: dict[int, QosReport] = {}
+        """Each bag's last deadline-and-budget plan, as of the last sample."""
         """Each active bag's view, read once more when it ends (its tail plan)."""
         self._finished = False
         self._held: dict[_Pilot, None] = {}
@@ -230,6 +233,14 @@ class Simulation:
         self._record()
         results = self.recorder.results(self.now, self.bag_ids)
         results.seed = self.seed
+        view = self.dispatcher.view
+        for res in results.bags:
+            if (bag_id := self.bag_ids.get(res.name)) is not None:
+                bill = view.bill(bag_id)
+                res.spent = round(bill.total, 6)
+                res.spent_per_pool = {p.pool: round(p.total, 6) for p in bill.pools}
+                if (qos := self._qos.get(bag_id)) is not None:
+                    res.qos = msgspec.to_builtins(qos)
         return results
 
     def _apply(self, changes: Changes) -> None:
@@ -273,7 +284,8 @@ class Simulation:
         spec = BagSpec(name=model.name, command="sim {i}",
                        parameters=[Parameter("i", start="0", stop=str(model.jobs - 1), step="1")],
                        max_failures=model.max_failures, instance_deadline=model.instance_deadline,
-                       policy=model.policy, strategy=model.strategy)
+                       policy=model.policy, strategy=model.strategy, bag_deadline=model.bag_deadline,
+                       budget=model.budget)
         if self.memory is not None:
             row = self.memory.create_bag(spec, None, {}, self.now)
             bag_id, counts = row.bag_id, row.counts
@@ -556,6 +568,9 @@ class Simulation:
         self._at(self.now + self.sc.sample, _SAMPLE)
 
     def _record(self) -> None:
+        for b in self.dispatcher.view.bags():
+            if (qos := self.dispatcher.qos(b.bag_id, self.now)) is not None:
+                self._qos[b.bag_id] = qos
         self.recorder.sample(self.now, {n: p.running for n, p in self.pools.items()},
                              {n: sum(len(x.running) for x in p.pilots.values()) for n, p in self.pools.items()})
         if self.progress is not None:

@@ -50,6 +50,16 @@ class BagResult:
     """When the bag's incomplete jobs first fell to each threshold (Figure 7a: 1000, 500, 100, 50, 0)."""
     tail_plan: dict[str, Any] | None = None
     """What its tail strategy planned and measured (ExPERT's `TailPlan`), as it read when the bag ended."""
+    budget: float | None = None
+    bag_deadline: float | None = None
+    """Its QoS deadline, seconds after it arrived."""
+    spent: float = 0.0
+    """What it spent on the pools, as the dispatcher's ledger bills it (core/ledger.py)."""
+    spent_per_pool: dict[str, float] = field(default_factory=dict)
+    done_by_deadline: int | None = None
+    """Jobs done by its deadline (None: it has none)."""
+    qos: dict[str, Any] | None = None
+    """Its placement's last plan of deadline and budget (`QosReport`), when it plans one."""
 
 
 @dataclass
@@ -129,6 +139,7 @@ class Recorder:
         self.pilots: dict[str, list[int]] = {p: [] for p in pools}
         self.busy: dict[str, list[int]] = {p: [] for p in pools}
         self.throughput: dict[str, list[float]] = {p: [] for p in pools}
+        self.done_by_deadline: dict[int, int] = {}
 
     def bag_arrived(self, bag_id: int, model: BagModel, now: float) -> None:
         self.models[bag_id] = model
@@ -159,6 +170,9 @@ class Recorder:
             counters["lost"] += 1
 
     def bag_update(self, bag_id: int, state: BagState, counts: BagCounts, now: float) -> None:
+        deadline = self.models[bag_id].bag_deadline if bag_id in self.models else None
+        if deadline is not None and now <= self.arrival[bag_id] + deadline:
+            self.done_by_deadline[bag_id] = counts.done
         old = self.counts.get(bag_id)
         if old is not None:
             self.jobs_ended += (counts.done + counts.failed) - (old.done + old.failed)
@@ -205,7 +219,8 @@ class Recorder:
                 round(100.0 * max(0.0, self.used[bag_id] - self.useful[bag_id]) / self.useful[bag_id], 2)
                 if self.useful[bag_id] else 0.0, round(self.used[bag_id] / 3600.0, 2),
                 dict(sorted(self.per_pool_jobs[bag_id].items())), dict(self.milestones[bag_id]),
-                self.tail_plans.get(bag_id)))
+                self.tail_plans.get(bag_id), model.budget, model.bag_deadline,
+                done_by_deadline=self.done_by_deadline.get(bag_id, 0) if model.bag_deadline is not None else None))
         for model in self.scenario.bags:  # bags that never arrived before the horizon
             if model.name not in bag_ids:
                 bags.append(BagResult(model.name, model.jobs, model.arrival, "not arrived", None, None, None, None,

@@ -19,7 +19,19 @@ import msgspec
 
 from gridbot.core.config import DispatchConfig, Knob, knobs
 from gridbot.model.pools import RELIABILITY, PoolSpec
-from gridbot.model.spec import NAME_RE, Problem, SpecError, StrategyChoice, closest, key_lines, parse_strategy
+from gridbot.model.spec import (
+    NAME_RE,
+    BagSpec,
+    Problem,
+    SpecError,
+    StrategyChoice,
+    budget_problem,
+    closest,
+    key_lines,
+    parse_duration,
+    parse_strategy,
+    with_qos_placement,
+)
 from gridbot.policy.policies import PolicyError, PolicySet, references, representative_context, validate_policies
 from gridbot.schedulers import registry
 from gridbot.schedulers.base import StrategyError
@@ -35,8 +47,10 @@ POOL_KINDS = ("grid", "cluster", "cloud", "community")
 DEFAULT_RELIABILITY = {"grid": "unreliable", "cluster": "reliable", "cloud": "reliable", "community": "volunteer"}
 POOL_KEYS = ("kind", "size", "hosts", "max_queued", "cpus", "prefetch", "queue_wait", "walltime", "idle_timeout",
              "speed", "preemption", "failure_rate", "black_holes", "turnaround_ratio", "availability", "unavailability",
-             "price_per_cpu_hour", "reliability", "level", "attributes", "latency")
-BAG_KEYS = ("jobs", "runtime", "arrival", "instance_deadline", "max_failures", "copies", "policy", "strategy")
+             "price_per_cpu_hour", "price_per_pilot_hour", "charging_period", "reliability", "level", "attributes",
+             "latency")
+BAG_KEYS = ("jobs", "runtime", "arrival", "instance_deadline", "max_failures", "copies", "policy", "strategy",
+            "bag_deadline", "budget")
 STORES = ("compact", "memory")
 
 
@@ -103,6 +117,9 @@ class BagModel:
     distribution. A bag scaled down to fewer jobs takes evenly spaced ones."""
     strategy: StrategyChoice = field(default_factory=StrategyChoice)
     """The bag's `[strategy]` table, as a spec's (checked against the strategies' registry)."""
+    bag_deadline: float | None = None
+    """Its QoS deadline, seconds after it arrives (None: none)."""
+    budget: float | None = None
 
 
 @dataclass(frozen=True)
@@ -258,6 +275,8 @@ class _Reader:
             "walltime": self.get(t, "walltime", path, 365 * 86400.0, _dur(False)),
             "idle_timeout": self.get(t, "idle_timeout", path, 120.0, _dur(False)),
             "price_per_cpu_hour": self.get(t, "price_per_cpu_hour", path, 0.0, _fraction(math.inf)),
+            "price_per_pilot_hour": self.get(t, "price_per_pilot_hour", path, 0.0, _fraction(math.inf)),
+            "charging_period": self.get(t, "charging_period", path, 3600.0, _dur(False)),
             "reliability": self.get(t, "reliability", path, DEFAULT_RELIABILITY[kind], _choice(RELIABILITY)),
             "level": self.get(t, "level", path, 0, _int(0)),
             "attributes": self.get(t, "attributes", path, {}, _attributes),
@@ -326,21 +345,43 @@ class _Reader:
             self.fail((*path, "policy"), f"the policy of bag '{name}' must be a table of ClassAd expressions in "
                       "strings", '[bags.NAME.policy]\nJobRequirements = "Host.ErrorRate < 0.1"')
             policy = {}
-        strategy = self.strategy(t.get("strategy", {}), path, name)
+        qos = self.qos(t, path, name)
+        strategy = self.strategy(t.get("strategy", {}), path, name, qos)
         out = []
         for copy in range(1, copies + 1):
             bag_name = name if copies == 1 else f"{name}-{copy}"
             written = {k: v.replace("{copy}", str(copy)) for k, v in policy.items()}
             if not self.policies(written, deadline, path, f"bag '{bag_name}'"):
                 break
-            out.append(BagModel(bag_name, jobs, runtime, arrival, deadline, max_failures, written, strategy=strategy))
+            out.append(BagModel(bag_name, jobs, runtime, arrival, deadline, max_failures, written, strategy=strategy,
+                                bag_deadline=qos.bag_deadline, budget=qos.budget))
         return out if len(self.problems) == before else []
 
-    def strategy(self, table: object, path: tuple[str, ...], name: str) -> StrategyChoice:
-        """A bag's `[strategy]` table, parsed as a spec's and checked against the registry."""
+    def qos(self, t: dict[str, Any], path: tuple[str, ...], name: str) -> BagSpec:
+        """A bag's deadline (after it arrives: a duration) and budget, as a spec holds them."""
+        values: dict[str, Any] = {}
+        if "bag_deadline" in t:
+            try:
+                values["bag_deadline"] = parse_duration(t["bag_deadline"])
+            except ValueError as e:
+                self.fail((*path, "bag_deadline"), f"bag_deadline of bag '{name}': {e}", 'bag_deadline = "2h"')
+        if "budget" in t:
+            if problem := budget_problem(t["budget"]):
+                self.fail((*path, "budget"), f"bag '{name}': {problem}", "budget = 600")
+            else:
+                values["budget"] = float(t["budget"])
+        return BagSpec(name=name, **values)
+
+    def strategy(self, table: object, path: tuple[str, ...], name: str, qos: BagSpec | None = None) -> StrategyChoice:
+        """A bag's `[strategy]` table, parsed as a spec's and checked against the registry (with its deadline
+        and budget, which it must keep)."""
         try:
             choice = parse_strategy(table, f"bag '{name}'")
-            registry.check(choice)
+            if qos is not None:
+                choice = with_qos_placement(msgspec.structs.replace(qos, strategy=choice)).strategy
+                registry.check_bag(msgspec.structs.replace(qos, strategy=choice))
+            else:
+                registry.check(choice)
         except (SpecError, StrategyError) as e:
             self.fail((*path, "strategy"), f"bag '{name}': {e}")
             return StrategyChoice()

@@ -155,6 +155,10 @@ LATER_FIELDS: dict[str, object] = {"memory": None, "cpu_time": None, "max_file_s
 their defaults."""
 
 
+QOS_FIELDS = ("bag_deadline", "bag_deadline_at", "budget")
+"""Spec fields that say what the owner asks of the run (issue 16), not what its work is: no part of the hash."""
+
+
 def retiring_event(changes: Changes) -> int | None:
     """The owner's act that retired the batch's overdue instances (`Changes.retired_jobs`): its last retry or
     revision (None: no such event in it)."""
@@ -172,6 +176,8 @@ def spec_hash(spec: BagSpec, lines: Sequence[str] | None, inputs: dict[str, byte
     for name, default in LATER_FIELDS.items():
         if fields.get(name) == default:
             fields.pop(name, None)
+    for name in QOS_FIELDS:  # what the owner asks of the run, not what the work is (`gridbot qos` changes it)
+        fields.pop(name, None)
     h = hashlib.sha256(msgspec.json.encode(fields))
     for line in lines or ():
         h.update(line.encode() + b"\n")

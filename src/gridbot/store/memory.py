@@ -19,6 +19,7 @@ from gridbot.core.changes import (
     QueuedJob,
     Snapshot,
 )
+from gridbot.core.ledger import Ledger, Usage
 from gridbot.model.spec import BagSpec
 from gridbot.model.states import PILOT_TERMINAL, BagState, InstanceState, JobState
 from gridbot.store.base import (
@@ -180,8 +181,13 @@ class MemoryStore(Store):
                                          job.failures, job.attempts))
         bags = [BagSnapshot(b.bag_id, b.spec, b.counts, b.created_at, b.revision) for b in self.bags()
                 if b.bag_id in active]
+        ledger = Ledger()
+        for inst in self.d.instances.values():
+            if inst.row.wall_s is not None:
+                ledger.charge(inst.bag_id, inst.row.host_id, inst.row.wall_s)
+        usage = [Usage(b, h, int(n), s) for b, hosts in ledger.by_bag.items() for h, (n, s) in hosts.items()]
         return Snapshot(bags, live, list(self.d.hosts.values()), max(self.d.instances, default=0) + 1,
-                        max(self.d.events, default=0) + 1)
+                        max(self.d.events, default=0) + 1, usage)
 
     def queued_jobs(self, bag_id: int, after: int, limit: int) -> list[QueuedJob]:
         ids = self.d.job_ids.get(bag_id, [])

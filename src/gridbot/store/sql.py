@@ -30,6 +30,7 @@ from gridbot.core.changes import (
     Snapshot,
 )
 from gridbot.core.hosts import HostStats
+from gridbot.core.ledger import Usage
 from gridbot.model.records import HostInfo
 from gridbot.model.spec import BagSpec
 from gridbot.model.states import PILOT_TERMINAL, BagState, InstanceState, JobState, PilotState
@@ -110,6 +111,8 @@ SQL = {
                       "WHERE i.state IN ('running', 'overdue') AND b.state = 'active' ORDER BY i.id",
     "max_instance": "SELECT COALESCE(MAX(id), 0) FROM instances",
     "max_event": "SELECT COALESCE(MAX(event_id), 0) FROM events",
+    "usage": "SELECT bag_id, host_id, COUNT(*), SUM(wall_s) FROM instances WHERE wall_s IS NOT NULL "
+             "GROUP BY bag_id, host_id",
     "hosts": "SELECT id, name, platform, ncpus, memory_mb, slots, pool, first_seen, last_seen, stats "
              "FROM hosts ORDER BY first_seen, id",
     "queued_jobs": "SELECT id, idx, line, failures, attempts FROM jobs "
@@ -466,9 +469,11 @@ class SqlStore(Store):
             cur.execute(self._sql("max_event"))
             next_event = cur.fetchone()[0] + 1
             hosts = self._hosts(cur)
+            cur.execute(self._sql("usage"))
+            usage = [Usage(int(r[0]), r[1], int(r[2]), float(r[3])) for r in cur.fetchall()]
         active = [BagSnapshot(b.bag_id, b.spec, b.counts, b.created_at, b.revision) for b in bags
                   if b.state is BagState.ACTIVE]
-        return Snapshot(active, live, hosts, next_id, next_event)
+        return Snapshot(active, live, hosts, next_id, next_event, usage)
 
     def queued_jobs(self, bag_id: int, after: int, limit: int) -> list[QueuedJob]:
         with self._tx(write=False) as cur:

@@ -1,0 +1,169 @@
+"""Money: what each bag has spent on the pools, by pool, and what its running instances hold (issue 16).
+
+A pool may charge in two ways (its ad: `PricePerCpuHour`, `PricePerPilotHour`, `ChargingPeriod`):
+- per CPU-hour: an instance costs the wall time its host reported for it x the price, since it held one of
+  the pool's slots that long (Nimrod-G's and GridSim's price per unit of PE time);
+- per pilot-hour: a pilot costs its started charging periods, from its worker's first call to its last (a
+  cloud instance bills by the started hour), shared by the bags that ran instances on it in proportion to
+  their instances' wall time there. A pilot that ran nothing is nobody's: `idle_pilots` shows it.
+A host here is one worker run, that is one pilot; the time a pilot took to boot before its worker called is
+not seen, and is in the same started period unless the boot took longer than the period.
+
+An instance lost without a report (its host silent or past its deadline) costs nothing per CPU-hour: no
+host said how long it held a slot (its pilot's hours are billed all the same). Prices are the pools'
+current ones: a pools file changed mid-run re-prices what was spent before.
+
+The store holds everything this needs (instances' `wall_s` and `host_id`, hosts' pool and first and last
+contact), so the ledger is rebuilt from it after a restart (`Usage`) and a test can recompute it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import msgspec
+
+
+@dataclass(frozen=True)
+class Prices:
+    """What a pool charges (all zero: free, as own machines and volunteers are)."""
+
+    per_cpu_hour: float = 0.0
+    per_pilot_hour: float = 0.0
+    period: float = 3600.0
+
+    @classmethod
+    def of(cls, ad: Mapping[str, object] | None) -> Prices:
+        """A pool's prices from its ad (None: a pool not in the pools file, free)."""
+        if not ad:
+            return FREE
+
+        def number(key: str, default: float) -> float:
+            v = ad.get(key, default)
+            return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) else default
+
+        period = number("ChargingPeriod", 3600.0)
+        return cls(max(0.0, number("PricePerCpuHour", 0.0)), max(0.0, number("PricePerPilotHour", 0.0)),
+                   period if period > 0 else 3600.0)
+
+    @property
+    def free(self) -> bool:
+        return self.per_cpu_hour <= 0 and self.per_pilot_hour <= 0
+
+    def instance(self, seconds: float) -> float:
+        """What an instance that held a slot `seconds` costs per CPU-hour."""
+        return self.per_cpu_hour * max(0.0, seconds) / 3600.0
+
+    def pilot(self, first_seen: float, last_seen: float) -> float:
+        """What a pilot alive from `first_seen` to `last_seen` costs: its started charging periods (at least
+        one once it called)."""
+        if self.per_pilot_hour <= 0:
+            return 0.0
+        periods = max(1, math.ceil((last_seen - first_seen) / self.period - 1e-9))
+        return periods * self.period / 3600.0 * self.per_pilot_hour
+
+
+FREE = Prices()
+
+
+class Usage(NamedTuple):
+    """Instances of one bag that ended on one host with a report: how many, and their wall time summed."""
+
+    bag_id: int
+    host_id: str
+    instances: int
+    seconds: float
+
+
+class HostTerm(NamedTuple):
+    """What the ledger needs of a host: its pool and when its worker first and last called."""
+
+    pool: str
+    first_seen: float
+    last_seen: float
+
+
+class PoolBill(msgspec.Struct, frozen=True):
+    """One pool's part of a bag's spend."""
+
+    pool: str
+    instances: int
+    """Instances of the bag that ended there with a report."""
+    seconds: float
+    """Their wall time summed."""
+    cpu: float
+    """Charged per CPU-hour."""
+    pilots: float
+    """The bag's share of the pool's pilots' started periods."""
+    hosts: int
+    """Hosts (pilots) of the pool that ran the bag's instances."""
+
+    @property
+    def total(self) -> float:
+        return self.cpu + self.pilots
+
+
+class Bill(msgspec.Struct, frozen=True):
+    """A bag's spend, per pool (`gridbot cost`)."""
+
+    bag_id: int
+    pools: list[PoolBill]
+
+    @property
+    def total(self) -> float:
+        return sum(p.total for p in self.pools)
+
+
+@dataclass
+class Ledger:
+    """Wall time of ended instances per bag and host: all the spend derives from it and the hosts' terms."""
+
+    by_bag: dict[int, dict[str, list[float]]] = field(default_factory=dict)
+    """bag id -> host id -> [instances, seconds]."""
+    by_host: dict[str, float] = field(default_factory=dict)
+    """host id -> seconds of every bag's instances there (the pilot's use, which shares its bill)."""
+
+    def charge(self, bag_id: int, host_id: str, seconds: float, instances: int = 1) -> None:
+        """An instance of the bag ended on the host with a report of `seconds` of wall time."""
+        seconds = max(0.0, seconds) if math.isfinite(seconds) else 0.0
+        entry = self.by_bag.setdefault(bag_id, {}).setdefault(host_id, [0.0, 0.0])
+        entry[0] += instances
+        entry[1] += seconds
+        self.by_host[host_id] = self.by_host.get(host_id, 0.0) + seconds
+
+    def restore(self, usage: Iterable[Usage]) -> None:
+        """Take up what the store holds (after a restart)."""
+        for u in usage:
+            self.charge(u.bag_id, u.host_id, u.seconds, u.instances)
+
+    def bill(self, bag_id: int, host: Callable[[str], HostTerm | None],
+             prices: Callable[[str], Prices]) -> Bill:
+        """The bag's spend so far, per pool. `host` gives a host's terms (None: unknown host, charged nothing
+        for its pilot and priced as a free pool), `prices` a pool's prices."""
+        pools: dict[str, list[float]] = {}
+        for host_id, (count, seconds) in self.by_bag.get(bag_id, {}).items():
+            term = host(host_id)
+            pool = term.pool if term is not None else ""
+            p = prices(pool) if term is not None else FREE
+            row = pools.setdefault(pool, [0.0, 0.0, 0.0, 0.0, 0.0])
+            row[0] += count
+            row[1] += seconds
+            row[2] += p.instance(seconds)
+            if term is not None and p.per_pilot_hour > 0:
+                total = self.by_host.get(host_id, 0.0)
+                share = seconds / total if total > 0 else 1.0 / max(1, self._bags_on(host_id))
+                row[3] += p.pilot(term.first_seen, term.last_seen) * share
+            row[4] += 1
+        return Bill(bag_id, [PoolBill(name, int(r[0]), r[1], r[2], r[3], int(r[4]))
+                             for name, r in sorted(pools.items())])
+
+    def idle_pilots(self, hosts: Mapping[str, HostTerm], prices: Callable[[str], Prices]) -> float:
+        """What the pilots that ran no instance with a report cost (nobody's share)."""
+        return sum(prices(t.pool).pilot(t.first_seen, t.last_seen) for h, t in hosts.items()
+                   if h not in self.by_host and prices(t.pool).per_pilot_hour > 0)
+
+    def _bags_on(self, host_id: str) -> int:
+        return sum(1 for hosts in self.by_bag.values() if host_id in hosts)

@@ -1,0 +1,452 @@
+"""DBC: deadline- and budget-constrained scheduling across priced pools (Buyya, Murshed, Abramson and
+Venugopal, SPE 2005: the algorithm of its Figure 2, with Nimrod-G's cost, time and conservative-time
+optimizations beside the paper's cost-time).
+
+A bag with a `bag_deadline` and a `budget` names one of four placements:
+- `cost`: the pools by increasing cost; each takes as many jobs as it can finish by the deadline, while the
+  budget lasts (Nimrod-G's cost optimization: the cheapest pool alone once the deadline is relaxed);
+- `time`: each job to the pool where it would complete first, given the jobs planned before it, as long as
+  the budget left pays for it (Nimrod-G's time optimization: fast, and it may spend the budget before the
+  last jobs);
+- `cost-time` (the paper's): pools of equal cost form a group; the groups by increasing cost, and within a
+  group each job to the pool where it completes first, by the deadline, while the budget lasts;
+- `conservative-time`: as `time`, but a job goes to a pool only if its cost there is within the budget left
+  per job still to plan, so every remaining job keeps its share of the budget (when that share is below
+  every pool's cost, the cheapest pools alone go on).
+
+At each scheduling event (a tick at least `replan` seconds after the last plan) the placement follows
+Figure 2's step 4: (a) each pool's job consumption is measured, as seconds one job takes on one slot there
+(the mean turnaround of the bag's last `window` good results on the pool), and extrapolated to pools not
+measured yet by their relative speed (the pool ad's `Speed`; the simulator sets it from the pool's speed),
+else from the bag's `runtime` option, else from other bags' results on the pool; (b, c) the pools are sorted
+and grouped by cost (a pool's advertised price per unit of work: its price per CPU-hour, plus its pilot-hour
+price per slot, divided by its speed); (d, e) every job not started is planned anew: in a pull system a job
+is bound to no pool before a host of it asks, so a plan always reschedules all of them, as step 4(d) asks
+when availability changed. Step 5 (never overload a resource) is `limit`: a host of a pool gets at most the
+jobs planned there not yet sent, on slots the bag does not already fill there, and never more than the
+budget left pays for at the pool's cost per job, its running instances counted at full cost. `pilots` asks
+the overlay for the planned slots only, and for no new pilot whose first charging period the budget cannot
+pay. With no rate known anywhere yet the bag probes: one instance per pool of its cheapest group.
+
+The plan is computed wave by wave (a pool's slots finish a wave of jobs every `seconds per job`), so its cost
+is O(waves x log pools), not O(jobs x pools), and a bag of a million jobs plans in milliseconds.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from gridbot.core.ledger import Prices
+from gridbot.core.strategy import Migration, QosReport
+from gridbot.core.view import BagView, DispatchView, HostView
+from gridbot.model.spec import StrategyOption
+from gridbot.schedulers.base import Placement, StrategyError
+
+COST, TIME, COST_TIME, CONSERVATIVE = "cost", "time", "cost-time", "conservative-time"
+
+
+@dataclass
+class PoolEstimate:
+    """What a plan knows of one pool."""
+
+    name: str
+    prices: Prices
+    slots: int
+    """Slots the pool may give the bag at once (its pilots' limit x their slots, or its live hosts')."""
+    speed: float
+    seconds: float | None
+    """Seconds one job takes on one slot (None: unknown)."""
+    measured: bool
+    running: int
+    """The bag's instances running there at the plan."""
+    busy_until: float = 0.0
+    """Seconds from now until the running instances' remaining work would be done on all slots (fluid)."""
+    cpus: int = 1
+
+    @property
+    def unit_cost(self) -> float:
+        """The advertised price of a unit of work: what the paper's step 4(b) sorts and 4(c) groups by."""
+        return (self.prices.per_cpu_hour + self.prices.per_pilot_hour / max(1, self.cpus)) / self.speed
+
+    @property
+    def cost(self) -> float:
+        """Money one job costs there (0 when its time is unknown)."""
+        if self.seconds is None:
+            return 0.0
+        return self.seconds / 3600.0 * (self.prices.per_cpu_hour + self.prices.per_pilot_hour / max(1, self.cpus))
+
+
+@dataclass
+class Plan:
+    """Jobs planned per pool, and what the plan projects."""
+
+    assigned: dict[str, int] = field(default_factory=dict)
+    finish: dict[str, float] = field(default_factory=dict)
+    """Seconds from the plan until the pool's last planned job ends."""
+    unplanned: int = 0
+    cost: float = 0.0
+    """What the planned jobs will cost."""
+
+
+def plan_jobs(strategy: str, pools: Sequence[PoolEstimate], jobs: int, horizon: float, budget: float,
+              tolerance: float = 0.01) -> Plan:
+    """Plan `jobs` not yet started over `pools` (every one with a known time per job), to end within
+    `horizon` seconds (inf: no deadline) and cost at most `budget` (inf: no limit), by `strategy`."""
+    pools = [p for p in pools if p.seconds is not None and p.slots > 0]
+    plan = Plan()
+    if strategy == COST:
+        left = jobs
+        for p in sorted(pools, key=lambda p: (p.unit_cost, p.seconds, p.name)):
+            assert p.seconds is not None
+            waves = math.inf if math.isinf(horizon) else max(0, math.floor((horizon - p.busy_until) / p.seconds + 1e-9))
+            m = min(left, waves * p.slots, _affordable(budget, p.cost))
+            m = int(m)
+            if m > 0:
+                plan.assigned[p.name] = m
+                plan.finish[p.name] = p.busy_until + math.ceil(m / p.slots) * p.seconds
+                plan.cost += m * p.cost
+                budget -= m * p.cost
+                left -= m
+        plan.unplanned = left
+        return plan
+    if strategy == COST_TIME:
+        left = jobs
+        for group in _groups(pools, tolerance):
+            left, budget = _fill(plan, group, left, horizon, budget, per_job=False)
+            if left == 0:
+                break
+        plan.unplanned = left
+        return plan
+    plan.unplanned, _ = _fill(plan, pools, jobs, horizon, budget, per_job=strategy == CONSERVATIVE)
+    return plan
+
+
+def _affordable(budget: float, cost: float) -> float:
+    if cost <= 0 or math.isinf(budget):
+        return math.inf
+    return max(0, math.floor(budget / cost + 1e-9))
+
+
+def _groups(pools: Sequence[PoolEstimate], tolerance: float) -> list[list[PoolEstimate]]:
+    """Pools of the same advertised cost (within `tolerance`, relative), cheapest group first."""
+    groups: list[list[PoolEstimate]] = []
+    for p in sorted(pools, key=lambda p: (p.unit_cost, p.name)):
+        if groups and p.unit_cost <= groups[-1][0].unit_cost * (1 + tolerance) + 1e-12:
+            groups[-1].append(p)
+        else:
+            groups.append([p])
+    return groups
+
+
+def _fill(plan: Plan, pools: Sequence[PoolEstimate], jobs: int, horizon: float, budget: float,
+          per_job: bool) -> tuple[int, float]:
+    """Time optimization over `pools`: each wave of jobs to the pool where it completes first, if it completes
+    within `horizon` and the budget pays for it (`per_job`: only if the pool's cost per job is within the
+    budget left per job still to plan). Returns the jobs and budget left."""
+    heap = []
+    for i, p in enumerate(pools):
+        assert p.seconds is not None
+        heap.append((p.busy_until + p.seconds, p.seconds, i))
+    heapq.heapify(heap)
+    cheapest = min((p.cost for p in pools), default=0.0)
+    while jobs > 0 and heap:
+        t, seconds, i = heapq.heappop(heap)
+        if t > horizon + 1e-9:
+            break
+        p = pools[i]
+        if per_job and p.cost > max(budget / jobs, cheapest) + 1e-12:
+            continue  # (when the budget cannot pay every job even at the cheapest, the cheapest pools go on)
+        m = int(min(p.slots, jobs, _affordable(budget, p.cost)))
+        if m <= 0:
+            continue
+        plan.assigned[p.name] = plan.assigned.get(p.name, 0) + m
+        plan.finish[p.name] = t
+        plan.cost += m * p.cost
+        budget -= m * p.cost
+        jobs -= m
+        heapq.heappush(heap, (t + seconds, seconds, i))
+    return jobs, budget
+
+
+def _number(ad: Mapping[str, object] | None, key: str, default: float) -> float:
+    v = (ad or {}).get(key, default)
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) else default
+
+
+class DbcPlacement(Placement):
+    """Deadline- and budget-constrained placement: the base of the four optimizations (`strategy`)."""
+
+    name: ClassVar[str] = ""
+    strategy: ClassVar[str] = ""
+    host_dependent = True
+    counts_money = True
+    options: ClassVar[Mapping[str, StrategyOption]] = {
+        "runtime": 0.0,
+        "replan": 5.0,
+        "window": 50,
+        "cost_tolerance": 0.01,
+        "finish_late": False,
+    }
+    """runtime: seconds a job takes on a pool of speed 1, before any is measured (0: unknown, probe first);
+    replan: seconds between plans at most; window: good results per pool its rate is measured over;
+    cost_tolerance: relative difference of cost within which pools form one group (cost-time);
+    finish_late: once the deadline passed, go on with the jobs left (else nothing more is started, as the
+    paper's scheduler stops, and the bag says so)."""
+
+    @classmethod
+    def validate(cls, options: Mapping[str, StrategyOption]) -> None:
+        for key, low in (("runtime", 0.0), ("replan", 0.0), ("cost_tolerance", 0.0)):
+            v = options.get(key)
+            if isinstance(v, int | float) and not (low <= v < math.inf):
+                raise StrategyError(f"strategy option '{key}' must be a finite number >= {low:g}, not {v!r}")
+        w = options.get("window")
+        if isinstance(w, int) and not 1 <= w <= 10_000:
+            raise StrategyError(f"strategy option 'window' must be from 1 to 10000 results, not {w}")
+
+    def __init__(self, bag_id: int, seed: int, options: Mapping[str, StrategyOption]) -> None:
+        super().__init__(bag_id, seed, options)
+        self.planned_at = -math.inf
+        self.plan = Plan()
+        self.pools: dict[str, PoolEstimate] = {}
+        self.at_plan: dict[str, tuple[int, int]] = {}
+        """Per pool, the bag's (sent, running) there when it was planned."""
+        self.spent = 0.0
+        self.committed = 0.0
+        self.probing = False
+        self.report: QosReport | None = None
+
+    # -- the seam ---------------------------------------------------------------------------------
+
+    def rank(self, view: DispatchView, bag: BagView, host: HostView, rank: float, now: float) -> float | None:
+        self._maybe_plan(view, bag, now)
+        return rank if self._room(bag, host.pool, now) > 0 else None
+
+    def limit(self, view: DispatchView, bag: BagView, host: HostView, now: float) -> int | None:
+        self._maybe_plan(view, bag, now)
+        return self._room(bag, host.pool, now)
+
+    def pilots(self, view: DispatchView, bag: BagView, pools: Sequence[str], now: float) -> Mapping[str, int] | None:
+        self._maybe_plan(view, bag, now)
+        left = self._budget_left(bag)
+        wanted: dict[str, int] = {}
+        for name in pools:
+            room = self._room(bag, name, now)
+            p = self.pools.get(name)
+            if room <= 0 or p is None:
+                continue
+            per_pilot = p.prices.period / 3600.0 * p.prices.per_pilot_hour
+            if per_pilot > 0 and not math.isinf(left):
+                # slots beyond the pool's running pilots need new pilots, each paid a period up front
+                room = min(room, max(0, math.floor(left / per_pilot)) * p.cpus)
+                left -= math.ceil(room / p.cpus) * per_pilot
+            if room > 0:
+                wanted[name] = room
+        return wanted
+
+    def migrate(self, view: DispatchView, bag: BagView, now: float) -> Sequence[Migration]:
+        self._maybe_plan(view, bag, now)
+        return ()
+
+    def notes(self, view: DispatchView, bag: BagView, now: float) -> list[str]:
+        report = self.report
+        if report is None:
+            return []
+        out = []
+        spec = bag.spec
+        fix = f"raise them with `gridbot qos {spec.name} --deadline ... --budget ...`"
+        if report.deadline_at is not None and now >= report.deadline_at and bag.queued and not self.settings[
+                "finish_late"]:
+            out.append(f"the bag's deadline passed with {bag.queued:,} jobs not started: nothing more is started "
+                       f"({fix}, or set the strategy option finish_late = true)")
+        elif report.budget is not None and bag.queued and self._broke(bag):
+            out.append(f"the budget is spent ({report.spent:,.2f} spent, {report.committed:,.2f} committed, of "
+                       f"{report.budget:,.2f}; what is left pays for no job on any pool): nothing more is started; "
+                       f"{fix}")
+        elif report.unplanned:
+            finish = _when(report.projected_finish, now)
+            why = " and ".join(w for w, given in (("finish by the deadline", report.deadline_at is not None),
+                                                  ("be paid within the budget", report.budget is not None)) if given)
+            out.append(f"{report.unplanned:,} of the {bag.queued:,} jobs not started cannot {why} ({report.strategy}:"
+                       f" projected {finish}, cost {report.projected_cost:,.2f}"
+                       f"{'' if report.budget is None else f' of {report.budget:,.2f}'}); {fix}")
+        if self.probing:
+            out.append("no job has ended yet on any pool the bag may use: it probes with one instance per pool of "
+                       "the cheapest group until one does (give the strategy option runtime to plan from the start)")
+        return out
+
+    def qos(self, view: DispatchView, bag: BagView, now: float) -> QosReport | None:
+        self._maybe_plan(view, bag, now)
+        return self.report
+
+    # -- the plan ---------------------------------------------------------------------------------
+
+    def _maybe_plan(self, view: DispatchView, bag: BagView, now: float) -> None:
+        if now - self.planned_at >= self.number("replan") or now < self.planned_at:
+            self.replan(view, bag, now)
+
+    def replan(self, view: DispatchView, bag: BagView, now: float) -> None:
+        """Figure 2's step 4: measure, sort, group, plan every job not started."""
+        self.planned_at = now
+        spec = bag.spec
+        deadline = spec.deadline_at(bag.created_at)
+        horizon = math.inf if deadline is None else deadline - now
+        pools = self._estimates(view, bag, now)
+        self.pools = {p.name: p for p in pools}
+        self.at_plan = {p.name: bag.on_pool(p.name) for p in pools}
+        self.spent = view.bill(bag.bag_id).total
+        self.committed = sum(p.running * p.cost for p in pools)
+        budget = math.inf if spec.budget is None else spec.budget - self.spent - self.committed
+        jobs = bag.queued + bag.waiting_replicas
+        known = [p for p in pools if p.seconds is not None]
+        self.probing = not known and jobs > 0
+        late = horizon <= 0 and not self.settings["finish_late"]
+        if late:
+            self.plan = Plan(unplanned=jobs)
+        elif self.probing:
+            self.plan = self._probe(pools, jobs, budget)
+        else:
+            self.plan = plan_jobs(self.strategy, known, jobs, horizon if not self.settings["finish_late"] or horizon
+                                  > 0 else math.inf, budget, self.number("cost_tolerance"))
+        finish = max(self.plan.finish.values(), default=None)
+        running_end = max((p.busy_until for p in known if p.running), default=None)
+        ends = [t for t in (finish, running_end) if t is not None]
+        self.report = QosReport(
+            self.name, deadline, spec.budget, self.spent, self.committed,
+            self.spent + self.committed + self.plan.cost, now + max(ends) if ends and not self.probing else None,
+            dict(self.plan.assigned), self.plan.unplanned,
+            {p.name: p.seconds for p in pools if p.seconds is not None},
+            {p.name: p.cost for p in pools if p.seconds is not None}, now)
+
+    def _probe(self, pools: Sequence[PoolEstimate], jobs: int, budget: float) -> Plan:
+        plan = Plan()
+        groups = _groups([p for p in pools if p.slots > 0], 0.0)
+        if groups and budget > 0:
+            for p in groups[0]:
+                if jobs > 0 and p.running == 0:
+                    plan.assigned[p.name] = 1
+                    jobs -= 1
+        plan.unplanned = jobs
+        return plan
+
+    def _estimates(self, view: DispatchView, bag: BagView, now: float) -> list[PoolEstimate]:
+        """Figure 2's step 4(a): each usable pool's seconds per job, measured or extrapolated."""
+        live = view.pools(now)
+        names = [n for n in view.pool_names() if view.accepts_pool(bag.bag_id, n)]
+        names += [n for n, p in live.items() if p.hosts and view.pool_ad(n) is None and n not in names]
+        window = int(self.number("window"))
+        samples: dict[str, list[float]] = {}
+        for e in reversed(bag.history):
+            if e.success and e.ended_at is not None:
+                got = samples.setdefault(e.pool, [])
+                if len(got) < window:
+                    got.append(e.ended_at - e.sent_at)
+        running = view.running_by_pool(bag.bag_id)
+        out = []
+        for name in names:
+            ad = view.pool_ad(name)
+            pv = live.get(name)
+            cpus = max(1, int(_number(ad, "Cpus", 1)))
+            slots = int(_number(ad, "MaxRunning", 0)) * cpus if ad is not None else 0
+            slots = max(slots, pv.slots if pv is not None else 0)
+            speed = _number(ad, "Speed", 1.0)
+            speed = speed if speed > 0 else 1.0
+            durations = samples.get(name)
+            seconds = sum(durations) / len(durations) if durations else None
+            out.append(PoolEstimate(name, view.prices(name), slots, speed, seconds, seconds is not None,
+                                    len(running.get(name, ())), cpus=cpus))
+        measured = [p for p in out if p.measured]
+        for p in out:
+            if p.seconds is not None:
+                continue
+            if measured:
+                p.seconds = sorted(q.seconds * q.speed / p.speed for q in measured if q.seconds is not None)[
+                    len(measured) // 2]
+            elif self.number("runtime") > 0:
+                p.seconds = self.number("runtime") / p.speed
+            elif (pv := live.get(p.name)) is not None and pv.mean_turnaround > 0:
+                p.seconds = pv.mean_turnaround
+        for p in out:
+            if p.seconds is not None and p.running:
+                left = sum(max(p.seconds - (now - sent), 0.1 * p.seconds) for sent in running.get(p.name, ()))
+                p.busy_until = left / max(1, p.slots)
+        return out
+
+    # -- step 5 -----------------------------------------------------------------------------------
+
+    def _budget_left(self, bag: BagView) -> float:
+        """The budget less what is spent, what ran at the plan, and every instance sent since (at its pool's
+        cost per job)."""
+        budget = bag.spec.budget
+        if budget is None:
+            return math.inf
+        used = self.spent + self.committed
+        for name, (sent0, _) in self.at_plan.items():
+            p = self.pools[name]
+            used += max(0, bag.on_pool(name)[0] - sent0) * p.cost
+        return budget - used
+
+    def _broke(self, bag: BagView) -> bool:
+        """Whether the budget left pays for no job on any pool whose cost is known."""
+        costs = [p.cost for p in self.pools.values() if p.seconds is not None and p.slots > 0]
+        left = self._budget_left(bag)
+        return left <= 0 or (bool(costs) and left < min(costs))
+
+    def _room(self, bag: BagView, pool: str, now: float) -> int:
+        """How many more instances the bag may start on the pool now."""
+        p = self.pools.get(pool)
+        planned = self.plan.assigned.get(pool, 0)
+        if p is None or planned <= 0:
+            return 0
+        sent0, _ = self.at_plan.get(pool, (0, 0))
+        sent, running = bag.on_pool(pool)
+        room = min(planned - max(0, sent - sent0), p.slots - running)
+        if room <= 0:
+            return 0
+        left = self._budget_left(bag)
+        if left <= 0:
+            return 0
+        if p.cost > 0:
+            room = min(room, int(_affordable(left, p.cost)))
+        return max(0, room)
+
+
+def _when(t: float | None, now: float) -> str:
+    if t is None:
+        return "completion unknown"
+    return f"completion in {(t - now) / 60:,.1f} min"
+
+
+class CostPlacement(DbcPlacement):
+    """DBC cost optimization: the cheapest pools first, each with what it can finish by the deadline."""
+
+    name = COST
+    strategy = COST
+
+
+class TimePlacement(DbcPlacement):
+    """DBC time optimization: each job where it completes first, while the budget pays."""
+
+    name = TIME
+    strategy = TIME
+
+
+class CostTimePlacement(DbcPlacement):
+    """DBC cost-time optimization (the paper's): time optimization within each group of equally cheap pools."""
+
+    name = COST_TIME
+    strategy = COST_TIME
+
+
+class ConservativeTimePlacement(DbcPlacement):
+    """DBC conservative-time optimization: time optimization keeping the budget per job still to plan."""
+
+    name = CONSERVATIVE
+    strategy = CONSERVATIVE
+
+
+PLACEMENTS: tuple[type[DbcPlacement], ...] = (CostPlacement, TimePlacement, CostTimePlacement,
+                                              ConservativeTimePlacement)
