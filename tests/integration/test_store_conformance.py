@@ -522,3 +522,22 @@ def test_deleting_a_bag_deletes_its_decisions_and_prunes_the_events_only_it_cite
     store.delete_bag(kept.bag_id)
     assert _event_ids(store) == [9], "8 is no longer the highest, and nothing cites it"
 
+
+
+def test_a_restarted_dispatcher_bills_what_the_bags_spent_before(store):
+    """Issue 16: what each bag spent (core/ledger.py) is rebuilt from the store's instances after a restart,
+    the ended bags' too, and bills as before."""
+    row = store.create_bag(SPEC, None, {}, 1.0)
+    d, answer = drive(store, 6, 2.0)
+    d.pool_ads = {"local": {"PricePerCpuHour": 3600.0, "PricePerPilotHour": 36.0, "ChargingPeriod": 10.0}}
+    reports = [InstanceReport(a.instance_id, Outcome.SUCCESS, 0, 0.5 + a.index, 0.25) for a in answer.assignments[:4]]
+    reports.append(InstanceReport(answer.assignments[4].instance_id, Outcome.FAILURE, 1, 2.0, 0.1, reason="x"))
+    d, _ = drive(store, 0, 30.0, reports, d)
+    before = d.view.bill(row.bag_id)
+    assert before.total == pytest.approx(sum(r.wall_s for r in reports) + 3 * 10 / 3600 * 36)  # 3 started periods
+    snap = store.snapshot()
+    assert [(u.bag_id, u.host_id, u.instances) for u in snap.usage] == [(row.bag_id, "h1", 5)]
+    again = Dispatcher(DispatchConfig(check_invariants=True), factory())
+    again.restore(snap)
+    again.pool_ads = d.pool_ads
+    assert again.view.bill(row.bag_id) == before
