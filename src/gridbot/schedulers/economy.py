@@ -279,7 +279,8 @@ class DbcPlacement(Placement):
         return out
 
     def qos(self, view: DispatchView, bag: BagView, now: float) -> QosReport | None:
-        self._maybe_plan(view, bag, now)
+        """The last plan's report: looking does not plan (the simulator samples it, and what it samples must
+        not change what is decided)."""
         return self.report
 
     # -- the plan ---------------------------------------------------------------------------------
