@@ -29,8 +29,20 @@ def test_the_allocation_is_a_maximum_flow_on_random_instances():
         taken, left = max_flow(demands, capacity, sorted(pools, key=lambda _: rng.random()))
         flow = sum(taken.values())
         assert flow == min_cut(demands, capacity)
-        assert flow == sum(d.slots for d in demands) - sum(left.values())
+        assert flow == sum(d.slots for d in demands) - sum(left)
         assert all(0 <= taken[p] <= capacity[p] for p in pools)
+
+
+def test_a_bag_that_wants_slots_per_pool_gets_each_pool_its_own_slots():
+    """A placement's per-pool wish is one demand per pool: each bounded by its own slots. (The flow once had one
+    node per bag, so a bag wanting 1 slot on each of three pools, two of them full, got 3 pilots on the third:
+    DBC's budget for one pilot-hour pilot then paid three, issue 16.)"""
+    demands = [BagDemand(1, 1, frozenset({"fast"})), BagDemand(1, 1, frozenset({"mid"})),
+               BagDemand(1, 1, frozenset({"mid2"}))]
+    pools = [PoolCapacity("fast", 0, 0, 4, 1, (8.0, 0, "fast")), PoolCapacity("mid", 0, 0, 0, 1, (2.0, 0, "mid")),
+             PoolCapacity("mid2", 0, 0, 0, 1, (4.0, 0, "mid2"))]
+    p = plan(demands, pools)
+    assert p.submit == {"fast": 1} and p.unmet == {1: 2}
 
 
 def test_preferred_pools_fill_first_whatever_the_order_bags_come_in():

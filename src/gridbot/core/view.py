@@ -369,13 +369,14 @@ class DispatchView:
         terms = {h: HostTerm(r.info.pool, r.first_seen, r.last_seen) for h, r in self._s.hosts.items()}
         return self._s.ledger.idle_pilots(terms, self.prices)
 
-    def running_by_pool(self, bag_id: int) -> dict[str, list[float]]:
-        """When each running instance of the bag was sent, per pool of its host ("" for a host not known)."""
-        out: dict[str, list[float]] = {}
+    def running_by_pool(self, bag_id: int) -> dict[str, list[tuple[float, str]]]:
+        """The bag's running instances per pool of their host ("" for a host not known): when each was sent,
+        and its host."""
+        out: dict[str, list[tuple[float, str]]] = {}
         for inst in self._s.running.values():
             if inst.job.bag_id == bag_id:
                 h = self._s.hosts.get(inst.host_id)
-                out.setdefault(h.info.pool if h is not None else "", []).append(inst.sent_at)
+                out.setdefault(h.info.pool if h is not None else "", []).append((inst.sent_at, inst.host_id))
         return out
 
     def _term(self, host_id: str) -> HostTerm | None:

@@ -386,7 +386,9 @@ def parse_bag_deadline(value: object) -> dict[str, float]:
         zone = m.group(8)
         if zone is None:
             raise ValueError("an absolute deadline needs its time zone (add Z for UTC, or +01:00)")
-        if not (1 <= month <= 12 and 1 <= day <= 31 and hour <= 23 and minute <= 59 and second < 61):
+        leap = year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
+        days = (31, 29 if leap else 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+        if not (1 <= month <= 12 and 1 <= day <= days[month - 1] and hour <= 23 and minute <= 59 and second < 61):
             raise ValueError(f"{value.strip()!r} is not a valid time")
         offset = 0 if zone in "Zz" else (1 if zone[0] == "+" else -1) * (int(zone[1:3]) * 3600 + int(zone[-2:]) * 60)
         return {"bag_deadline_at": _days_from_civil(year, month, day) * 86400.0 + hour * 3600 + minute * 60 + second

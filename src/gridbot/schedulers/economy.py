@@ -37,7 +37,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from gridbot.core.ledger import Prices
@@ -47,6 +47,13 @@ from gridbot.model.spec import StrategyOption
 from gridbot.schedulers.base import Placement, StrategyError
 
 COST, TIME, COST_TIME, CONSERVATIVE = "cost", "time", "cost-time", "conservative-time"
+MIN_SECONDS = 1e-3
+"""The shortest time per job a plan takes (a result reported the instant it was sent measures 0)."""
+UNMEASURED_MARGIN = 1.25
+"""A job on a pool whose time per job comes from other bags' mean turnaround there is reserved at this much
+more (extrapolated from the bag's own pools, it is reserved at their longest; with `runtime`, at that)."""
+RUN_MARGIN = 1.25
+"""An instance running longer than any measured is reserved at this much more than it has run so far."""
 
 
 @dataclass
@@ -66,6 +73,19 @@ class PoolEstimate:
     busy_until: float = 0.0
     """Seconds from now until the running instances' remaining work would be done on all slots (fluid)."""
     cpus: int = 1
+    seconds_max: float | None = None
+    """The longest a job took there among those measured (what an instance is reserved at: a mean lets the
+    last jobs overrun the budget when run times vary)."""
+    reserved: float = 0.0
+    """What the bag's running instances there may still cost: each at the longer of `seconds_max` and a
+    quarter more than it has run, plus one charging period per pilot-hour host they run on (the period in
+    progress, which the ledger bills only once an instance of the bag ended there)."""
+
+    @property
+    def reserve(self) -> float:
+        """Money an instance started now is reserved at."""
+        longest = self.seconds_max if self.seconds_max is not None else self.seconds
+        return 0.0 if longest is None else longest / 3600.0 * self._hourly
 
     @property
     def unit_cost(self) -> float:
@@ -74,10 +94,14 @@ class PoolEstimate:
 
     @property
     def cost(self) -> float:
-        """Money one job costs there (0 when its time is unknown)."""
+        """Money one job costs there on average (0 when its time is unknown)."""
         if self.seconds is None:
             return 0.0
-        return self.seconds / 3600.0 * (self.prices.per_cpu_hour + self.prices.per_pilot_hour / max(1, self.cpus))
+        return self.seconds / 3600.0 * self._hourly
+
+    @property
+    def _hourly(self) -> float:
+        return self.prices.per_cpu_hour + self.prices.per_pilot_hour / max(1, self.cpus)
 
 
 @dataclass
@@ -96,7 +120,8 @@ def plan_jobs(strategy: str, pools: Sequence[PoolEstimate], jobs: int, horizon: 
               tolerance: float = 0.01) -> Plan:
     """Plan `jobs` not yet started over `pools` (every one with a known time per job), to end within
     `horizon` seconds (inf: no deadline) and cost at most `budget` (inf: no limit), by `strategy`."""
-    pools = [p for p in pools if p.seconds is not None and p.slots > 0]
+    pools = [p if p.seconds is None or p.seconds >= MIN_SECONDS else replace(p, seconds=MIN_SECONDS)
+             for p in pools if p.seconds is not None and p.slots > 0]
     plan = Plan()
     if strategy == COST:
         left = jobs
@@ -153,13 +178,22 @@ def _fill(plan: Plan, pools: Sequence[PoolEstimate], jobs: int, horizon: float, 
         heap.append((p.busy_until + p.seconds, p.seconds, i))
     heapq.heapify(heap)
     cheapest = min((p.cost for p in pools), default=0.0)
+    skipped: set[int] = set()
     while jobs > 0 and heap:
         t, seconds, i = heapq.heappop(heap)
         if t > horizon + 1e-9:
             break
         p = pools[i]
         if per_job and p.cost > max(budget / jobs, cheapest) + 1e-12:
-            continue  # (when the budget cannot pay every job even at the cheapest, the cheapest pools go on)
+            # too dear for the budget per job left now; as cheaper waves are planned that share may grow, so
+            # the pool stays for its next wave (when the budget cannot pay every job even at the cheapest,
+            # the cheapest pools go on), until every pool left was passed over in a row
+            skipped.add(i)
+            if len(skipped) == len(heap) + 1:
+                break
+            heapq.heappush(heap, (t + seconds, seconds, i))
+            continue
+        skipped.clear()
         m = int(min(p.slots, jobs, _affordable(budget, p.cost)))
         if m <= 0:
             continue
@@ -299,7 +333,7 @@ class DbcPlacement(Placement):
         self.pools = {p.name: p for p in pools}
         self.at_plan = {p.name: bag.on_pool(p.name) for p in pools}
         self.spent = view.bill(bag.bag_id).total
-        self.committed = sum(p.running * p.cost for p in pools)
+        self.committed = sum(p.reserved for p in pools)
         budget = math.inf if spec.budget is None else spec.budget - self.spent - self.committed
         jobs = bag.queued + bag.waiting_replicas
         known = [p for p in pools if p.seconds is not None]
@@ -356,43 +390,53 @@ class DbcPlacement(Placement):
             speed = _number(ad, "Speed", 1.0)
             speed = speed if speed > 0 else 1.0
             durations = samples.get(name)
-            seconds = sum(durations) / len(durations) if durations else None
+            seconds = max(MIN_SECONDS, sum(durations) / len(durations)) if durations else None
             out.append(PoolEstimate(name, view.prices(name), slots, speed, seconds, seconds is not None,
-                                    len(running.get(name, ())), cpus=cpus))
+                                    len(running.get(name, ())), cpus=cpus,
+                                    seconds_max=max(MIN_SECONDS, *durations) if durations else None))
         measured = [p for p in out if p.measured]
         for p in out:
             if p.seconds is not None:
                 continue
             if measured:
-                p.seconds = sorted(q.seconds * q.speed / p.speed for q in measured if q.seconds is not None)[
-                    len(measured) // 2]
-            elif self.number("runtime") > 0:
-                p.seconds = self.number("runtime") / p.speed
+                ratios = sorted((q.seconds * q.speed / p.speed, (q.seconds_max or 0.0) * q.speed / p.speed)
+                                for q in measured if q.seconds is not None)
+                p.seconds, p.seconds_max = ratios[len(ratios) // 2]
+            elif self.number("runtime") > 0:  # the owner's figure: trusted as it is
+                p.seconds = p.seconds_max = max(MIN_SECONDS, self.number("runtime") / p.speed)
             elif (pv := live.get(p.name)) is not None and pv.mean_turnaround > 0:
-                p.seconds = pv.mean_turnaround
+                p.seconds = max(MIN_SECONDS, pv.mean_turnaround)
+                p.seconds_max = p.seconds * UNMEASURED_MARGIN
         for p in out:
-            if p.seconds is not None and p.running:
-                left = sum(max(p.seconds - (now - sent), 0.1 * p.seconds) for sent in running.get(p.name, ()))
+            runs = running.get(p.name, ())
+            if p.seconds is not None and runs:
+                left = sum(max(p.seconds - (now - sent), 0.1 * p.seconds) for sent, _ in runs)
                 p.busy_until = left / max(1, p.slots)
+            if runs:
+                longest = p.seconds_max or 0.0
+                p.reserved = sum(max(longest, RUN_MARGIN * (now - sent)) for sent, _ in runs) / 3600.0 * p._hourly
+                if p.prices.per_pilot_hour > 0:
+                    hosts = len({host for _, host in runs})
+                    p.reserved += hosts * p.prices.period / 3600.0 * p.prices.per_pilot_hour
         return out
 
     # -- step 5 -----------------------------------------------------------------------------------
 
     def _budget_left(self, bag: BagView) -> float:
-        """The budget less what is spent, what ran at the plan, and every instance sent since (at its pool's
-        cost per job)."""
+        """The budget less what is spent, what the instances running at the plan are reserved at, and every
+        instance sent since (at its pool's reserve)."""
         budget = bag.spec.budget
         if budget is None:
             return math.inf
         used = self.spent + self.committed
         for name, (sent0, _) in self.at_plan.items():
             p = self.pools[name]
-            used += max(0, bag.on_pool(name)[0] - sent0) * p.cost
+            used += max(0, bag.on_pool(name)[0] - sent0) * p.reserve
         return budget - used
 
     def _broke(self, bag: BagView) -> bool:
         """Whether the budget left pays for no job on any pool whose cost is known."""
-        costs = [p.cost for p in self.pools.values() if p.seconds is not None and p.slots > 0]
+        costs = [p.reserve for p in self.pools.values() if p.seconds is not None and p.slots > 0]
         left = self._budget_left(bag)
         return left <= 0 or (bool(costs) and left < min(costs))
 
@@ -410,8 +454,8 @@ class DbcPlacement(Placement):
         left = self._budget_left(bag)
         if left <= 0:
             return 0
-        if p.cost > 0:
-            room = min(room, int(_affordable(left, p.cost)))
+        if p.reserve > 0:
+            room = min(room, int(_affordable(left, p.reserve)))
         return max(0, room)
 
 

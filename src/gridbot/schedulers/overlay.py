@@ -99,35 +99,39 @@ class _Flow:
 
 
 def max_flow(demands: Sequence[BagDemand], capacity: Mapping[str, int],
-             order: Sequence[str] | None = None) -> tuple[dict[str, int], dict[int, int]]:
-    """Route bag demand to pool capacity; return the slots each pool takes and the demand left per bag.
+             order: Sequence[str] | None = None) -> tuple[dict[str, int], list[int]]:
+    """Route demand to pool capacity; return the slots each pool takes and the demand left of each of
+    `demands` (one node per demand: a bag whose placement wants slots per pool has one demand per pool, each
+    bounded by its own slots).
 
     Pools are added in `order` (default: as given) and the flow augmented after each.
     """
     g = _Flow()
-    bag_node = {d.bag_id: 2 + i for i, d in enumerate(demands)}
+    node = [2 + i for i in range(len(demands))]
     names = list(order) if order is not None else list(capacity)
     pool_node = {p: 2 + len(demands) + i for i, p in enumerate(names)}
-    for d in demands:
-        g.edge(0, bag_node[d.bag_id], d.slots)
+    for i, d in enumerate(demands):
+        g.edge(0, node[i], d.slots)
     for p in names:
-        for d in demands:
+        for i, d in enumerate(demands):
             if p in d.pools:
-                g.edge(bag_node[d.bag_id], pool_node[p], d.slots)
+                g.edge(node[i], pool_node[p], d.slots)
         g.edge(pool_node[p], 1, capacity[p])
         g.augment()
     taken = {p: g.used(pool_node[p], 1, capacity[p]) for p in names}
-    left = {d.bag_id: g.cap[0][bag_node[d.bag_id]] for d in demands}
-    return taken, left
+    return taken, [g.cap[0][node[i]] for i in range(len(demands))]
 
 
 def plan(demands: Sequence[BagDemand], pools: Sequence[PoolCapacity]) -> Plan:
     """Pilots to submit to each pool and queued pilots to cancel, for the current demand."""
     demands = [d for d in demands if d.slots > 0]
     existing, rest = max_flow(demands, {p.name: max(0, p.spare_slots) for p in pools})
-    residual = [BagDemand(d.bag_id, rest[d.bag_id], d.pools) for d in demands]
+    residual = [BagDemand(d.bag_id, left, d.pools) for d, left in zip(demands, rest, strict=True)]
     order = [p.name for p in sorted(pools, key=lambda p: p.preference)]
-    added, unmet = max_flow(residual, {p.name: max(0, p.new_pilots) * p.pilot_slots for p in pools}, order)
+    added, left_after = max_flow(residual, {p.name: max(0, p.new_pilots) * p.pilot_slots for p in pools}, order)
+    unmet: dict[int, int] = {}
+    for d, n in zip(residual, left_after, strict=True):
+        unmet[d.bag_id] = unmet.get(d.bag_id, 0) + n
     submit, cancel = {}, {}
     for p in pools:
         n = -(-added[p.name] // p.pilot_slots)
