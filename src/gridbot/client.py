@@ -42,6 +42,7 @@ from gridbot.policy.policies import PolicyError, validate_policies
 from gridbot.protocol import (
     DEFAULT_PORT,
     MSGPACK,
+    BagHistory,
     BagInfo,
     CostInfo,
     Deleted,
@@ -54,6 +55,7 @@ from gridbot.protocol import (
     PolicyChange,
     PoolInfo,
     QosChange,
+    QueueInfo,
     ResultInfo,
     RetryAnswer,
     RetryRequest,
@@ -305,6 +307,10 @@ class Client:
         return self._request("POST", f"/v1/bags/{_q(ref)}/strategy", body, BagInfo,  # type: ignore[no-any-return]
                              "application/json")
 
+    def levels(self) -> list[QueueInfo]:
+        """The execution hierarchy's queues with their limits and load (empty: the server has none)."""
+        return self._request("GET", "/v1/levels", None, list[QueueInfo])  # type: ignore[no-any-return]
+
     def set_qos(self, ref: str | int, change: QosChange) -> BagInfo:
         """Change a running bag's deadline or budget; its placement plans with them from the next decision on."""
         return self._request("POST", f"/v1/bags/{_q(ref)}/qos", msgspec.json.encode(change), BagInfo,  # type: ignore[no-any-return]
@@ -317,6 +323,11 @@ class Client:
     def plan_input(self, ref: str | int) -> PlanInput:
         """A running bag's instances so far, tasks left and pools: what `gridbot plan` characterizes."""
         return self._request("GET", f"/v1/bags/{_q(ref)}/history", None, PlanInput)  # type: ignore[no-any-return]
+
+    def bag_history(self, ref: str | int) -> BagHistory:
+        """Every instance of a bag, running or ended, as the server stored it: what `gridbot plan --from-bag`
+        characterizes the pools from."""
+        return self._request("GET", f"/v1/bags/{_q(ref)}/instances", None, BagHistory)  # type: ignore[no-any-return]
 
     def cancel(self, ref: str | int) -> BagInfo:
         return self._request("POST", f"/v1/bags/{_q(ref)}/cancel", b"", BagInfo)  # type: ignore[no-any-return]

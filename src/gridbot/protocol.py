@@ -10,7 +10,7 @@ import msgspec
 
 from gridbot.core.changes import BagCounts, Decision, Event
 from gridbot.core.ledger import PoolBill
-from gridbot.core.strategy import QosReport, TailPlan
+from gridbot.core.strategy import LevelReport, QosReport, TailPlan
 from gridbot.model.records import Assignment, HostInfo, InstanceReport, Int64, Label
 from gridbot.model.spec import BagSpec, StrategyChoice
 from gridbot.schedulers.expert.planner import Observed
@@ -85,6 +85,34 @@ class BagInfo(msgspec.Struct, frozen=True):
     """What it has spent on priced pools so far (`gridbot cost` breaks it down)."""
     qos: QosReport | None = None
     """Its placement's plan for its deadline and budget (DBC's), while it runs."""
+    level: LevelReport | None = None
+    """Where the execution hierarchy holds it (its queue, level, complexity, migrations), while it runs."""
+
+
+class QueueInfo(msgspec.Struct, frozen=True):
+    """A queue of the execution hierarchy with its limits and load (`gridbot levels`)."""
+
+    name: str
+    level: int
+    pools: list[str]
+    queue_time_limit: float
+    exec_time_limit: float
+    max_cpus: int
+    performance: float
+    """P as used: given, or the pools' `Speed`, else 1."""
+    max_bags: int | None
+    policies: list[str]
+    at_lowest: str
+    work: float
+    """Q: the remaining work of the bags it holds, CPU-seconds of a speed-1 CPU, as of the last step."""
+    queue_limit: float
+    """C_q for a CPU-bound bag (beta 1)."""
+    exec_limit: float
+    """C_e for a CPU-bound bag."""
+    bags: list[str]
+    """Its bags, head first."""
+    running: int
+    """Instances its bags run on its pools."""
 
 
 class QosChange(msgspec.Struct, frozen=True):
@@ -117,6 +145,21 @@ class PlanInput(msgspec.Struct, frozen=True):
     strategy: StrategyChoice
     observed: Observed
     tail_plan: TailPlan | None = None
+
+
+class BagHistory(msgspec.Struct, frozen=True):
+    """Every instance of a bag as the server stored it (`GET /v1/bags/{bag}/instances`): what `gridbot plan
+    --from-bag` characterizes the pools from, offline (`gridbot.schedulers.expert.history`)."""
+
+    bag: str
+    state: str
+    instance_deadline: float
+    """The bag's instance deadline (its throughput phase's D): an instance out longer without a word was lost."""
+    reliable_pools: list[str]
+    """The pools the server takes for reliable (ExPERT's reliable pools)."""
+    instances: list[tuple[float, float | None, bool, str]]
+    """(sent_at, ended_at, success, pool) per instance whose outcome the store knows or that is still out
+    (ended_at None: lost, or out); those cancelled or given back are left out."""
 
 
 class JobInfo(msgspec.Struct, frozen=True):

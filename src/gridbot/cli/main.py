@@ -206,7 +206,8 @@ def server(db: str, host: str, port: int, dispatch: DispatchConfig, max_jobs: in
     """
     from aiohttp import web
 
-    from gridbot.model.pools import PoolSpec, parse_pools
+    from gridbot.model.hierarchy import QueueSpec
+    from gridbot.model.pools import PoolSpec, parse_pools_file
     from gridbot.server import secure
     from gridbot.server.app import Server
     from gridbot.server.service import Service, ServiceConfig
@@ -214,12 +215,13 @@ def server(db: str, host: str, port: int, dispatch: DispatchConfig, max_jobs: in
 
     logging.getLogger("gridbot").setLevel(min(logging.INFO, logging.getLogger().level))
     pool_specs: list[PoolSpec] = []
+    queues: list[QueueSpec] = []
     if pools_file is not None:
         try:
             text = pools_file.read_text()
         except OSError as e:
             raise GridbotError(f"cannot read pools file {pools_file}: {e.strerror}") from e
-        pool_specs = parse_pools(text, str(pools_file))
+        pool_specs, queues = parse_pools_file(text, str(pools_file))
     secure.check_options(host, no_auth, tls_mode, tls_cert, tls_key)
     store = open_store(db)  # a wrong --db is refused before any key or certificate is made
     try:
@@ -231,7 +233,7 @@ def server(db: str, host: str, port: int, dispatch: DispatchConfig, max_jobs: in
     if dispatch.failover_after and not dispatch.reliable_pools:
         raise click.UsageError("--failover-after needs at least one --reliable-pool to send the jobs to")
     config = ServiceConfig(dispatch, max_jobs=max_jobs, heartbeat=heartbeat,
-                           max_bags_per_submitter=max_bags_per_submitter)
+                           max_bags_per_submitter=max_bags_per_submitter, queues=tuple(queues))
     service = Service(store, config)
     overlay = None
     if pools_file is not None:
@@ -380,6 +382,26 @@ def status(server: str | None, access: Path | None, admin: bool, as_json: bool) 
                 render.console.print(plan, soft_wrap=True, markup=False)
             if (line := render.money(b)) is not None:
                 render.console.print(line, soft_wrap=True, markup=False)
+            if (line := render.level(b)) is not None:
+                render.console.print(line, soft_wrap=True, markup=False)
+
+
+@cli.command()
+@server_option
+@access_option
+@admin_option
+@json_option
+@friendly
+def levels(server: str | None, access: Path | None, admin: bool, as_json: bool) -> None:
+    """The execution hierarchy's queues: their levels, limits, work and bags (docs/hierarchy.md)."""
+    with Client(server, access=access, admin=admin) as client:
+        queues = client.levels()
+    if as_json:
+        render.print_json(queues)
+    elif not queues:
+        click.echo("this server has no queues: declare [queues.NAME] in its pools file (docs/hierarchy.md)")
+    else:
+        render.console.print(render.levels_table(queues))
 
 
 @cli.command()

@@ -23,7 +23,7 @@ from rich.progress import (
 from rich.table import Table
 
 from gridbot.model.states import BagState, JobState
-from gridbot.protocol import BagInfo, CostInfo, HostInfoRow, JobInfo, JobLog, PoolInfo
+from gridbot.protocol import BagInfo, CostInfo, HostInfoRow, JobInfo, JobLog, PoolInfo, QueueInfo
 
 
 def _width(stream: object) -> int | None:
@@ -143,6 +143,32 @@ def money(bag: BagInfo, now: float | None = None) -> str | None:
     where = f" ({q.strategy}: {', '.join(f'{p} {n:,}' for p, n in sorted(q.planned.items()))} planned)" if (
         q is not None and q.planned) else ""
     return f"bag {bag.name}: " + "; ".join(parts) + where
+
+
+def level(bag: BagInfo) -> str | None:
+    """One paragraph on where the execution hierarchy holds the bag and how it got there."""
+    lv = bag.level
+    if lv is None:
+        return None
+    work = "unknown" if lv.complexity is None else f"{lv.complexity:,.0f} CPU-s ({lv.source})"
+    text = (f"bag {bag.name}: level {lv.level}, queue {lv.queue}, position {lv.position}; remaining work {work}; "
+            f"{duration(lv.queued_for)} in the queue, running {duration(lv.running_for)}")
+    if lv.ended:
+        text += f"; ended: {lv.ended}"
+    for at, src, dst, why in lv.migrations:
+        text += f"\n  {ago(at)}: {src} -> {dst or 'end'}: {why}"
+    return text
+
+
+def levels_table(queues: Sequence[QueueInfo]) -> Table:
+    """The hierarchy's queues, top level first (`gridbot levels`)."""
+    t = _table("LEVEL", "QUEUE", "POOLS", "TQ", "TE", "N", "P", "WORK", "C_Q", "C_E", "RUNNING", "BAGS",
+               right=("LEVEL", "TQ", "TE", "N", "P", "WORK", "C_Q", "C_E", "RUNNING"))
+    for q in queues:
+        t.add_row(str(q.level), q.name, ", ".join(q.pools), duration(q.queue_time_limit), duration(q.exec_time_limit),
+                  str(q.max_cpus), f"{q.performance:g}", f"{q.work:,.0f}", f"{q.queue_limit:,.0f}",
+                  f"{q.exec_limit:,.0f}", f"{q.running:,}", ", ".join(q.bags[:5]) + (" ..." if len(q.bags) > 5 else ""))
+    return t
 
 
 def cost_table(info: CostInfo) -> Table:

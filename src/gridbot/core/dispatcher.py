@@ -30,7 +30,7 @@ from gridbot.core.feeder import FeedRequest
 from gridbot.core.hosts import QUICK_FAILURE_S
 from gridbot.core.kernel import Kernel
 from gridbot.core.records import BagRecord, HostRecord, Instance, Job, State, guarded
-from gridbot.core.strategy import Choice, Migration, QosReport, StrategyFactory
+from gridbot.core.strategy import Choice, LevelReport, Migration, QosReport, StrategyFactory
 from gridbot.core.view import BagView, DispatchView
 from gridbot.model.records import Assignment, HostInfo, InstanceReport, Outcome
 from gridbot.model.spec import BagSpec, output_name_problem
@@ -221,6 +221,14 @@ class Dispatcher:
                         BagView(bag), now)
         failed = [bag.strategy_error] if bag.strategy_error else []
         return [*stuck(self._s, bag, now), *notes, *bag.policies.messages(), *failed]
+
+    def level(self, bag_id: int, now: float) -> LevelReport | None:
+        """Where the execution hierarchy holds an active bag (None: its placement has no levels)."""
+        bag = self._s.bags.get(bag_id)
+        if bag is None:
+            return None
+        return guarded(bag, f"placement={bag.placement.name} level", None, bag.placement.level, self.view,
+                       BagView(bag), now)
 
     def qos(self, bag_id: int, now: float) -> QosReport | None:
         """An active bag's deadline and budget as its placement plans them (None: it does not, or the bag is
@@ -419,6 +427,11 @@ class Dispatcher:
         counted, and they are queued again for hosts of those pools only."""
         k, s = self._k, self._s
         for bag in list(s.bags.values()):
+            end: str | None = guarded(bag, f"placement={bag.placement.name} terminate", None,
+                                      bag.placement.terminate, self.view, BagView(bag), now)
+            if end is not None and not bag.closing:
+                self._end_bag(bag, f"ended by placement={bag.placement.name}: {end}", now, changes)
+                continue
             moves: Sequence[Migration] = guarded(bag, f"placement={bag.placement.name} migrate", (),
                                                  bag.placement.migrate, self.view, BagView(bag), now)
             for job_id, pools, why in list(moves):
@@ -441,16 +454,22 @@ class Dispatcher:
         bag = self._s.bags.get(bag_id)
         if bag is None or bag.state is not BagState.ACTIVE:
             return k.seal(changes)
+        self._end_bag(bag, "bag cancelled", now, changes)
+        return k.seal(changes)
+
+    def _end_bag(self, bag: BagRecord, reason: str, now: float, changes: Changes) -> None:
+        """Cancel the bag's queued and running jobs (its hosts are told to kill them) and close it, cancelled;
+        its results stay."""
+        k = self._k
         bag.closing = True
-        held = [j for j in self._s.jobs.values() if j.bag_id == bag_id]
+        held = [j for j in self._s.jobs.values() if j.bag_id == bag.bag_id]
         for job in held + list(bag.window.buffer) + list(bag.retry) + list(bag.failover):
             if job.state not in JOB_TERMINAL:
-                k.finish_job(job, JobState.CANCELLED, "bag cancelled", now, changes)
+                k.finish_job(job, JobState.CANCELLED, reason, now, changes)
         bag.counts.cancelled += bag.counts.queued
         bag.counts.queued = 0
-        changes.cancelled_bags.append(bag_id)
+        changes.cancelled_bags.append(bag.bag_id)
         k.close_bag(bag, BagState.CANCELLED, now, changes)
-        return k.seal(changes)
 
     def retry(self, bag: BagSnapshot, state: BagState, failed: Sequence[QueuedJob], now: float) -> Changes:
         """The owner queues failed jobs of a bag again (`JOB_RETRY`), each with its failure count reset so

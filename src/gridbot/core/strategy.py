@@ -101,6 +101,28 @@ class QosReport(msgspec.Struct, frozen=True):
     planned_at: float
 
 
+class LevelReport(msgspec.Struct, frozen=True):
+    """Where the grid execution hierarchy holds a bag (`gridbot status`): its queue and level, its estimated
+    complexity, how long it has been there, and its migrations so far (the bag's story of moves)."""
+
+    queue: str
+    level: int
+    position: int
+    """Its place in the queue's FCFS order (1: the head)."""
+    complexity: float | None
+    """Its remaining work as estimated, in CPU-seconds of a speed-1 CPU (None: unknown yet)."""
+    source: str
+    """Where the estimate comes from: "given", "measured", or "unknown"."""
+    queued_for: float
+    """Seconds since it entered its queue (the paper's t_q)."""
+    running_for: float
+    """Seconds since its first instance was sent in this queue (t_e; 0 before)."""
+    migrations: list[tuple[float, str, str, str]] = msgspec.field(default_factory=list)
+    """(when, from queue, to queue, why), oldest first."""
+    ended: str = ""
+    """Why the hierarchy ended it ("": it did not)."""
+
+
 class TailStrategy(Protocol):
     """When a bag is in its tail, which of its running jobs get another instance, and instance deadlines."""
 
@@ -165,6 +187,15 @@ class PlacementStrategy(Protocol):
 
     def qos(self, view: DispatchView, bag: BagView, now: float) -> QosReport | None:
         """The bag's deadline and budget as the placement plans them (None: it does not plan for them)."""
+        ...
+
+    def level(self, view: DispatchView, bag: BagView, now: float) -> LevelReport | None:
+        """Where the execution hierarchy holds the bag (None: the placement has no levels)."""
+        ...
+
+    def terminate(self, view: DispatchView, bag: BagView, now: float) -> str | None:
+        """A reason to end the bag now, its unfinished jobs cancelled and its results kept (the hierarchy's
+        lowest level ends a bag that violates its limits); None: go on. Called on every tick."""
         ...
 
 

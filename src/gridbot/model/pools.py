@@ -27,6 +27,7 @@ from typing import Any
 
 import msgspec
 
+from gridbot.model.hierarchy import QueueSpec, parse_queues
 from gridbot.model.spec import Problem, SpecError, closest, key_lines, parse_duration
 
 RELIABILITY = ("unreliable", "reliable", "volunteer")
@@ -142,6 +143,12 @@ class PoolSpec(msgspec.Struct, frozen=True):
 
 def parse_pools(text: str, source: str) -> list[PoolSpec]:
     """Validate a pools file into PoolSpecs, or raise SpecError with every problem."""
+    return parse_pools_file(text, source)[0]
+
+
+def parse_pools_file(text: str, source: str) -> tuple[list[PoolSpec], list[QueueSpec]]:
+    """Validate a pools file into its pools and the hierarchy's queues (docs/hierarchy.md), or raise SpecError
+    with every problem."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -155,16 +162,18 @@ def parse_pools(text: str, source: str) -> list[PoolSpec]:
         problems.append(Problem(message, line, hint))
 
     for key in data:
-        if key != "pools":
-            fail((key,), f"unknown key '{key}'", "a pools file has one table per pool: [pools.NAME]")
+        if key not in ("pools", "queues"):
+            fail((key,), f"unknown key '{key}'", "a pools file has one table per pool, [pools.NAME], and the "
+                 "hierarchy's queues, [queues.NAME]")
     pools = data.get("pools", {})
     if not isinstance(pools, dict) or not pools:
         fail(("pools",), "no pools are defined", '[pools.here]\nkind = "local"')
         raise SpecError(source, problems)
     out = [p for name, table in pools.items() if (p := _pool(name, table, fail)) is not None]
+    queues = parse_queues(data["queues"], list(pools), fail) if "queues" in data else []
     if problems:
         raise SpecError(source, problems)
-    return out
+    return out, queues
 
 
 def _pool(name: str, table: object, fail: Any) -> PoolSpec | None:

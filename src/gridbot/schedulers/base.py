@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
-from gridbot.core.strategy import Choice, Migration, QosReport, TailPlan
+from gridbot.core.strategy import Choice, LevelReport, Migration, QosReport, TailPlan
 from gridbot.core.view import BagView, DispatchView, HostView
 from gridbot.errors import GridbotError
 from gridbot.model.spec import StrategyOption
@@ -104,4 +104,10 @@ class Placement(Strategy):
         return []
 
     def qos(self, view: DispatchView, bag: BagView, now: float) -> QosReport | None:
+        return None
+
+    def level(self, view: DispatchView, bag: BagView, now: float) -> LevelReport | None:
+        return None
+
+    def terminate(self, view: DispatchView, bag: BagView, now: float) -> str | None:
         return None

@@ -5,14 +5,18 @@ Adding a strategy is one module (a subclass of `TailStrategy` or `Placement`) an
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
-from gridbot.core.strategy import BagStrategies, StrategyFactory
+import msgspec
+
+from gridbot.core.strategy import BagStrategies
+from gridbot.model.hierarchy import QueueSpec
 from gridbot.model.spec import BagSpec, StrategyChoice, closest
 from gridbot.schedulers.base import Placement, StrategyError, TailStrategy
 from gridbot.schedulers.economy import PLACEMENTS as DBC_PLACEMENTS
 from gridbot.schedulers.expert.tail import ExpertTail
+from gridbot.schedulers.hierarchy import Hierarchy, HierarchyPlacement
 from gridbot.schedulers.placement import GridBotPlacement
 from gridbot.schedulers.replication import GridBotTail
 
@@ -22,13 +26,18 @@ TAILS: dict[str, type[TailStrategy]] = {
 }
 PLACEMENTS: dict[str, type[Placement]] = {
     GridBotPlacement.name: GridBotPlacement,
+    HierarchyPlacement.name: HierarchyPlacement,
     **{p.name: p for p in DBC_PLACEMENTS},
 }
 
 
-def check_bag(spec: BagSpec) -> None:
-    """`check` the bag's `[strategy]`, and refuse a deadline or a budget its placement would not keep."""
+def check_bag(spec: BagSpec, hierarchy: bool | None = None) -> None:
+    """`check` the bag's `[strategy]`, and refuse a deadline or a budget its placement would not keep, and the
+    hierarchy's placement where there are no queues (`hierarchy`: whether there are; None: not known here)."""
     check(spec.strategy)
+    if hierarchy is False and spec.strategy.placement == HierarchyPlacement.name:
+        raise StrategyError("placement 'hierarchy' needs queues, and this server has none: declare [queues.NAME] "
+                            "in its pools file (docs/hierarchy.md), or choose another placement")
     qos = [k for k, v in (("bag_deadline", spec.bag_deadline), ("bag_deadline", spec.bag_deadline_at),
                           ("budget", spec.budget)) if v is not None]
     if qos and not PLACEMENTS[spec.strategy.placement].counts_money:
@@ -57,18 +66,38 @@ def check(choice: StrategyChoice) -> None:
     placement.validate(choice.options)
 
 
-def factory(seed: int = 1) -> StrategyFactory:
-    """Makes a bag's strategies from its spec (checked at submission with `check`); `seed` seeds the
-    strategies' random draws, different per bag."""
+class Factory:
+    """Makes a bag's strategies from its spec (checked at submission with `check_bag`); `seed` seeds the
+    strategies' random draws, different per bag. With `queues` (the pools file's hierarchy) every bag whose
+    placement is "hierarchy" shares one `Hierarchy` (`hierarchy`)."""
 
-    def make(bag_id: int, spec: BagSpec) -> BagStrategies:
+    def __init__(self, seed: int = 1, queues: Sequence[QueueSpec] = ()) -> None:
+        self.seed = seed
+        self.hierarchy = Hierarchy(queues) if queues else None
+
+    def __call__(self, bag_id: int, spec: BagSpec) -> BagStrategies:
         choice = spec.strategy
-        bag_seed = seed + (bag_id - 1) * 7919
+        bag_seed = self.seed + (bag_id - 1) * 7919
         tail = _lookup("tail", choice.tail, TAILS)(bag_id, bag_seed, choice.options)
-        placement = _lookup("placement", choice.placement, PLACEMENTS)(bag_id, bag_seed, choice.options)
+        cls = _lookup("placement", choice.placement, PLACEMENTS)
+        if cls is HierarchyPlacement:
+            placement: Placement = HierarchyPlacement(bag_id, bag_seed, choice.options, self.hierarchy)
+        else:
+            placement = cls(bag_id, bag_seed, choice.options)
         return BagStrategies(tail, placement)
 
-    return make
+
+def factory(seed: int = 1, queues: Sequence[QueueSpec] = ()) -> Factory:
+    """The factory the server and the simulator give the dispatcher (`Factory`)."""
+    return Factory(seed, queues)
+
+
+def default_placement(spec: BagSpec, hierarchy: bool) -> BagSpec:
+    """The spec, with placement "hierarchy" where the server has queues and the bag names GridBot's default
+    placement: on such a server every bag is served at its level unless it asks otherwise."""
+    if not hierarchy or spec.strategy.placement != "gridbot":
+        return spec
+    return msgspec.structs.replace(spec, strategy=msgspec.structs.replace(spec.strategy, placement="hierarchy"))
 
 
 S = TypeVar("S")

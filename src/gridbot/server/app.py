@@ -115,6 +115,7 @@ PERMISSIONS: dict[tuple[str, str], frozenset[Role]] = {
     ("GET", "/v1/bags/{bag}/inputs/{name}"): frozenset(("admin", "submitter", "host")),
     ("GET", "/v1/hosts"): USERS,
     ("GET", "/v1/pools"): USERS,
+    ("GET", "/v1/levels"): USERS,
 }
 """Which roles may use each route. The check is made once, in the `_authenticate` middleware, before any
 handler; a route missing here is refused to everyone (a new endpoint cannot be left open by mistake)."""
@@ -246,6 +247,7 @@ class Server:
             web.get("/v1/bags/{bag}/jobs/{job}/instances", self.instances),
             web.get("/v1/hosts", self.hosts),
             web.get("/v1/pools", self.pools),
+            web.get("/v1/levels", self.levels),
         ])
         self.app.cleanup_ctx.append(self._ticker)
         self.app.on_shutdown.append(self._release_held)
@@ -499,6 +501,10 @@ class Server:
 
     async def pools(self, request: web.Request) -> web.Response:
         return _reply(request, self.overlay.info(time.time()) if self.overlay is not None else [])
+
+    async def levels(self, request: web.Request) -> web.Response:
+        """The execution hierarchy's queues with their limits and load (`gridbot levels`)."""
+        return _reply(request, self.service.levels())
 
     async def hosts(self, request: web.Request) -> web.Response:
         return _reply(request, self.service.hosts(time.time()))

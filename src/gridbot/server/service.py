@@ -22,6 +22,7 @@ from gridbot.core.dispatcher import Dispatcher
 from gridbot.core.strategy import TailPlan
 from gridbot.core.view import BagView
 from gridbot.errors import GridbotError, ServerUnavailable
+from gridbot.model.hierarchy import QueueSpec
 from gridbot.model.spec import (
     MAX_PATH,
     BagSpec,
@@ -46,6 +47,7 @@ from gridbot.protocol import (
     JobStory,
     PlanInput,
     QosChange,
+    QueueInfo,
     ResultInfo,
     RetryAnswer,
     StoryInstance,
@@ -81,6 +83,9 @@ class ServiceConfig:
     """Seconds between a busy worker's contacts: how soon it hears that an instance was cancelled."""
     max_bags_per_submitter: int = 1_000
     """Active bags one submitter may have at once."""
+    queues: tuple[QueueSpec, ...] = ()
+    """The grid execution hierarchy's queues, from the pools file (docs/hierarchy.md): with them, a bag that
+    names GridBot's default placement is placed by "hierarchy"."""
 
 
 Waiter = Callable[[BaseException | None], None]
@@ -131,7 +136,8 @@ class Service:
         self.solo_until = 0.0
         """While the clock is before this, each exchange is committed alone (after a failed batch, so an
         exchange whose changes the store refuses fails alone instead of taking its batch with it)."""
-        self.dispatcher = Dispatcher(self.config.dispatch, registry.factory(self.config.dispatch.seed))
+        self.factory = registry.factory(self.config.dispatch.seed, self.config.queues)
+        self.dispatcher = Dispatcher(self.config.dispatch, self.factory)
         self._bag_views: dict[int, BagView] = {}
         """The active bags' views, kept to read their tail plan once they end (`_remember_ended`)."""
         self._ended_plans: dict[int, TailPlan] = {}
@@ -142,7 +148,8 @@ class Service:
         once the snapshot has been read whole: a store that is down leaves the service `stale`, answering
         ServerUnavailable until a reload succeeds, never an empty dispatcher that forgets running work.
         Hosts could not be heard while the server was away or its store down: they get a grace period."""
-        fresh = Dispatcher(self.config.dispatch, registry.factory(self.config.dispatch.seed))
+        factory = registry.factory(self.config.dispatch.seed, self.config.queues)
+        fresh = Dispatcher(self.config.dispatch, factory)
         fresh.pool_ads = self.dispatcher.pool_ads  # the pools file survives a reload from the store
         snapshot = self.store.snapshot()
         if self.only is not None:
@@ -153,7 +160,7 @@ class Service:
         if self._outage:  # started, or the store was away: nobody could reach the server meanwhile
             fresh.grace(time.time())
         fresh.pool_errors = self.dispatcher.pool_errors
-        self.dispatcher = fresh
+        self.dispatcher, self.factory = fresh, factory
         self.stale = self._outage = False
         self._last_tick = 0.0  # the gap since the last tick is covered by the grace, not shifted again
         self.feed()
@@ -346,7 +353,7 @@ class Service:
                owner: str = "") -> BagInfo:
         """Store a bag for `owner` and start dispatching it; nothing is stored if it is refused."""
         self.ready()
-        spec = with_qos_placement(spec)
+        spec = self._placed(spec)
         self._check_work(spec, lines, inputs)
         self._check_room(owner)
         row = self.store.create_bag(spec, lines, inputs, now, owner)
@@ -359,6 +366,11 @@ class Service:
         log.info("bag %d '%s' submitted: %d jobs", row.bag_id, row.name, row.total)
         return bag_info(row)
 
+    def _placed(self, spec: BagSpec) -> BagSpec:
+        """The placement a bag that names none gets: DBC's with a deadline or a budget, the hierarchy's on a
+        server with queues."""
+        return registry.default_placement(with_qos_placement(spec), bool(self.config.queues))
+
     def _check_work(self, spec: BagSpec, lines: Sequence[str] | None, inputs: dict[str, bytes]) -> int:
         """Refuse (BadRequest) a spec, lines and inputs that cannot make a bag here; return its jobs."""
         problems = check_spec(spec, lines, self.config.max_jobs)  # the command line's checks, issue 12
@@ -367,7 +379,7 @@ class Service:
         total = len(lines) if lines is not None else spec.sweep_size
         self.compile(spec.policy, spec)
         try:
-            registry.check_bag(spec)
+            registry.check_bag(spec, bool(self.config.queues))
         except StrategyError as e:
             raise BadRequest(str(e)) from None
         named = {p.rstrip("/").rsplit("/", 1)[-1] for p in spec.inputs}
@@ -424,7 +436,24 @@ class Service:
                                        tail_plan=self.tail_plan(row.bag_id), budget=row.spec.budget,
                                        deadline_at=row.spec.deadline_at(row.created_at),
                                        spent=self.dispatcher.view.bill(row.bag_id).total,
-                                       qos=self.dispatcher.qos(row.bag_id, now))
+                                       qos=self.dispatcher.qos(row.bag_id, now),
+                                       level=self.dispatcher.level(row.bag_id, now))
+
+    def levels(self) -> list[QueueInfo]:
+        """The execution hierarchy's queues with their limits and load (empty: the server has none)."""
+        h = self.factory.hierarchy
+        if h is None:
+            return []
+        view = self.dispatcher.view
+        out = []
+        for q in h.queues:
+            names = [b.name for i in h.order[q.name] if (b := view.bag(i)) is not None]
+            running = sum(b.on_pool(p)[1] for i in h.order[q.name] if (b := view.bag(i)) is not None for p in q.pools)
+            out.append(QueueInfo(q.name, q.level, list(q.pools), q.queue_time_limit, q.exec_time_limit, q.max_cpus,
+                                 h.speed(view, q), q.max_bags, sorted(q.policies), q.at_lowest, h.load[q.name],
+                                 h.phi(view, q, q.queue_time_limit, 1.0), h.phi(view, q, q.exec_time_limit, 1.0),
+                                 names, running))
+        return out
 
     def cost(self, row: BagRow) -> CostInfo:
         """What the bag spent per pool, as the dispatcher's ledger bills it (core/ledger.py)."""
@@ -457,7 +486,7 @@ class Service:
             raise BadRequest("give a budget or a bag_deadline to change (null removes one)")
         spec = with_qos_placement(msgspec.structs.replace(row.spec, **values))
         try:
-            registry.check_bag(spec)
+            registry.check_bag(spec, bool(self.config.queues))
         except StrategyError as e:
             raise BadRequest(str(e)) from None
         self.store.set_spec(row.bag_id, spec)
@@ -498,7 +527,9 @@ class Service:
                              "while it runs")
         spec = msgspec.structs.replace(row.spec, strategy=choice)
         try:
-            registry.factory()(row.bag_id, spec)  # made once on trial: a strategy that cannot start changes nothing
+            registry.check_bag(spec, bool(self.config.queues))
+            # made once on trial (with a hierarchy of its own): a strategy that cannot start changes nothing
+            registry.factory(self.config.dispatch.seed, self.config.queues)(row.bag_id, spec)
         except Exception as e:
             raise BadRequest(f"the strategies {choice.tail!r} and {choice.placement!r} cannot start: {e}") from None
         self.store.set_spec(row.bag_id, spec)
@@ -607,6 +638,7 @@ class Service:
         the new spec must make as many. The same spec, lines and inputs as the bag's make no revision: its
         failed jobs are retried."""
         self.ready()
+        spec = self._placed(spec)
         total = self._check_work(spec, lines, inputs)
         if spec.name != row.name:
             raise BadRequest(f"a revision of bag {row.name} must keep its name, not {spec.name[:80]!r}")

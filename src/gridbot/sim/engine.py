@@ -27,7 +27,7 @@ import msgspec
 
 from gridbot.core.changes import BagCounts, BagSnapshot, Changes, QueuedJob
 from gridbot.core.dispatcher import Dispatcher
-from gridbot.core.strategy import QosReport
+from gridbot.core.strategy import LevelReport, QosReport
 from gridbot.core.view import BagView
 from gridbot.model.pacing import PaceConfig, Pacing, server_hold
 from gridbot.model.records import Assignment, HostInfo, InstanceReport, Outcome
@@ -155,7 +155,8 @@ class Simulation:
         self.seed = scenario.seed if seed is None else seed
         self.rng = random.Random(self.seed)
         cfg = scenario.dispatch
-        self.dispatcher = Dispatcher(type(cfg)(**{**cfg.__dict__, "seed": self.seed}), registry.factory(self.seed))
+        self.dispatcher = Dispatcher(type(cfg)(**{**cfg.__dict__, "seed": self.seed}),
+                                     registry.factory(self.seed, scenario.queues))
         self.dispatcher.pool_ads = {p.name: {"Speed": p.speed.mean, **p.spec.ad()} for p in scenario.pools}
         self.memory = MemoryStore() if scenario.store == "memory" else None
         self.compact = CompactStore()
@@ -186,6 +187,8 @@ class Simulation:
         self._inst_pool: dict[int, tuple[str, int]] = {}
         self._views: dict[int, BagView | None] = {}
         self._qos: dict[int, QosReport] = {}
+        self._levels: dict[int, LevelReport] = {}
+        """Each bag's place in the execution hierarchy, as of the last sample."""
         """Each bag's last deadline-and-budget plan, as of the last sample."""
         """Each active bag's view, read once more when it ends (its tail plan)."""
         self._finished = False
@@ -241,6 +244,8 @@ class Simulation:
                 res.spent_per_pool = {p.pool: round(p.total, 6) for p in bill.pools}
                 if (qos := self._qos.get(bag_id)) is not None:
                     res.qos = msgspec.to_builtins(qos)
+                if (level := self._levels.get(bag_id)) is not None:
+                    res.level = msgspec.to_builtins(level)
         return results
 
     def _apply(self, changes: Changes) -> None:
@@ -571,6 +576,8 @@ class Simulation:
         for b in self.dispatcher.view.bags():
             if (qos := self.dispatcher.qos(b.bag_id, self.now)) is not None:
                 self._qos[b.bag_id] = qos
+            if (level := self.dispatcher.level(b.bag_id, self.now)) is not None:
+                self._levels[b.bag_id] = level
         self.recorder.sample(self.now, {n: p.running for n, p in self.pools.items()},
                              {n: sum(len(x.running) for x in p.pilots.values()) for n, p in self.pools.items()})
         if self.progress is not None:

@@ -60,6 +60,8 @@ class BagResult:
     """Jobs done by its deadline (None: it has none)."""
     qos: dict[str, Any] | None = None
     """Its placement's last plan of deadline and budget (`QosReport`), when it plans one."""
+    level: dict[str, Any] | None = None
+    """Where the execution hierarchy last held it (`LevelReport`: queue, level, migrations), when it has levels."""
 
 
 @dataclass

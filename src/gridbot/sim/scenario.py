@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from gridbot.core.config import DispatchConfig, Knob, knobs
+from gridbot.model.hierarchy import QueueSpec, parse_queues
 from gridbot.model.pools import RELIABILITY, PoolSpec
 from gridbot.model.spec import (
     NAME_RE,
@@ -141,6 +142,8 @@ class Scenario:
     bags: list[BagModel] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
     """What is allowed but probably not meant (jobs of a replayed log that cannot finish in time)."""
+    queues: list[QueueSpec] = field(default_factory=list)
+    """The execution hierarchy's queues (`[queues.NAME]`, as in a pools file: docs/hierarchy.md)."""
 
 
 def parse_scenario(text: str, source: str) -> Scenario:
@@ -161,6 +164,8 @@ class _Reader:
         """Files a scenario names (size traces, SWF logs) are found relative to it."""
         self.problems: list[Problem] = []
         self.warnings: list[Problem] = []
+        self.has_queues = False
+        """The scenario declares the hierarchy's queues (its bags are then placed by "hierarchy")."""
 
     def line(self, path: tuple[str, ...]) -> int | None:
         """The line of `path`'s key in the file, or of the nearest table holding it."""
@@ -190,7 +195,7 @@ class _Reader:
             return default
 
     def scenario(self, data: dict[str, Any]) -> Scenario:
-        self.keys(data, ("simulation", "server", "pools", "bags", "swf_bags"), (), "the scenario")
+        self.keys(data, ("simulation", "server", "pools", "queues", "bags", "swf_bags"), (), "the scenario")
         sim = self.table(data, "simulation")
         self.keys(sim, SIM_KEYS, ("simulation",), "[simulation]")
         p = ("simulation",)
@@ -211,6 +216,8 @@ class _Reader:
         if not pools and "pools" not in data:
             self.fail((), "the scenario defines no pool", '[pools.cluster]\nkind = "cluster"\nsize = 100')
         names = {m.name for m in pools}
+        queues = parse_queues(data["queues"], sorted(names), self.fail) if "queues" in data else []
+        self.has_queues = bool(queues)
         for reliable in dispatch.reliable_pools:
             if reliable not in names:
                 self.fail(("server", "reliable_pools"), f"reliable pool '{reliable}' is not a pool of the scenario",
@@ -233,7 +240,8 @@ class _Reader:
         description = str(sim.get("description", ""))
         sample = sample or 300.0
         return Scenario(self.source, description, seed, horizon, tick, overlay_interval, sample, latency,
-                        heartbeat, store, dispatch, pools, bags, sorted(self.warnings, key=lambda w: w.line or 0))
+                        heartbeat, store, dispatch, pools, bags, sorted(self.warnings, key=lambda w: w.line or 0),
+                        queues)
 
     def table(self, data: dict[str, Any], key: str) -> dict[str, Any]:
         value = data.get(key, {})
@@ -377,11 +385,11 @@ class _Reader:
         and budget, which it must keep)."""
         try:
             choice = parse_strategy(table, f"bag '{name}'")
-            if qos is not None:
-                choice = with_qos_placement(msgspec.structs.replace(qos, strategy=choice)).strategy
-                registry.check_bag(msgspec.structs.replace(qos, strategy=choice))
-            else:
-                registry.check(choice)
+            has_queues = self.has_queues
+            spec = with_qos_placement(msgspec.structs.replace(qos or BagSpec(name=name), strategy=choice))
+            spec = registry.default_placement(spec, has_queues)
+            registry.check_bag(spec, has_queues)
+            choice = spec.strategy
         except (SpecError, StrategyError) as e:
             self.fail((*path, "strategy"), f"bag '{name}': {e}")
             return StrategyChoice()

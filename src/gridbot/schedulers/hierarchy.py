@@ -1,0 +1,396 @@
+"""The grid execution hierarchy (Silberstein, Geiger, Schuster and Livny, HPDC'06): a stream of bags served
+at the level that matches each bag's size, as a placement strategy (issue 17).
+
+The pools are grouped into queues, and queues into levels (the pools file's `[queues.NAME]`: docs/
+hierarchy.md); level 1 holds the small, responsive pools. A bag (the paper's "task") enters the top level
+(or, when its owner gave its complexity, the first level whose limits fit it) and is run there, first come
+first served with backfilling, holding at most N slots of the queue's pools. Its complexity is its work in
+CPU-seconds of a speed-1 CPU: the owner's figure (`complexity`, an upper bound, for the remaining jobs in
+proportion), refined by the bag's own measured run times once `min_results` of them are known.
+
+The paper's two procedures run as written:
+- ProcessNewTask (its Figure 1) when a bag arrives at a queue: *overload* (the queue's work Q already above
+  C_q, or `max_bags` bags in it) moves it on without estimating; *complexity mismatch* (its complexity above
+  C_e) moves it to the next level;
+- EnforceQueueLimits (its Figure 2), on every tick, for each bag from the head of each queue: *overdue* (in
+  the queue longer than Tq, or running in it longer than Te; not while it is the queue's only bag), *task
+  potential overdue* (its remaining work cannot end within what is left of Te or Tq at the queue's
+  optimistic speed), *queue potential overdue* (the work of the bags ahead plus its own exceeds C_q); the
+  work of the bags kept is the queue's Q.
+C = T x N x P x beta turns a time limit into work (Eq. 1): N the most slots one bag may hold in the queue, P
+its machines' relative speed, beta the bag's CPU-bound fraction (option `beta`). A policy a queue does not
+list is off. A bag moves one level down at a time (the paper's rule: an upper bound may be far too high);
+overload first tries another queue of the same level. At the lowest level a bag that violates a limit is
+ended (`at_lowest = "terminate"`, its results kept) or left to run (`"run"`). Queues of one level share
+load: a bag that has not started moves to a queue of its level where it would end sooner by a margin.
+
+A migrated bag keeps every result (results are the checkpoint). Its running instances are preempted and
+queued again for the new queue's pools, as the paper's master preempts its jobs (`preempt = false`, a
+strategy option, lets them finish where they are instead).
+
+All bags of a dispatcher share one `Hierarchy` (the registry's factory makes it from the queues); each bag's
+placement is a view of it. The hierarchy steps once per tick; a restarted server takes the bags up again at
+the top, where their measured complexity sends them down at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from gridbot.core.strategy import LevelReport, Migration
+from gridbot.core.view import BagView, DispatchView, HostView
+from gridbot.model.hierarchy import QueueSpec
+from gridbot.model.spec import StrategyOption
+from gridbot.schedulers.base import Placement, StrategyError
+
+SHARE_MARGIN = 0.75
+"""Load sharing moves a bag only to a queue where it would end in less than this share of the time."""
+
+
+@dataclass
+class _Bag:
+    """What the hierarchy knows of one bag."""
+
+    bag_id: int
+    queue: str = ""
+    arrived: float = 0.0
+    started: float | None = None
+    sent_base: int = 0
+    """Instances sent on the queue's pools when it arrived (more means it started there)."""
+    given: float | None = None
+    beta: float = 1.0
+    min_results: int = 3
+    complexity: float | None = None
+    source: str = "unknown"
+    migrations: list[tuple[float, str, str, str]] = field(default_factory=list)
+    ended: str = ""
+    moved_at: float | None = None
+    """When it last moved (its placement then preempts its running instances)."""
+
+
+class Hierarchy:
+    """The queues, the bags in each (FCFS), and each queue's work Q as of the last step."""
+
+    def __init__(self, queues: Sequence[QueueSpec]) -> None:
+        self.queues = sorted(queues, key=lambda q: (q.level, q.name))
+        self.by_name = {q.name: q for q in self.queues}
+        self.levels = sorted({q.level for q in self.queues})
+        self.order: dict[str, list[int]] = {q.name: [] for q in self.queues}
+        self.load: dict[str, float] = {q.name: 0.0 for q in self.queues}
+        self.bags: dict[int, _Bag] = {}
+        self.stepped_at: float | None = None
+
+    # -- Eq. 1 ------------------------------------------------------------------------------------
+
+    def speed(self, view: DispatchView, q: QueueSpec) -> float:
+        """P: the queue's given performance, else its pools' mean `Speed` attribute, else 1."""
+        if q.performance is not None:
+            return q.performance
+        speeds = [float(s) for p in q.pools if isinstance(s := (view.pool_ad(p) or {}).get("Speed"), int | float)
+                  and not isinstance(s, bool) and s > 0]
+        return sum(speeds) / len(speeds) if speeds else 1.0
+
+    def phi(self, view: DispatchView, q: QueueSpec, seconds: float, beta: float) -> float:
+        """Work the queue does in `seconds`, optimistically (every slot, at its machines' speed)."""
+        return max(0.0, seconds) * q.max_cpus * self.speed(view, q) * beta
+
+    # -- the bags' complexity ---------------------------------------------------------------------
+
+    def estimate(self, view: DispatchView, b: _Bag) -> float | None:
+        """The bag's remaining work in CPU-seconds of a speed-1 CPU: measured once `min_results` results
+        are in, else the owner's figure for the jobs left, else None."""
+        bag = view.bag(b.bag_id)
+        if bag is None:
+            return b.complexity
+        left = bag.queued + bag.running
+        times = []
+        for e in bag.history:
+            if e.success and e.ended_at is not None:
+                queue = self._queue_of_pool(e.pool)
+                times.append((e.ended_at - e.sent_at) * (self.speed(view, queue) if queue else 1.0))
+        if len(times) >= b.min_results:
+            b.complexity, b.source = left * sum(times) / len(times), "measured"
+        elif b.given is not None:
+            done = bag.counts.done + bag.counts.failed
+            b.complexity, b.source = b.given * left / max(1, left + done), "given"
+        else:
+            b.complexity, b.source = None, "unknown"
+        return b.complexity
+
+    def _queue_of_pool(self, pool: str) -> QueueSpec | None:
+        return next((q for q in self.queues if pool in q.pools), None)
+
+    # -- ProcessNewTask (Figure 1) ----------------------------------------------------------------
+
+    def admit(self, view: DispatchView, b: _Bag, now: float) -> None:
+        """A new bag enters the top level, or the first level whose C_e fits the complexity its owner gave."""
+        self.bags[b.bag_id] = b
+        c = self.estimate(view, b)
+        start = self.levels[0]
+        if b.source == "given" and c is not None:
+            for level in self.levels:
+                start = level
+                if any(c <= self.phi(view, q, q.exec_time_limit, b.beta) for q in self._at(level)):
+                    break
+        self.arrive(view, b, self._pick(view, self._at(start)), now)
+
+    def arrive(self, view: DispatchView, b: _Bag, q: QueueSpec, now: float) -> None:
+        """ProcessNewTask: the bag arrives at `q`."""
+        b.queue, b.arrived, b.started = q.name, now, None
+        b.sent_base = self._sent(view, b, q)
+        self.order[q.name].append(b.bag_id)
+        full = q.max_bags is not None and len(self.order[q.name]) > q.max_bags
+        if "overload" in q.policies and (full or self.load[q.name] > self.phi(view, q, q.queue_time_limit, b.beta)):
+            why = (f"queue {q.name} holds {q.max_bags} bags" if full else
+                   f"queue {q.name}'s work {self.load[q.name]:,.0f} CPU-s is over its C_q")
+            self.move(view, b, q, "overload", why, now, same_level=True)
+            return
+        c = self.estimate(view, b)
+        ce = self.phi(view, q, q.exec_time_limit, b.beta)
+        if "complexity_mismatch" in q.policies and c is not None and c > ce:
+            self.move(view, b, q, "complexity mismatch", f"its work {c:,.0f} CPU-s is over C_e {ce:,.0f} of "
+                      f"queue {q.name}", now)
+            return
+        self.load[q.name] += c or 0.0  # (until the next step counts the queue's work again)
+
+    # -- EnforceQueueLimits (Figure 2) ------------------------------------------------------------
+
+    def step(self, view: DispatchView, now: float) -> None:
+        """Once per tick: take up new bags, forget ended ones, enforce every queue's limits, share load."""
+        if self.stepped_at == now:
+            return
+        self.stepped_at = now
+        active = {b.bag_id for b in view.bags()}
+        for bag_id in [i for i in self.bags if i not in active]:
+            self._drop(bag_id)
+        for q in self.queues:
+            self.enforce(view, q, now)
+        self.share(view, now)
+
+    def enforce(self, view: DispatchView, q: QueueSpec, now: float) -> None:
+        work = 0.0
+        for bag_id in list(self.order[q.name]):
+            b = self.bags[bag_id]
+            if b.ended or b.queue != q.name:
+                continue
+            if b.started is None and self._sent(view, b, q) > b.sent_base:
+                b.started = now
+            tq = now - b.arrived
+            te = now - b.started if b.started is not None else 0.0
+            alone = len(self.order[q.name]) == 1
+            if "overdue" in q.policies and (tq > q.queue_time_limit or te > q.exec_time_limit) and not alone:
+                self.move(view, b, q, "overdue", f"{tq:,.0f} s in queue {q.name} (Tq {q.queue_time_limit:g} s), "
+                          f"{te:,.0f} s running there (Te {q.exec_time_limit:g} s)", now)
+                continue
+            c = self.estimate(view, b)
+            if c is None:
+                continue
+            if "task_potential_overdue" in q.policies and (
+                    c > self.phi(view, q, q.exec_time_limit - te, b.beta)
+                    or c > self.phi(view, q, q.queue_time_limit - tq, b.beta)):
+                self.move(view, b, q, "task potential overdue", f"its remaining work {c:,.0f} CPU-s cannot end "
+                          f"within what is left of Te or Tq in queue {q.name}", now)
+                continue
+            cq = self.phi(view, q, q.queue_time_limit, b.beta)
+            if "queue_potential_overdue" in q.policies and work + c > cq:
+                self.move(view, b, q, "queue potential overdue", f"the work ahead of it ({work:,.0f} CPU-s) and "
+                          f"its own ({c:,.0f}) exceed C_q {cq:,.0f} of queue {q.name}", now)
+                continue
+            work += c
+        self.load[q.name] = work
+
+    def share(self, view: DispatchView, now: float) -> None:
+        """Load sharing in a level: a bag not started moves to a queue of its level where it would end within
+        SHARE_MARGIN of the time it would take here."""
+        for q in self.queues:
+            peers = [p for p in self._at(q.level) if p.name != q.name]
+            if not peers:
+                continue
+            ahead = 0.0
+            for bag_id in list(self.order[q.name]):
+                b = self.bags[bag_id]
+                c = b.complexity
+                bag = view.bag(bag_id)
+                if c is None or b.started is not None or bag is None or bag.queued < 2:
+                    ahead += c or 0.0
+                    continue
+                here = (ahead + c) / max(1e-9, self.phi(view, q, 1.0, b.beta))
+                best = min(peers, key=lambda p: (self.load[p.name] + c) / max(1e-9, self.phi(view, p, 1.0, b.beta)))
+                there = (self.load[best.name] + c) / max(1e-9, self.phi(view, best, 1.0, b.beta))
+                if there < SHARE_MARGIN * here:
+                    self._relocate(view, b, q, best, "load sharing", f"it would end in {there:,.0f} s in queue "
+                                   f"{best.name} against {here:,.0f} s here", now)
+                    self.load[best.name] += c
+                else:
+                    ahead += c
+
+    # -- MigrationPolicy --------------------------------------------------------------------------
+
+    def move(self, view: DispatchView, b: _Bag, q: QueueSpec, policy: str, why: str, now: float,
+             same_level: bool = False) -> None:
+        """The migration policy: the bag goes to the next level (for overload, first another queue of its
+        level with room); from the lowest level it is ended or left to run, as the queue says."""
+        target: QueueSpec | None = None
+        if same_level:
+            roomy = [p for p in self._at(q.level) if p.name != q.name
+                     and self.load[p.name] <= self.phi(view, p, p.queue_time_limit, b.beta)
+                     and (p.max_bags is None or len(self.order[p.name]) < p.max_bags)]
+            target = self._pick(view, roomy) if roomy else None
+        if target is None:
+            lower = [lv for lv in self.levels if lv > q.level]
+            target = self._pick(view, self._at(lower[0])) if lower else None
+        if target is None:
+            if q.at_lowest == "terminate" or policy in ("overload", "complexity mismatch"):
+                b.ended = f"{policy} at the lowest level: {why}"
+                b.migrations.append((now, q.name, "", b.ended))
+            return
+        self._relocate(view, b, q, target, policy, why, now)
+
+    def _relocate(self, view: DispatchView, b: _Bag, q: QueueSpec, target: QueueSpec, policy: str, why: str,
+                  now: float) -> None:
+        if b.bag_id in self.order[q.name]:
+            self.order[q.name].remove(b.bag_id)
+        b.migrations.append((now, q.name, target.name, f"{policy}: {why}"))
+        b.moved_at = now
+        self.arrive(view, b, target, now)
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _at(self, level: int) -> list[QueueSpec]:
+        return [q for q in self.queues if q.level == level]
+
+    def _pick(self, view: DispatchView, queues: Sequence[QueueSpec]) -> QueueSpec:
+        """Of a level's queues, the one with the least work per unit of speed."""
+        return min(queues, key=lambda q: (self.load[q.name] / max(1e-9, self.phi(view, q, 1.0, 1.0)), q.name))
+
+    @staticmethod
+    def _sent(view: DispatchView, b: _Bag, q: QueueSpec) -> int:
+        bag = view.bag(b.bag_id)
+        return sum(bag.on_pool(p)[0] for p in q.pools) if bag is not None else 0
+
+    def _drop(self, bag_id: int) -> None:
+        b = self.bags.pop(bag_id)
+        if b.queue and bag_id in self.order.get(b.queue, []):
+            self.order[b.queue].remove(bag_id)
+
+    def position(self, b: _Bag) -> int:
+        order = self.order.get(b.queue, [])
+        return order.index(b.bag_id) + 1 if b.bag_id in order else 0
+
+
+class HierarchyPlacement(Placement):
+    """A bag's place in the grid execution hierarchy (`placement = "hierarchy"`)."""
+
+    name: ClassVar[str] = "hierarchy"
+    host_dependent = True
+    options: ClassVar[Mapping[str, StrategyOption]] = {
+        "complexity": 0.0,
+        "beta": 1.0,
+        "min_results": 3,
+        "preempt": True,
+    }
+    """complexity: the bag's work in CPU-seconds of a speed-1 CPU, an upper bound (0: unknown, measured);
+    beta: the share of its run time that is CPU-bound; min_results: results before its measured run times
+    replace the given complexity; preempt: a migrated bag's running instances are preempted and queued again
+    in its new queue (false: they finish where they are)."""
+
+    @classmethod
+    def validate(cls, options: Mapping[str, StrategyOption]) -> None:
+        for key, low, high in (("complexity", 0.0, 1e15), ("beta", 1e-6, 1.0)):
+            v = options.get(key)
+            if isinstance(v, int | float) and not low <= v <= high:
+                raise StrategyError(f"strategy option '{key}' must be from {low:g} to {high:g}, not {v!r}")
+        n = options.get("min_results")
+        if isinstance(n, int) and not 1 <= n <= 10_000:
+            raise StrategyError(f"strategy option 'min_results' must be from 1 to 10000, not {n}")
+
+    def __init__(self, bag_id: int, seed: int, options: Mapping[str, StrategyOption],
+                 hierarchy: Hierarchy | None = None) -> None:
+        super().__init__(bag_id, seed, options)
+        if hierarchy is None or not hierarchy.queues:
+            raise StrategyError("placement 'hierarchy' needs queues: declare [queues.NAME] in the pools file "
+                                "(docs/hierarchy.md)")
+        self.h = hierarchy
+        self.moved_seen: float | None = None
+
+    def _me(self, view: DispatchView, now: float) -> _Bag:
+        b = self.h.bags.get(self.bag_id)
+        if b is None:
+            given = self.number("complexity")
+            b = _Bag(self.bag_id, given=given if given > 0 else None, beta=self.number("beta"),
+                     min_results=int(self.number("min_results")))
+            self.h.admit(view, b, now)
+        return b
+
+    def rank(self, view: DispatchView, bag: BagView, host: HostView, rank: float, now: float) -> float | None:
+        b = self._me(view, now)
+        q = self.h.by_name.get(b.queue)
+        if b.ended or q is None or host.pool not in q.pools:
+            return None
+        return (1000.0 - q.level) * 1e6 - self.h.position(b)
+
+    def limit(self, view: DispatchView, bag: BagView, host: HostView, now: float) -> int | None:
+        b = self._me(view, now)
+        q = self.h.by_name.get(b.queue)
+        if b.ended or q is None or host.pool not in q.pools:
+            return 0
+        return max(0, q.max_cpus - sum(bag.on_pool(p)[1] for p in q.pools))
+
+    def pilots(self, view: DispatchView, bag: BagView, pools: Sequence[str], now: float) -> Mapping[str, int] | None:
+        b = self._me(view, now)
+        q = self.h.by_name.get(b.queue)
+        if b.ended or q is None:
+            return {}
+        want = min(bag.queued + bag.waiting_replicas, max(0, q.max_cpus - sum(bag.on_pool(p)[1] for p in q.pools)))
+        out: dict[str, int] = {}
+        for p in q.pools:
+            if want <= 0 or p not in pools:
+                continue
+            ad = view.pool_ad(p) or {}
+            cap = ad.get("MaxRunning", 0)
+            cpus = ad.get("Cpus", 1)
+            room = int(cap) * int(cpus) if isinstance(cap, int) and isinstance(cpus, int) else want
+            n = min(want, max(0, room))
+            if n:
+                out[p] = n
+                want -= n
+        return out
+
+    def migrate(self, view: DispatchView, bag: BagView, now: float) -> Sequence[Migration]:
+        b = self._me(view, now)
+        self.h.step(view, now)
+        if b.moved_at is None or b.moved_at == self.moved_seen or b.ended:
+            return ()
+        self.moved_seen = b.moved_at
+        q = self.h.by_name[b.queue]
+        if not self.settings["preempt"]:
+            return ()
+        why = b.migrations[-1][3] if b.migrations else "moved"
+        return [Migration(j.job_id, frozenset(q.pools), f"the bag moved to queue {q.name} ({why})")
+                for j in view.running_jobs(bag.bag_id)]
+
+    def terminate(self, view: DispatchView, bag: BagView, now: float) -> str | None:
+        b = self.h.bags.get(self.bag_id)
+        return b.ended if b is not None and b.ended else None
+
+    def level(self, view: DispatchView, bag: BagView, now: float) -> LevelReport | None:
+        b = self.h.bags.get(self.bag_id)
+        if b is None:
+            return None
+        q = self.h.by_name.get(b.queue)
+        return LevelReport(b.queue, q.level if q else 0, self.h.position(b), b.complexity, b.source,
+                           now - b.arrived, now - b.started if b.started is not None else 0.0, list(b.migrations),
+                           b.ended)
+
+    def notes(self, view: DispatchView, bag: BagView, now: float) -> list[str]:
+        b = self.h.bags.get(self.bag_id)
+        if b is None:
+            return []
+        q = self.h.by_name.get(b.queue)
+        pos = self.h.position(b)
+        if q is not None and pos > 1 and b.started is None and bag.queued:
+            return [f"waits in queue {q.name} (level {q.level}) behind {pos - 1} bag(s), first come first served"]
+        return []
+
