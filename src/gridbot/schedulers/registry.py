@@ -56,6 +56,9 @@ def check(choice: StrategyChoice) -> None:
         if key not in known:
             takes = ", ".join(sorted(known)) or "no options"
             hint = closest(key, list(known))
+            owners = [n for n, p in PLACEMENTS.items() if key in p.options]
+            if not hint and owners:
+                hint = f"it is an option of placement = {owners[0]!r}: name that placement in [strategy];"
             raise StrategyError(f"strategy option '{key}' is not an option of tail = {choice.tail!r} or placement = "
                                 f"{choice.placement!r}: {hint + ' ' if hint else ''}they take {takes}")
         default = known[key]
