@@ -24,8 +24,8 @@ from pathlib import Path
 import msgspec
 
 from gridbot.core.config import DispatchConfig
-from gridbot.model.records import HostInfo, InstanceReport, Outcome
 from gridbot.model.pools import PoolSpec
+from gridbot.model.records import HostInfo, InstanceReport, Outcome
 from gridbot.model.spec import StrategyChoice, parse_spec
 from gridbot.protocol import ExchangeRequest
 from gridbot.server.service import Service, ServiceConfig

@@ -55,8 +55,8 @@ def test_an_underestimated_bag_moves_down_and_a_short_one_is_not_delayed(tmp_pat
         assert "top" in levels.stdout and "big" in levels.stdout, levels.stdout
         # 10 jobs of 4 s, said to be 10 CPU-seconds: it fits level 1 (C_e = 30 s x 1 slot) until its first
         # three results measure 40 s of work left, which cannot end within Te there
-        long = write(tmp_path, "long.toml", 'name = "long"\ncommand = "sleep 4"\n[strategy]\nplacement = "hierarchy"\ncomplexity = 10\n'
-                                            '[parameters]\ni = { from = 1, to = 10 }\n')
+        long = write(tmp_path, "long.toml", 'name = "long"\ncommand = "sleep 4"\n[strategy]\nplacement = "hierarchy"\n'
+                                            'complexity = 10\n[parameters]\ni = { from = 1, to = 10 }\n')
         gridbot_json("submit", long, *url)
         deadline = time.monotonic() + 120
         moved = None
