@@ -94,6 +94,22 @@ def test_an_underestimated_bag_moves_down_and_a_short_one_is_not_delayed(tmp_pat
         pools = [host_pool[r.host_id] for r in results if r.job.state == "done"]
         assert len(pools) == 10 and pools.count("here") >= done_before and "fast" in pools, pools
         assert short_pool == {"here"}
+
+        # a bag with an estimator: it runs once on a worker (the companion bag big.estimate) while the bag waits
+        # (up to all of level 1's Te here); its bound, 1000 CPU-s, is over level 1's C_e (30 s x 1 slot) and
+        # within level 2's (30 min x 2), so the bag goes to level 2 without running on level 1
+        big = write(tmp_path, "big.toml", 'name = "big"\ncommand = "sleep 1"\n[strategy]\nplacement = "hierarchy"\n'
+                                          'estimator = "echo upper bound: 1000"\nestimate_share = 1.0\n'
+                                          '[parameters]\ni = { from = 1, to = 3 }\n')
+        gridbot_json("submit", big, *url)
+        estimated = cluster.wait_bag("big", timeout=120)
+        with cluster.client() as c:
+            companion = c.bag("big.estimate")
+            host_pool = {h.host_id: h.pool for h in c.hosts()}
+            ran = {host_pool[r.host_id] for r in c.results("big")}
+            estimator_ran = {host_pool[r.host_id] for r in c.results("big.estimate")}
+        assert companion.state == "completed" and estimated.state == "completed" and ran == {"fast"}, ran
+        assert estimator_ran == {"here"}, "the estimator ran on level 1, as a job"
         wait_pilots_gone(cluster)
     finally:
         cluster.stop()

@@ -8,6 +8,7 @@ question "why did job 42 run three times?" has an answer in the store.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import msgspec
 
@@ -239,3 +240,23 @@ class Snapshot(msgspec.Struct, frozen=True):
     """One more than the highest event id the store holds."""
     usage: list[Usage] = msgspec.field(default_factory=list)
     """Every bag's instances that ended with a report, per host: the ledger's spend (core/ledger.py)."""
+    history: list[EndedRow] = msgspec.field(default_factory=list)
+    """The active bags' last instances that ended or were lost (at most `HISTORY_ROWS` each), oldest first:
+    what their strategies characterize the pools and the bags' work from (BagRecord.history)."""
+
+
+HISTORY_ROWS = 2_000
+"""Ended instances of each active bag a restart takes up again."""
+ENDED_STATES = (InstanceState.DONE, InstanceState.WASTED, InstanceState.FAILED, InstanceState.OVERDUE)
+"""The states of an instance that ended (or was lost) as a bag's history counts it."""
+
+
+class EndedRow(NamedTuple):
+    """An instance of an active bag that ended or was lost, as the store holds it."""
+
+    bag_id: int
+    instance_id: int
+    sent_at: float
+    ended_at: float | None
+    state: InstanceState
+    pool: str

@@ -29,7 +29,7 @@ from gridbot.core.diagnostics import stuck
 from gridbot.core.feeder import FeedRequest
 from gridbot.core.hosts import QUICK_FAILURE_S
 from gridbot.core.kernel import Kernel
-from gridbot.core.records import BagRecord, HostRecord, Instance, Job, State, guarded
+from gridbot.core.records import BagRecord, Ended, HostRecord, Instance, Job, State, guarded
 from gridbot.core.strategy import Choice, LevelReport, Migration, QosReport, StrategyFactory
 from gridbot.core.view import BagView, DispatchView
 from gridbot.model.records import Assignment, HostInfo, InstanceReport, Outcome
@@ -119,6 +119,12 @@ class Dispatcher:
             restored = s.hosts[h.info.host_id] = HostRecord(h.info, h.first_seen, h.last_seen, h.stats)
             k.watch(restored)
         s.ledger.restore(snapshot.usage)
+        for row in snapshot.history:
+            bag = s.bags.get(row.bag_id)
+            if bag is not None:
+                lost = row.state is InstanceState.OVERDUE
+                bag.history[row.instance_id] = Ended(row.instance_id, row.sent_at, None if lost else row.ended_at,
+                                                     row.state in (InstanceState.DONE, InstanceState.WASTED), row.pool)
         for li in snapshot.instances:
             if li.bag_id not in s.bags:
                 continue

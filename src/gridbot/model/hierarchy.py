@@ -63,21 +63,18 @@ def parse_queues(table: object, pool_names: list[str], fail: Fail) -> list[Queue
         q = _queue(name, t, pool_names, fail)
         if q is not None:
             out.append(q)
-    seen: dict[str, str] = {}
+    seen: dict[tuple[str, int], str] = {}
     for q in out:
         for p in q.pools:
-            if p in seen and _level(out, seen[p]) == q.level:
-                fail(("queues", q.name, "pools"), f"pool '{p}' is in queues '{seen[p]}' and '{q.name}' of the same "
+            other = seen.get((p, q.level))
+            if other is not None:
+                fail(("queues", q.name, "pools"), f"pool '{p}' is in queues '{other}' and '{q.name}' of the same "
                      f"level {q.level}", "queues of one level share load by moving bags, not by sharing pools")
-            seen.setdefault(p, q.name)
+            seen.setdefault((p, q.level), q.name)
     if out and min(q.level for q in out) != 1:
         fail(("queues",), f"the top level is {min(q.level for q in out)}, not 1", "bags enter at level 1: number "
              "the levels from 1")
     return out
-
-
-def _level(queues: list[QueueSpec], name: str) -> int:
-    return next(q.level for q in queues if q.name == name)
 
 
 def _queue(name: str, t: object, pool_names: list[str], fail: Fail) -> QueueSpec | None:
@@ -117,7 +114,8 @@ def _queue(name: str, t: object, pool_names: list[str], fail: Fail) -> QueueSpec
     if "performance" in t:
         v = t["performance"]
         if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < math.inf:
-            bad("performance", f"'performance' must be a positive number (a relative speed), not {v!r}")
+            bad("performance", f"'performance' must be a positive number (a relative speed), not {v!r}",
+                "performance = 1.5 (its machines are half again as fast as a speed-1 CPU), or leave it out")
         else:
             performance = float(v)
     max_bags = _int(t, "max_bags", 1, bad) if "max_bags" in t else None
@@ -127,7 +125,8 @@ def _queue(name: str, t: object, pool_names: list[str], fail: Fail) -> QueueSpec
         policies = list(POLICIES)
     at_lowest = t.get("at_lowest", "terminate")
     if at_lowest not in AT_LOWEST:
-        bad("at_lowest", f"'at_lowest' must be one of {', '.join(AT_LOWEST)}, not {at_lowest!r}")
+        bad("at_lowest", f"'at_lowest' must be one of {', '.join(AT_LOWEST)}, not {at_lowest!r}",
+            'at_lowest = "terminate" ends a bag that violates the lowest level\'s limits; "run" lets it run')
     if not ok or tq is None or te is None:
         return None
     return QueueSpec(name, level, tuple(pools), tq, te, max_cpus, performance, max_bags, frozenset(policies),
@@ -141,7 +140,7 @@ _EXAMPLE = ('[queues.q1]\nlevel = 1\npools = ["server"]\nqueue_time_limit = "6m"
 def _int(t: Mapping[str, Any], key: str, low: int, bad: Callable[..., None]) -> int:
     v = t.get(key, low)
     if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= 1_000_000_000:
-        bad(key, f"'{key}' must be a whole number of at least {low}, not {v!r}")
+        bad(key, f"'{key}' must be a whole number of at least {low}, not {v!r}", f"{key} = {max(low, 1)}")
         return low
     return v
 

@@ -45,6 +45,8 @@ from gridbot.model.hierarchy import QueueSpec
 from gridbot.model.spec import StrategyOption
 from gridbot.schedulers.base import Placement, StrategyError
 
+MEASURE_RESULTS = 200
+"""Results of each bag a queue's speed is measured from."""
 SHARE_MARGIN = 0.75
 """Load sharing moves a bag only to a queue where it would end in less than this share of the time."""
 
@@ -68,6 +70,10 @@ class _Bag:
     ended: str = ""
     moved_at: float | None = None
     """When it last moved (its placement then preempts its running instances)."""
+    estimating: bool = False
+    """Its estimator runs (a companion bag the server made): it waits, up to `estimate_share` of its queue's
+    Te, for the upper bound (ProcessNewTask's step 2)."""
+    estimate_share: float = 0.1
 
 
 class Hierarchy:
@@ -81,16 +87,39 @@ class Hierarchy:
         self.load: dict[str, float] = {q.name: 0.0 for q in self.queues}
         self.bags: dict[int, _Bag] = {}
         self.stepped_at: float | None = None
+        self.measured: dict[str, float] = {}
+        """Each queue's relative speed as measured (`measure`)."""
 
     # -- Eq. 1 ------------------------------------------------------------------------------------
 
     def speed(self, view: DispatchView, q: QueueSpec) -> float:
-        """P: the queue's given performance, else its pools' mean `Speed` attribute, else 1."""
+        """P: the queue's given performance, else its pools' mean `Speed` attribute, else as measured (the
+        bags that ran in this queue and elsewhere: their mean run time overall over theirs here), else 1."""
         if q.performance is not None:
             return q.performance
         speeds = [float(s) for p in q.pools if isinstance(s := (view.pool_ad(p) or {}).get("Speed"), int | float)
                   and not isinstance(s, bool) and s > 0]
-        return sum(speeds) / len(speeds) if speeds else 1.0
+        if speeds:
+            return sum(speeds) / len(speeds)
+        return self.measured.get(q.name, 1.0)
+
+    def measure(self, view: DispatchView) -> None:
+        """Each queue's relative speed from the active bags' last results (`speed`'s fallback)."""
+        ratios: dict[str, list[float]] = {}
+        for bag in view.bags():
+            per: dict[str, list[float]] = {}
+            for e in bag.history[-MEASURE_RESULTS:]:
+                if e.success and e.ended_at is not None and (q := self._queue_of_pool(e.pool)) is not None:
+                    per.setdefault(q.name, []).append(max(1e-6, e.ended_at - e.sent_at))
+            if len(per) < 2:
+                continue
+            overall = sum(sum(v) for v in per.values()) / sum(len(v) for v in per.values())
+            for name, v in per.items():
+                ratios.setdefault(name, []).append(overall / (sum(v) / len(v)))
+        if ratios:
+            mean = {name: sum(r) / len(r) for name, r in ratios.items()}
+            scale = sum(mean.values()) / len(mean)  # (relative to the queues' average)
+            self.measured = {name: m / scale for name, m in mean.items()}
 
     def phi(self, view: DispatchView, q: QueueSpec, seconds: float, beta: float) -> float:
         """Work the queue does in `seconds`, optimistically (every slot, at its machines' speed)."""
@@ -100,7 +129,8 @@ class Hierarchy:
 
     def estimate(self, view: DispatchView, b: _Bag) -> float | None:
         """The bag's remaining work in CPU-seconds of a speed-1 CPU: measured once `min_results` results
-        are in, else the owner's figure for the jobs left, else None."""
+        are in (jobs left x their mean run time, scaled by the speed of the queue they ran in and by beta, the
+        CPU-bound share of a run), else the owner's figure for the jobs left, else None."""
         bag = view.bag(b.bag_id)
         if bag is None:
             return b.complexity
@@ -109,7 +139,7 @@ class Hierarchy:
         for e in bag.history:
             if e.success and e.ended_at is not None:
                 queue = self._queue_of_pool(e.pool)
-                times.append((e.ended_at - e.sent_at) * (self.speed(view, queue) if queue else 1.0))
+                times.append((e.ended_at - e.sent_at) * (self.speed(view, queue) if queue else 1.0) * b.beta)
         if len(times) >= b.min_results:
             b.complexity, b.source = left * sum(times) / len(times), "measured"
         elif b.given is not None:
@@ -126,15 +156,25 @@ class Hierarchy:
 
     def admit(self, view: DispatchView, b: _Bag, now: float) -> None:
         """A new bag enters the top level, or the first level whose C_e fits the complexity its owner gave."""
+        self.forget(view)
         self.bags[b.bag_id] = b
         c = self.estimate(view, b)
-        start = self.levels[0]
+        queues = self._at(self.levels[0])
         if b.source == "given" and c is not None:
             for level in self.levels:
-                start = level
-                if any(c <= self.phi(view, q, q.exec_time_limit, b.beta) for q in self._at(level)):
+                queues = [q for q in self._at(level) if c <= self.phi(view, q, q.exec_time_limit, b.beta)]
+                if queues:
                     break
-        self.arrive(view, b, self._pick(view, self._at(start)), now)
+            queues = queues or self._at(self.levels[-1])
+        bag = view.bag(b.bag_id)
+        self.arrive(view, b, self._pick(view, queues), min(now, bag.created_at) if bag is not None else now)
+
+    def forget(self, view: DispatchView) -> None:
+        """Drop the bags that ended, or that another placement now places, from their queues."""
+        for bag_id in list(self.bags):
+            bag = view.bag(bag_id)
+            if bag is None or bag.strategies[1] != "hierarchy":
+                self._drop(bag_id)
 
     def arrive(self, view: DispatchView, b: _Bag, q: QueueSpec, now: float) -> None:
         """ProcessNewTask: the bag arrives at `q`."""
@@ -162,9 +202,8 @@ class Hierarchy:
         if self.stepped_at == now:
             return
         self.stepped_at = now
-        active = {b.bag_id for b in view.bags()}
-        for bag_id in [i for i in self.bags if i not in active]:
-            self._drop(bag_id)
+        self.forget(view)
+        self.measure(view)
         for q in self.queues:
             self.enforce(view, q, now)
         self.share(view, now)
@@ -175,31 +214,38 @@ class Hierarchy:
             b = self.bags[bag_id]
             if b.ended or b.queue != q.name:
                 continue
-            if b.started is None and self._sent(view, b, q) > b.sent_base:
-                b.started = now
+            self.started(view, b, q, now)
             tq = now - b.arrived
             te = now - b.started if b.started is not None else 0.0
             alone = len(self.order[q.name]) == 1
-            if "overdue" in q.policies and (tq > q.queue_time_limit or te > q.exec_time_limit) and not alone:
-                self.move(view, b, q, "overdue", f"{tq:,.0f} s in queue {q.name} (Tq {q.queue_time_limit:g} s), "
-                          f"{te:,.0f} s running there (Te {q.exec_time_limit:g} s)", now)
-                continue
             c = self.estimate(view, b)
-            if c is None:
+            violated = self.violation(view, b, q, c, work, tq, te, alone)
+            if violated is not None and self.move(view, b, q, *violated, now):
                 continue
-            if "task_potential_overdue" in q.policies and (
-                    c > self.phi(view, q, q.exec_time_limit - te, b.beta)
-                    or c > self.phi(view, q, q.queue_time_limit - tq, b.beta)):
-                self.move(view, b, q, "task potential overdue", f"its remaining work {c:,.0f} CPU-s cannot end "
-                          f"within what is left of Te or Tq in queue {q.name}", now)
-                continue
-            cq = self.phi(view, q, q.queue_time_limit, b.beta)
-            if "queue_potential_overdue" in q.policies and work + c > cq:
-                self.move(view, b, q, "queue potential overdue", f"the work ahead of it ({work:,.0f} CPU-s) and "
-                          f"its own ({c:,.0f}) exceed C_q {cq:,.0f} of queue {q.name}", now)
-                continue
-            work += c
+            work += c or 0.0  # (a bag kept, or left to run at the lowest level, is the queue's work)
         self.load[q.name] = work
+
+    def violation(self, view: DispatchView, b: _Bag, q: QueueSpec, c: float | None, ahead: float, tq: float,
+                  te: float, alone: bool) -> tuple[str, str] | None:
+        """The first of Figure 2's policies (and step 3 of Figure 1, for a bound that came after the bag's
+        arrival) the bag violates in its queue, with why; None: none."""
+        if "overdue" in q.policies and (tq > q.queue_time_limit or te > q.exec_time_limit) and not alone:
+            return "overdue", (f"{tq:,.0f} s in queue {q.name} (Tq {q.queue_time_limit:g} s), {te:,.0f} s running "
+                               f"there (Te {q.exec_time_limit:g} s)")
+        if c is None:
+            return None
+        ce = self.phi(view, q, q.exec_time_limit, b.beta)
+        if "complexity_mismatch" in q.policies and b.started is None and b.source == "given" and c > ce:
+            return "complexity mismatch", f"its estimated work {c:,.0f} CPU-s is over C_e {ce:,.0f} of queue {q.name}"
+        if "task_potential_overdue" in q.policies and (c > self.phi(view, q, q.exec_time_limit - te, b.beta)
+                                                       or c > self.phi(view, q, q.queue_time_limit - tq, b.beta)):
+            return "task potential overdue", (f"its remaining work {c:,.0f} CPU-s cannot end within what is left "
+                                              f"of Te or Tq in queue {q.name}")
+        cq = self.phi(view, q, q.queue_time_limit, b.beta)
+        if "queue_potential_overdue" in q.policies and ahead + c > cq:
+            return "queue potential overdue", (f"the work ahead of it ({ahead:,.0f} CPU-s) and its own ({c:,.0f}) "
+                                               f"exceed C_q {cq:,.0f} of queue {q.name}")
+        return None
 
     def share(self, view: DispatchView, now: float) -> None:
         """Load sharing in a level: a bag not started moves to a queue of its level where it would end within
@@ -219,19 +265,20 @@ class Hierarchy:
                 here = (ahead + c) / max(1e-9, self.phi(view, q, 1.0, b.beta))
                 best = min(peers, key=lambda p: (self.load[p.name] + c) / max(1e-9, self.phi(view, p, 1.0, b.beta)))
                 there = (self.load[best.name] + c) / max(1e-9, self.phi(view, best, 1.0, b.beta))
-                if there < SHARE_MARGIN * here:
+                if there < SHARE_MARGIN * here:  # (its arrival there adds its work to that queue's load)
                     self._relocate(view, b, q, best, "load sharing", f"it would end in {there:,.0f} s in queue "
                                    f"{best.name} against {here:,.0f} s here", now)
-                    self.load[best.name] += c
+                    self.load[q.name] = max(0.0, self.load[q.name] - c)
                 else:
                     ahead += c
 
     # -- MigrationPolicy --------------------------------------------------------------------------
 
     def move(self, view: DispatchView, b: _Bag, q: QueueSpec, policy: str, why: str, now: float,
-             same_level: bool = False) -> None:
+             same_level: bool = False) -> bool:
         """The migration policy: the bag goes to the next level (for overload, first another queue of its
-        level with room); from the lowest level it is ended or left to run, as the queue says."""
+        level with room); from the lowest level it is ended or left to run, as the queue says. Returns
+        whether it left the queue (False: left to run in it)."""
         target: QueueSpec | None = None
         if same_level:
             roomy = [p for p in self._at(q.level) if p.name != q.name
@@ -245,8 +292,12 @@ class Hierarchy:
             if q.at_lowest == "terminate" or policy in ("overload", "complexity mismatch"):
                 b.ended = f"{policy} at the lowest level: {why}"
                 b.migrations.append((now, q.name, "", b.ended))
-            return
+                if b.bag_id in self.order[q.name]:  # (it leaves the queue now: its placement ends it next)
+                    self.order[q.name].remove(b.bag_id)
+                return True
+            return False
         self._relocate(view, b, q, target, policy, why, now)
+        return True
 
     def _relocate(self, view: DispatchView, b: _Bag, q: QueueSpec, target: QueueSpec, policy: str, why: str,
                   now: float) -> None:
@@ -264,6 +315,12 @@ class Hierarchy:
     def _pick(self, view: DispatchView, queues: Sequence[QueueSpec]) -> QueueSpec:
         """Of a level's queues, the one with the least work per unit of speed."""
         return min(queues, key=lambda q: (self.load[q.name] / max(1e-9, self.phi(view, q, 1.0, 1.0)), q.name))
+
+    def started(self, view: DispatchView, b: _Bag, q: QueueSpec, now: float) -> None:
+        """Note when the bag's first instance in its queue was sent (t_e counts from it)."""
+        if b.started is None and self._sent(view, b, q) > b.sent_base:
+            bag = view.bag(b.bag_id)
+            b.started = max(b.arrived, bag.last_sent if bag is not None else now)
 
     @staticmethod
     def _sent(view: DispatchView, b: _Bag, q: QueueSpec) -> int:
@@ -290,11 +347,16 @@ class HierarchyPlacement(Placement):
         "beta": 1.0,
         "min_results": 3,
         "preempt": True,
+        "estimator": "",
+        "estimate_share": 0.1,
     }
     """complexity: the bag's work in CPU-seconds of a speed-1 CPU, an upper bound (0: unknown, measured);
     beta: the share of its run time that is CPU-bound; min_results: results before its measured run times
     replace the given complexity; preempt: a migrated bag's running instances are preempted and queued again
-    in its new queue (false: they finish where they are)."""
+    in its new queue (false: they finish where they are); estimator: a shell command that prints an upper
+    bound of the bag's work in CPU-seconds (the last number it prints), run once on a worker before the bag
+    starts, as a companion bag NAME.estimate (the server makes it); estimate_share: the share of its queue's
+    Te the bag waits for its estimator (the paper's alpha)."""
 
     @classmethod
     def validate(cls, options: Mapping[str, StrategyOption]) -> None:
@@ -302,6 +364,9 @@ class HierarchyPlacement(Placement):
             v = options.get(key)
             if isinstance(v, int | float) and not low <= v <= high:
                 raise StrategyError(f"strategy option '{key}' must be from {low:g} to {high:g}, not {v!r}")
+        share = options.get("estimate_share")
+        if isinstance(share, int | float) and not 0 <= share <= 1:
+            raise StrategyError(f"strategy option 'estimate_share' must be from 0 to 1, not {share!r}")
         n = options.get("min_results")
         if isinstance(n, int) and not 1 <= n <= 10_000:
             raise StrategyError(f"strategy option 'min_results' must be from 1 to 10000, not {n}")
@@ -314,34 +379,52 @@ class HierarchyPlacement(Placement):
                                 "(docs/hierarchy.md)")
         self.h = hierarchy
         self.moved_seen: float | None = None
+        known = hierarchy.bags.get(bag_id)
+        if known is not None:  # made anew (its [strategy] changed: its estimator's bound came): same place
+            self.moved_seen = known.moved_at
+            given = self.number("complexity")
+            known.given = given if given > 0 else known.given
+            known.estimating = known.estimating and known.given is None
+            known.beta = self.number("beta")
 
     def _me(self, view: DispatchView, now: float) -> _Bag:
         b = self.h.bags.get(self.bag_id)
         if b is None:
             given = self.number("complexity")
             b = _Bag(self.bag_id, given=given if given > 0 else None, beta=self.number("beta"),
-                     min_results=int(self.number("min_results")))
+                     min_results=int(self.number("min_results")),
+                     estimating=bool(self.settings["estimator"]) and given <= 0,
+                     estimate_share=self.number("estimate_share"))
             self.h.admit(view, b, now)
+        q = self.h.by_name.get(b.queue)
+        if q is not None:
+            self.h.started(view, b, q, now)
         return b
+
+    def _held(self, b: _Bag, q: QueueSpec, now: float) -> bool:
+        """It waits for its estimator's bound, for up to `estimate_share` of the queue's Te."""
+        if b.estimating and now - b.arrived >= b.estimate_share * q.exec_time_limit:
+            b.estimating = False  # (no bound in time: it runs as a bag of unknown complexity)
+        return b.estimating
 
     def rank(self, view: DispatchView, bag: BagView, host: HostView, rank: float, now: float) -> float | None:
         b = self._me(view, now)
         q = self.h.by_name.get(b.queue)
-        if b.ended or q is None or host.pool not in q.pools:
+        if b.ended or q is None or host.pool not in q.pools or self._held(b, q, now):
             return None
         return (1000.0 - q.level) * 1e6 - self.h.position(b)
 
     def limit(self, view: DispatchView, bag: BagView, host: HostView, now: float) -> int | None:
         b = self._me(view, now)
         q = self.h.by_name.get(b.queue)
-        if b.ended or q is None or host.pool not in q.pools:
+        if b.ended or q is None or host.pool not in q.pools or self._held(b, q, now):
             return 0
         return max(0, q.max_cpus - sum(bag.on_pool(p)[1] for p in q.pools))
 
     def pilots(self, view: DispatchView, bag: BagView, pools: Sequence[str], now: float) -> Mapping[str, int] | None:
         b = self._me(view, now)
         q = self.h.by_name.get(b.queue)
-        if b.ended or q is None:
+        if b.ended or q is None or self._held(b, q, now):
             return {}
         want = min(bag.queued + bag.waiting_replicas, max(0, q.max_cpus - sum(bag.on_pool(p)[1] for p in q.pools)))
         out: dict[str, int] = {}
@@ -368,7 +451,10 @@ class HierarchyPlacement(Placement):
         if not self.settings["preempt"]:
             return ()
         why = b.migrations[-1][3] if b.migrations else "moved"
-        return [Migration(j.job_id, frozenset(q.pools), f"the bag moved to queue {q.name} ({why})")
+        # (queued again for any of the hierarchy's pools: which of them may run the bag is rank's to say, so a
+        # later move needs no job to be moved again)
+        anywhere = frozenset(p for queue in self.h.queues for p in queue.pools)
+        return [Migration(j.job_id, anywhere, f"the bag moved to queue {q.name} ({why})")
                 for j in view.running_jobs(bag.bag_id)]
 
     def terminate(self, view: DispatchView, bag: BagView, now: float) -> str | None:
@@ -390,6 +476,9 @@ class HierarchyPlacement(Placement):
             return []
         q = self.h.by_name.get(b.queue)
         pos = self.h.position(b)
+        if q is not None and b.estimating:
+            return [f"waits for its estimator (bag {bag.name}.estimate) in queue {q.name}, up to "
+                    f"{b.estimate_share * q.exec_time_limit:,.0f} s"]
         if q is not None and pos > 1 and b.started is None and bag.queued:
             return [f"waits in queue {q.name} (level {q.level}) behind {pos - 1} bag(s), first come first served"]
         return []

@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,8 +28,10 @@ from gridbot.model.spec import (
     MAX_PATH,
     BagSpec,
     StrategyChoice,
+    StrategyOption,
     budget_problem,
     check_spec,
+    each_line_spec,
     parse_bag_deadline,
     with_qos_placement,
 )
@@ -55,7 +58,7 @@ from gridbot.protocol import (
 from gridbot.schedulers import registry
 from gridbot.schedulers.base import StrategyError
 from gridbot.schedulers.expert.tail import observe, reliable_pools
-from gridbot.store.base import BagRow, InstanceRow, JobRow, Store, spec_hash
+from gridbot.store.base import BagExists, BagRow, InstanceRow, JobRow, Store, spec_hash
 
 log = logging.getLogger("gridbot.server")
 
@@ -89,6 +92,8 @@ class ServiceConfig:
 
 
 Waiter = Callable[[BaseException | None], None]
+ESTIMATOR_OF = "gridbot: the complexity estimator of bag "
+"""The description of a hierarchy bag's estimator companion, followed by the bag's id."""
 RELOAD_EVERY = 2.0
 """Seconds between tries to reload the dispatcher from a store that was unavailable."""
 ENDED_PLANS = 10_000
@@ -284,6 +289,8 @@ class Service:
         for b in batch.bags.values():
             if b.state is not BagState.ACTIVE:
                 self._remember_ended(b.bag_id)
+                if self.config.queues:
+                    self._estimated(b.bag_id)
                 log.info("bag %d %s: %d done, %d failed, %d instances, %d wasted", b.bag_id, b.state.value,
                          b.counts.done, b.counts.failed, b.counts.instances, b.counts.wasted)
 
@@ -364,7 +371,46 @@ class Service:
             self._bag_views[row.bag_id] = view
         self.feed()
         log.info("bag %d '%s' submitted: %d jobs", row.bag_id, row.name, row.total)
+        estimator = spec.strategy.options.get("estimator") if spec.strategy.placement == "hierarchy" else None
+        if isinstance(estimator, str) and estimator and not spec.strategy.options.get("complexity"):
+            self._estimate(row, estimator, inputs, now, owner)
         return bag_info(row)
+
+    def _estimate(self, row: BagRow, command: str, inputs: dict[str, bytes], now: float, owner: str) -> None:
+        """Run a hierarchy bag's estimator once on a worker, as a one-job companion bag NAME.estimate with the
+        bag's inputs; when it ends, the last number it printed becomes the bag's `complexity` (`_estimated`)."""
+        name = f"{row.name[:55]}.estimate"
+        options: dict[str, StrategyOption] = {"complexity": 1.0}
+        spec = msgspec.structs.replace(
+            each_line_spec(name, max_failures=1), inputs=list(row.spec.inputs), env=dict(row.spec.env),
+            description=f"{ESTIMATOR_OF}{row.bag_id}", timeout=row.spec.timeout,
+            strategy=StrategyChoice(placement="hierarchy", options=options))
+        try:
+            self.submit(spec, [command], inputs, now, owner)
+        except (BadRequest, Conflict, BagExists) as e:
+            log.warning("bag %d: its estimator could not be submitted (%s); it runs without", row.bag_id, e)
+
+    def _estimated(self, companion: int) -> None:
+        """An estimator bag ended: give its bound to the bag it estimated, if that one still runs."""
+        row = self.store.bag(companion)
+        if row is None or not row.spec.description.startswith(ESTIMATOR_OF):
+            return
+        main = self.store.bag(int(row.spec.description.removeprefix(ESTIMATOR_OF)))
+        results = self.store.results(companion, limit=1)
+        printed = results[0].instance.stdout_tail if results and results[0].instance is not None else None
+        found = re.findall(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?", printed or "")
+        if main is None or main.state is not BagState.ACTIVE or main.bag_id not in self.dispatcher.view:
+            return
+        bound = float(found[-1]) if found else 0.0
+        if not found or not 0 < bound < 1e15:
+            log.warning("bag %d: its estimator printed no positive number; it runs as of unknown complexity",
+                        main.bag_id)
+            return
+        options = {**main.spec.strategy.options, "complexity": bound}
+        spec = msgspec.structs.replace(main.spec, strategy=msgspec.structs.replace(main.spec.strategy, options=options))
+        self.store.set_spec(main.bag_id, spec)
+        self.dispatcher.set_strategy(main.bag_id, spec, time.time())
+        log.info("bag %d: its estimator bounds its work by %g CPU-s", main.bag_id, bound)
 
     def _placed(self, spec: BagSpec) -> BagSpec:
         """The placement a bag that names none gets: DBC's with a deadline or a budget, the hierarchy's on a
@@ -445,6 +491,7 @@ class Service:
         if h is None:
             return []
         view = self.dispatcher.view
+        h.step(view, time.time())  # (the queues as of now: bags that ended leave them)
         out = []
         for q in h.queues:
             names = [b.name for i in h.order[q.name] if (b := view.bag(i)) is not None]

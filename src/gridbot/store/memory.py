@@ -9,10 +9,13 @@ from dataclasses import dataclass, field
 import msgspec
 
 from gridbot.core.changes import (
+    ENDED_STATES,
+    HISTORY_ROWS,
     BagCounts,
     BagSnapshot,
     Changes,
     Decision,
+    EndedRow,
     Event,
     HostSnapshot,
     LiveInstance,
@@ -186,8 +189,17 @@ class MemoryStore(Store):
             if inst.row.wall_s is not None:
                 ledger.charge(inst.bag_id, inst.row.host_id, inst.row.wall_s)
         usage = [Usage(b, h, int(n), s) for b, hosts in ledger.by_bag.items() for h, (n, s) in hosts.items()]
+        pools = {h.info.host_id: h.info.pool for h in self.d.hosts.values()}
+        ended: dict[int, list[EndedRow]] = {}
+        for iid in sorted(self.d.instances):
+            inst = self.d.instances[iid]
+            if inst.bag_id in active and inst.row.state in ENDED_STATES:
+                ended.setdefault(inst.bag_id, []).append(EndedRow(
+                    inst.bag_id, iid, inst.row.sent_at, inst.row.ended_at, inst.row.state,
+                    pools.get(inst.row.host_id, "")))
+        history = [row for rows in ended.values() for row in rows[-HISTORY_ROWS:]]
         return Snapshot(bags, live, list(self.d.hosts.values()), max(self.d.instances, default=0) + 1,
-                        max(self.d.events, default=0) + 1, usage)
+                        max(self.d.events, default=0) + 1, usage, history)
 
     def queued_jobs(self, bag_id: int, after: int, limit: int) -> list[QueuedJob]:
         ids = self.d.job_ids.get(bag_id, [])

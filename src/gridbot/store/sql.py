@@ -19,10 +19,12 @@ from typing import Any, ClassVar
 import msgspec
 
 from gridbot.core.changes import (
+    HISTORY_ROWS,
     BagCounts,
     BagSnapshot,
     Changes,
     Decision,
+    EndedRow,
     Event,
     HostSnapshot,
     LiveInstance,
@@ -113,6 +115,9 @@ SQL = {
     "max_event": "SELECT COALESCE(MAX(event_id), 0) FROM events",
     "usage": "SELECT bag_id, host_id, COUNT(*), SUM(wall_s) FROM instances WHERE wall_s IS NOT NULL "
              "GROUP BY bag_id, host_id",
+    "history": "SELECT i.bag_id, i.id, i.sent_at, i.ended_at, i.state, COALESCE(h.pool, '') FROM instances i "
+               "LEFT JOIN hosts h ON h.id = i.host_id WHERE i.bag_id = ? AND i.state IN ('done', 'wasted', "
+               "'failed', 'overdue') ORDER BY i.id DESC LIMIT ?",
     "hosts": "SELECT id, name, platform, ncpus, memory_mb, slots, pool, first_seen, last_seen, stats "
              "FROM hosts ORDER BY first_seen, id",
     "queued_jobs": "SELECT id, idx, line, failures, attempts FROM jobs "
@@ -471,9 +476,15 @@ class SqlStore(Store):
             hosts = self._hosts(cur)
             cur.execute(self._sql("usage"))
             usage = [Usage(int(r[0]), r[1], int(r[2]), float(r[3])) for r in cur.fetchall()]
-        active = [BagSnapshot(b.bag_id, b.spec, b.counts, b.created_at, b.revision) for b in bags
-                  if b.state is BagState.ACTIVE]
-        return Snapshot(active, live, hosts, next_id, next_event, usage)
+            active = [BagSnapshot(b.bag_id, b.spec, b.counts, b.created_at, b.revision) for b in bags
+                      if b.state is BagState.ACTIVE]
+            history: list[EndedRow] = []
+            for b in active:
+                cur.execute(self._sql("history"), (b.bag_id, HISTORY_ROWS))
+                history.extend(reversed([EndedRow(int(r[0]), int(r[1]), float(r[2]),
+                                                  None if r[3] is None else float(r[3]), InstanceState(r[4]), r[5])
+                                         for r in cur.fetchall()]))
+        return Snapshot(active, live, hosts, next_id, next_event, usage, history)
 
     def queued_jobs(self, bag_id: int, after: int, limit: int) -> list[QueuedJob]:
         with self._tx(write=False) as cur:
