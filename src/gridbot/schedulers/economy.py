@@ -73,6 +73,8 @@ class PoolEstimate:
     busy_until: float = 0.0
     """Seconds from now until the running instances' remaining work would be done on all slots (fluid)."""
     cpus: int = 1
+    delay: float = 0.0
+    """Seconds its slots are expected to take yet before they take work (a pool slow to start its pilots)."""
     seconds_max: float | None = None
     """The longest a job took there among those measured (what an instance is reserved at: a mean lets the
     last jobs overrun the budget when run times vary)."""
@@ -125,7 +127,7 @@ def plan_jobs(strategy: str, pools: Sequence[PoolEstimate], jobs: int, horizon: 
     plan = Plan()
     if strategy == COST:
         left = jobs
-        for p in sorted(pools, key=lambda p: (p.unit_cost, p.seconds, p.name)):
+        for p in sorted(pools, key=lambda p: (p.unit_cost, -_rounded(p.slots / (p.seconds or 1.0)), p.name)):
             assert p.seconds is not None
             waves = math.inf if math.isinf(horizon) else max(0, math.floor((horizon - p.busy_until) / p.seconds + 1e-9))
             m = min(left, waves * p.slots, _affordable(budget, p.cost))
@@ -148,6 +150,12 @@ def plan_jobs(strategy: str, pools: Sequence[PoolEstimate], jobs: int, horizon: 
         return plan
     plan.unplanned, _ = _fill(plan, pools, jobs, horizon, budget, per_job=strategy == CONSERVATIVE)
     return plan
+
+
+def _rounded(x: float) -> float:
+    """`x` to two significant digits: pools of equal cost are ordered by their rate without the noise of each
+    measurement flipping their order from one plan to the next."""
+    return float(f"{x:.2g}") if x > 0 else 0.0
 
 
 def _affordable(budget: float, cost: float) -> float:
@@ -224,16 +232,18 @@ class DbcPlacement(Placement):
         "window": 50,
         "cost_tolerance": 0.01,
         "finish_late": False,
+        "pickup": 300.0,
     }
     """runtime: seconds a job takes on a pool of speed 1, before any is measured (0: unknown, probe first);
     replan: seconds between plans at most; window: good results per pool its rate is measured over;
     cost_tolerance: relative difference of cost within which pools form one group (cost-time);
     finish_late: once the deadline passed, go on with the jobs left (else nothing more is started, as the
-    paper's scheduler stops, and the bag says so)."""
+    paper's scheduler stops, and the bag says so); pickup: seconds a pool may leave planned work waiting for
+    slots it does not have up before the plan counts only the slots it has (a pool slow to start pilots)."""
 
     @classmethod
     def validate(cls, options: Mapping[str, StrategyOption]) -> None:
-        for key, low in (("runtime", 0.0), ("replan", 0.0), ("cost_tolerance", 0.0)):
+        for key, low in (("runtime", 0.0), ("replan", 0.0), ("cost_tolerance", 0.0), ("pickup", 0.0)):
             v = options.get(key)
             if isinstance(v, int | float) and not (low <= v < math.inf):
                 raise StrategyError(f"strategy option '{key}' must be a finite number >= {low:g}, not {v!r}")
@@ -252,6 +262,8 @@ class DbcPlacement(Placement):
         self.committed = 0.0
         self.probing = False
         self.report: QosReport | None = None
+        self.waiting_since: dict[str, float] = {}
+        """Per pool, since when work planned there waits for slots it does not have up (`_available`)."""
 
     # -- the seam ---------------------------------------------------------------------------------
 
@@ -358,7 +370,7 @@ class DbcPlacement(Placement):
 
     def _probe(self, pools: Sequence[PoolEstimate], jobs: int, budget: float) -> Plan:
         plan = Plan()
-        groups = _groups([p for p in pools if p.slots > 0], 0.0)
+        groups = _groups([p for p in pools if p.slots > 0], self.number("cost_tolerance"))
         if groups and budget > 0:
             for p in groups[0]:
                 if jobs > 0 and p.running == 0:
@@ -366,6 +378,25 @@ class DbcPlacement(Placement):
                     jobs -= 1
         plan.unplanned = jobs
         return plan
+
+    def _delay(self, pool: str, slots: int, live: int, running: int, now: float) -> float:
+        """Seconds the plan expects the pool to take yet before its slots take work: none, until it has left
+        work planned on it waiting for slots it does not have up for `pickup` seconds; then as long again as it
+        has made the bag wait (Nimrod-G's measured available share: a pool slow to start its pilots is
+        expected to stay slow, so a tight deadline moves its jobs elsewhere and a relaxed one waits for it)."""
+        planned = self.plan.assigned.get(pool, 0)
+        since = self.waiting_since.get(pool)
+        if live >= min(slots, running + max(planned, 1)):
+            self.waiting_since.pop(pool, None)  # (it came up)
+            return 0.0
+        if since is None:
+            if planned <= 0:
+                return 0.0
+            since = self.waiting_since[pool] = now
+        # (a pool found slow stays so until it comes up: else the next plan, seeing nothing planned there,
+        # would expect all of it at once again)
+        waited = now - since
+        return waited if waited >= self.number("pickup") else 0.0
 
     def _estimates(self, view: DispatchView, bag: BagView, now: float) -> list[PoolEstimate]:
         """Figure 2's step 4(a): each usable pool's seconds per job, measured or extrapolated."""
@@ -387,13 +418,14 @@ class DbcPlacement(Placement):
             cpus = max(1, int(_number(ad, "Cpus", 1)))
             slots = int(_number(ad, "MaxRunning", 0)) * cpus if ad is not None else 0
             slots = max(slots, pv.slots if pv is not None else 0)
+            delay = self._delay(name, slots, pv.slots if pv is not None else 0, len(running.get(name, ())), now)
             speed = _number(ad, "Speed", 1.0)
             speed = speed if speed > 0 else 1.0
             durations = samples.get(name)
             seconds = max(MIN_SECONDS, sum(durations) / len(durations)) if durations else None
             out.append(PoolEstimate(name, view.prices(name), slots, speed, seconds, seconds is not None,
                                     len(running.get(name, ())), cpus=cpus,
-                                    seconds_max=max(MIN_SECONDS, *durations) if durations else None))
+                                    seconds_max=max(MIN_SECONDS, *durations) if durations else None, delay=delay))
         measured = [p for p in out if p.measured]
         for p in out:
             if p.seconds is not None:
@@ -412,6 +444,7 @@ class DbcPlacement(Placement):
             if p.seconds is not None and runs:
                 left = sum(max(p.seconds - (now - sent), 0.1 * p.seconds) for sent, _ in runs)
                 p.busy_until = left / max(1, p.slots)
+            p.busy_until += p.delay
             if runs:
                 longest = p.seconds_max or 0.0
                 p.reserved = sum(max(longest, RUN_MARGIN * (now - sent)) for sent, _ in runs) / 3600.0 * p._hourly
