@@ -31,10 +31,13 @@ unit: $(STAMP)
 docs: $(STAMP)
 	$(PY) -c 'from gridbot.policy.reference import markdown; print(markdown(), end="")' > docs/policies.md
 
+# BENCH_ARGS goes to bench/suite.py as it is: make bench BENCH_ARGS="--only 1 --runs 5 --db-dir /var/tmp"
+BENCH_ARGS ?=
+
 bench: $(STAMP)
-	bench/peers/setup.sh .venv-peers
+	PYTHON=$(PYTHON) bench/peers/setup.sh .venv-peers
 	mkdir -p results
-	. scripts/ensure-postgres.sh && $(PY) bench/suite.py --out results/bench.md
+	. scripts/ensure-postgres.sh && $(PY) bench/suite.py --out results/bench.md $(BENCH_ARGS)
 
 bench-run: $(STAMP)
 	$(PY) bench/throughput.py

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -32,9 +31,9 @@ def main() -> None:
         for keys in ((True, False) if n % 2 == 0 else (False, True)):
             harness.NO_AUTH = not keys
             e2e[keys].values.append(gridbot_end_to_end(args.jobs, "sh -c true")[0])
-            with tempfile.TemporaryDirectory() as t:
+            with harness.workdir() as t:
                 cap[keys].values.append(dispatch(f"sqlite:///{t}/g.db", Path(t), [sweep("cap", args.capacity_jobs)]))
-    print(f"machine: {harness.machine()}\n")
+    print(f"machine: {harness.machine()}\n{harness.storage()}\n")
     print(table(f"End to end: {args.jobs:,} jobs of `sh -c true`, 2 workers, jobs/s", [e2e[True], e2e[False]],
                 versus="--no-auth"))
     print(table(f"Dispatch capacity: {args.capacity_jobs:,} jobs, 2 noop workers of 1,000 slots, SQLite, jobs/s",

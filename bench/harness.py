@@ -15,6 +15,7 @@ import sqlite3
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -26,6 +27,75 @@ NO_AUTH = os.environ.get("GRIDBOT_BENCH_NO_AUTH") == "1"
 """Start servers with --no-auth, to measure what authentication costs (issue 11): run the suite both ways."""
 PG_ADMIN = os.environ.get("GRIDBOT_BENCH_PG", os.environ.get("GRIDBOT_TEST_PG",
                                                               "postgresql://postgres@127.0.0.1:5432/postgres"))
+DB_DIR: Path | None = None
+"""Where the benchmarks make their SQLite databases and work directories (None: the system's temporary
+directory); the suite's --db-dir sets it. On tmpfs an fsync costs nothing, so no figure is durable."""
+
+
+def workdir() -> tempfile.TemporaryDirectory[str]:
+    """A throwaway directory for one run's database and processes, under DB_DIR."""
+    if DB_DIR is not None:
+        DB_DIR.mkdir(parents=True, exist_ok=True)
+    return tempfile.TemporaryDirectory(prefix="gridbot-bench-", dir=DB_DIR)
+
+
+def filesystem(path: Path) -> tuple[str, str, str]:
+    """(type, device, mount point) of the file system `path` is on, from /proc/mounts (the longest mount
+    point that holds it); ("?", "?", "?") where there is no /proc/mounts."""
+    path = path.resolve()
+    best, depth = ("?", "?", "?"), -1
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                device, mount, kind = fields[0], Path(fields[1].replace("\\040", " ")), fields[2]
+                if (path == mount or mount in path.parents) and len(mount.parts) >= depth:
+                    best, depth = (kind, device, str(mount)), len(mount.parts)
+    except OSError:
+        pass
+    return best
+
+
+MEMORY_FILESYSTEMS = ("tmpfs", "ramfs")
+
+
+def storage() -> str:
+    """Where the SQLite databases go and on what file system, with a warning on one kept in memory."""
+    with workdir() as t:
+        kind, device, mount = filesystem(Path(t))
+        where = str(Path(t).parent)
+    line = f"database directory: {where} ({kind} on {device}, mounted at {mount})"
+    if kind in MEMORY_FILESYSTEMS:
+        line += (f"\nWARNING: {kind} keeps the databases in memory: an fsync costs nothing there, so SQLite's "
+                 "figures are not those of a durable store; pass --db-dir on a disk-backed file system")
+    return line
+
+
+def pg_settings(url: str = PG_ADMIN) -> str:
+    """PostgreSQL's version and the settings that decide what a commit costs (fsync, synchronous_commit,
+    wal_sync_method, full_page_writes), and the file system of its data directory when it is local."""
+    import psycopg
+
+    names = ("server_version", "fsync", "synchronous_commit", "wal_sync_method", "full_page_writes")
+    with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
+        values = {n: str(conn.execute(f"SHOW {n}").fetchone()[0]) for n in names}  # type: ignore[index]
+        try:
+            data = str(conn.execute("SHOW data_directory").fetchone()[0])  # type: ignore[index]
+        except psycopg.Error:
+            data = ""
+    line = (f"PostgreSQL {values['server_version']}: fsync={values['fsync']}, "
+            f"synchronous_commit={values['synchronous_commit']}, wal_sync_method={values['wal_sync_method']}, "
+            f"full_page_writes={values['full_page_writes']}")
+    if data and Path(data).exists():
+        kind, device, _ = filesystem(Path(data))
+        line += f", data directory {data} ({kind} on {device})"
+        if kind in MEMORY_FILESYSTEMS:
+            line += f"\nWARNING: PostgreSQL's data directory is on {kind}: its commits are not durable"
+    if values["fsync"] != "on" or values["synchronous_commit"] not in ("on", "remote_write", "remote_apply"):
+        line += "\nWARNING: PostgreSQL does not make each commit durable (fsync or synchronous_commit is off)"
+    return line
 
 
 def free_port() -> int:
@@ -127,6 +197,28 @@ def workers(url: str, count: int, workdir: Path, *args: str) -> Iterator[list[su
 
 
 @contextmanager
+def many_hosts(url: str, workdir: Path, hosts: int, slots: int,
+               prefetch: int) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """`hosts` noop workers of `slots` slots in one process (bench/many_hosts.py); stopped afterwards."""
+    wd = workdir / "hosts"
+    wd.mkdir(parents=True, exist_ok=True)
+    with (wd / "log").open("wb") as out:
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("many_hosts.py")), "--server", url,
+                                 "--workdir", str(wd), "--hosts", str(hosts), "--slots", str(slots), "--prefetch",
+                                 str(prefetch), "--idle-timeout", "30"], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield [proc]
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextmanager
 def pg_database(name: str) -> Iterator[str]:
     """A fresh PostgreSQL database for one run (dropped afterwards); yields its URL."""
     import psycopg
@@ -156,6 +248,22 @@ def instance_times(db: str) -> list[tuple[float, float]]:
 
     with psycopg.connect(db) as pconn:
         return [(float(a), float(b)) for a, b in pconn.execute(query)]
+
+
+def first_sent(db: str) -> float:
+    """When the store's first instance was sent (time.time() of the server)."""
+    query = "SELECT MIN(sent_at) FROM instances"
+    if db.startswith("sqlite:///"):
+        path = db.removeprefix("sqlite:///").split("?", 1)[0]
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            return float(conn.execute(query).fetchone()[0])
+        finally:
+            conn.close()
+    import psycopg
+
+    with psycopg.connect(db) as pconn:
+        return float(pconn.execute(query).fetchone()[0])  # type: ignore[index]
 
 
 def rate(times: Sequence[tuple[float, float]], first: int | None = None) -> float:
@@ -213,4 +321,5 @@ def machine() -> str:
         pass
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return (f"{platform.node()}: {os.cpu_count()} cores ({cpu}), {mem:.0f} GiB, {platform.system()} "
-            f"{platform.release()}, CPython {platform.python_version()}, SQLite {sqlite3.sqlite_version}")
+            f"{platform.release()}, CPython {platform.python_version()} ({os.path.realpath(sys.executable)}), "
+            f"SQLite {sqlite3.sqlite_version}")

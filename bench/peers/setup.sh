@@ -1,12 +1,44 @@
 #!/bin/sh
 # Make (once) the virtualenv the peer systems run in: `bench/peers/setup.sh [VENV]`.
-# Re-running is cheap: the stamp records the requirements it was built from.
+#
+# Everything installed is pinned with hashes (constraints.txt): first pip itself, then the peers, in
+# pip's hash-checking mode, so a package whose file changed on the index fails the install instead of
+# being measured. Re-running is cheap: the stamp records the interpreter (its path and full version),
+# the pins and this script; when any of them changed, the virtualenv is made anew.
+#
+# `bench/peers/setup.sh --lock` remakes constraints.txt from requirements.txt (pip-tools' pip-compile in
+# a throwaway virtualenv): after changing a pin, run it and commit both files.
+# PYTHON chooses the interpreter (default python3).
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
+python=${PYTHON:-python3}
+
+if [ "${1:-}" = "--lock" ]; then
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  "$python" -m venv "$tmp/venv"
+  "$tmp/venv/bin/python" -m pip install --quiet pip-tools==7.6.2
+  cp "$here/requirements.txt" "$tmp/requirements.txt"
+  (cd "$tmp" && venv/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras \
+    --no-emit-index-url --no-emit-find-links --output-file constraints.txt requirements.txt)
+  cp "$tmp/constraints.txt" "$here/constraints.txt"
+  echo "wrote $here/constraints.txt"
+  exit 0
+fi
+
 venv=${1:-$here/../../.venv-peers}
-stamp=$venv/.requirements
-if [ -f "$stamp" ] && cmp -s "$stamp" "$here/requirements.txt"; then exit 0; fi
-python3 -m venv "$venv"
-"$venv/bin/python" -m pip install --quiet --upgrade pip
-"$venv/bin/python" -m pip install --quiet -r "$here/requirements.txt"
-cp "$here/requirements.txt" "$stamp"
+stamp=$venv/.installed
+interpreter=$("$python" -c 'import platform, sys, os; print(os.path.realpath(sys.executable), platform.python_implementation(), sys.version.replace(chr(10), " "))')
+want=$(printf '%s\n' "interpreter: $interpreter"; cat "$here/requirements.txt" "$here/constraints.txt" "$0" | sha256sum)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
+echo "bench/peers/setup.sh: making $venv with $interpreter" >&2
+"$python" -m venv --clear "$venv"
+pins=$(mktemp)
+trap 'rm -f "$pins"' EXIT
+# pip's own pin, with its hashes, as a requirements file: the pip a fresh virtualenv has may not read
+# hashes from a constraints file
+sed -n '/^pip==/,/^ *#/p' "$here/constraints.txt" | grep -v '^ *#' > "$pins"
+"$venv/bin/python" -m pip install --quiet --require-hashes --no-deps -r "$pins"
+"$venv/bin/python" -m pip install --quiet --require-hashes -r "$here/requirements.txt" -c "$here/constraints.txt"
+"$venv/bin/python" -m pip check >/dev/null
+printf '%s\n' "$want" > "$stamp"
