@@ -52,8 +52,11 @@ def recompute(db: str) -> dict[str, float]:
     hosts = {h: (pool, first, last) for h, pool, first, last in
              con.execute("SELECT id, pool, first_seen, last_seen FROM hosts")}
     use: dict[tuple[int, str], float] = defaultdict(float)
-    for bag_id, host, wall in con.execute("SELECT bag_id, host_id, wall_s FROM instances WHERE wall_s IS NOT NULL"):
+    last_end: dict[str, float] = {}
+    for bag_id, host, wall, ended in con.execute(
+            "SELECT bag_id, host_id, wall_s, ended_at FROM instances WHERE wall_s IS NOT NULL"):
         use[bag_id, host] += wall
+        last_end[host] = max(last_end.get(host, ended), ended)
     con.close()
     on_host: dict[str, float] = defaultdict(float)
     for (_, host), wall in use.items():
@@ -64,7 +67,8 @@ def recompute(db: str) -> dict[str, float]:
         per_cpu, per_pilot, period = PRICES[pool]
         spent[names[bag_id]] += wall * per_cpu / 3600
         if per_pilot:
-            periods = max(1, math.ceil((last - first) / period - 1e-9))
+            used_until = min(last, max(first, last_end[host]))  # (the periods it idled on after are nobody's)
+            periods = max(1, math.ceil((used_until - first) / period - 1e-9))
             spent[names[bag_id]] += periods * period / 3600 * per_pilot * wall / on_host[host]
     return dict(spent)
 

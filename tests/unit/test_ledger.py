@@ -93,6 +93,12 @@ POOLS = {
 }
 
 
+def end(host_id: str) -> float:
+    """Charged at the end of the host's life: its whole life is used (the idle tail has its own test)."""
+    t = HOSTS.get(host_id)
+    return t.last_seen if t is not None else 0.0
+
+
 def term(host_id: str) -> HostTerm | None:
     return HOSTS.get(host_id)
 
@@ -103,9 +109,9 @@ def prices(pool: str) -> Prices:
 
 def test_two_bags_on_one_pilot_share_its_started_periods_in_proportion_to_their_use():
     ledger = Ledger()
-    ledger.charge(1, "c1", 1000.0)
-    ledger.charge(1, "c1", 2000.0)
-    ledger.charge(2, "c1", 1000.0)
+    ledger.charge(1, "c1", 1000.0, end("c1"))
+    ledger.charge(1, "c1", 2000.0, end("c1"))
+    ledger.charge(2, "c1", 1000.0, end("c1"))
     one, two = ledger.bill(1, term, prices), ledger.bill(2, term, prices)
     assert one == Bill(1, [PoolBill("cloud", 2, 3000.0, 0.0, pytest.approx(15.0), 1)])
     assert two == Bill(2, [PoolBill("cloud", 1, 1000.0, 0.0, pytest.approx(5.0), 1)])
@@ -114,10 +120,10 @@ def test_two_bags_on_one_pilot_share_its_started_periods_in_proportion_to_their_
 
 def test_a_bill_is_per_pool_with_cpu_time_and_pilot_shares_apart():
     ledger = Ledger()
-    ledger.charge(1, "g1", 1800.0)
-    ledger.charge(1, "g1", 900.0)
-    ledger.charge(1, "c1", 60.0)
-    ledger.charge(1, "f1", 5000.0)
+    ledger.charge(1, "g1", 1800.0, end("g1"))
+    ledger.charge(1, "g1", 900.0, end("g1"))
+    ledger.charge(1, "c1", 60.0, end("c1"))
+    ledger.charge(1, "f1", 5000.0, end("f1"))
     bill = ledger.bill(1, term, prices)
     assert [p.pool for p in bill.pools] == ["cloud", "free", "grid"], "sorted by pool"
     cloud, free, grid = bill.pools
@@ -129,9 +135,9 @@ def test_a_bill_is_per_pool_with_cpu_time_and_pilot_shares_apart():
 
 def test_a_bags_share_counts_the_hosts_of_a_pool_it_used():
     ledger = Ledger()
-    ledger.charge(3, "g1", 3600.0)
-    ledger.charge(3, "c1", 10.0)
-    ledger.charge(3, "c2", 10.0)
+    ledger.charge(3, "g1", 3600.0, end("g1"))
+    ledger.charge(3, "c1", 10.0, end("c1"))
+    ledger.charge(3, "c2", 10.0, end("c2"))
     [cloud, grid] = ledger.bill(3, term, prices).pools
     assert (cloud.hosts, cloud.instances, cloud.pilots) == (2, 2, 30.0), "two hours of c1 and one of c2"
     assert (grid.hosts, grid.cpu) == (1, 2.0)
@@ -139,8 +145,8 @@ def test_a_bags_share_counts_the_hosts_of_a_pool_it_used():
 
 def test_bags_with_no_wall_time_on_a_pilot_share_it_equally():
     ledger = Ledger()
-    ledger.charge(1, "c1", 0.0)
-    ledger.charge(2, "c1", 0.0)
+    ledger.charge(1, "c1", 0.0, end("c1"))
+    ledger.charge(2, "c1", 0.0, end("c1"))
     assert ledger.bill(1, term, prices).total == pytest.approx(10.0)
     assert ledger.bill(2, term, prices).total == pytest.approx(10.0)
 
@@ -148,16 +154,16 @@ def test_bags_with_no_wall_time_on_a_pilot_share_it_equally():
 def test_a_wall_time_that_is_not_a_finite_number_at_least_zero_is_charged_as_zero():
     ledger = Ledger()
     for seconds in (math.nan, math.inf, -5.0):
-        ledger.charge(1, "g1", seconds)
-    ledger.charge(1, "g1", 1800.0)
+        ledger.charge(1, "g1", seconds, end("g1"))
+    ledger.charge(1, "g1", 1800.0, end("g1"))
     [grid] = ledger.bill(1, term, prices).pools
     assert (grid.instances, grid.seconds, grid.cpu) == (4, 1800.0, 1.0)
 
 
 def test_an_unknown_host_is_charged_nothing():
     ledger = Ledger()
-    ledger.charge(1, "gone", 3600.0)
-    ledger.charge(1, "g1", 3600.0)
+    ledger.charge(1, "gone", 3600.0, end("gone"))
+    ledger.charge(1, "g1", 3600.0, end("g1"))
     bill = ledger.bill(1, term, prices)
     assert [(p.pool, p.instances, p.seconds, p.total) for p in bill.pools] == [("", 1, 3600.0, 0.0),
                                                                                ("grid", 1, 3600.0, 2.0)]
@@ -166,7 +172,7 @@ def test_an_unknown_host_is_charged_nothing():
 
 def test_a_bag_that_ran_nothing_has_an_empty_bill():
     ledger = Ledger()
-    ledger.charge(1, "g1", 60.0)
+    ledger.charge(1, "g1", 60.0, end("g1"))
     assert ledger.bill(9, term, prices) == Bill(9, [])
     assert ledger.bill(9, term, prices).total == 0.0
 
@@ -174,17 +180,17 @@ def test_a_bag_that_ran_nothing_has_an_empty_bill():
 def test_idle_pilots_are_the_pilot_priced_hosts_that_ran_nothing():
     ledger = Ledger()
     assert ledger.idle_pilots(HOSTS, prices) == pytest.approx(20.0 + 10.0), "c1 (2 h) and c2 (1 h); g1 and f1 free"
-    ledger.charge(1, "c1", 100.0)
+    ledger.charge(1, "c1", 100.0, end("c1"))
     assert ledger.idle_pilots(HOSTS, prices) == pytest.approx(10.0), "c2 alone"
-    ledger.charge(2, "c2", 0.0)
+    ledger.charge(2, "c2", 0.0, end("c2"))
     assert ledger.idle_pilots(HOSTS, prices) == 0.0, "a pilot that ran an instance (even of 0 s) is a bag's"
 
 
 def test_every_pilot_is_paid_once_by_its_bags_or_as_idle():
     ledger = Ledger()
-    ledger.charge(1, "c1", 300.0)
-    ledger.charge(2, "c1", 100.0)
-    ledger.charge(2, "g1", 3600.0)
+    ledger.charge(1, "c1", 300.0, end("c1"))
+    ledger.charge(2, "c1", 100.0, end("c1"))
+    ledger.charge(2, "g1", 3600.0, end("g1"))
     total = sum(ledger.bill(b, term, prices).total for b in (1, 2)) + ledger.idle_pilots(HOSTS, prices)
     pilots = sum(prices(t.pool).pilot(t.first_seen, t.last_seen) for t in HOSTS.values())
     assert total == pytest.approx(pilots + 2.0)
@@ -195,16 +201,26 @@ def test_restoring_usage_equals_charging_one_by_one():
                (2, "g1", 60.0), (3, "gone", 10.0)]
     one_by_one = Ledger()
     for bag, host, seconds in charges:
-        one_by_one.charge(bag, host, seconds)
+        one_by_one.charge(bag, host, seconds, end(host))
     usage: dict[tuple[int, str], list[float]] = {}
     for bag, host, seconds in charges:
         row = usage.setdefault((bag, host), [0, 0.0])
         row[0] += 1
         row[1] += seconds
     restored = Ledger()
-    restored.restore(Usage(bag, host, int(n), s) for (bag, host), (n, s) in usage.items())
+    restored.restore(Usage(bag, host, int(n), s, end(host)) for (bag, host), (n, s) in usage.items())
     assert restored.by_bag == one_by_one.by_bag
     assert restored.by_host == one_by_one.by_host
     for bag in (1, 2, 3):
         assert restored.bill(bag, term, prices) == one_by_one.bill(bag, term, prices)
     assert restored.idle_pilots(HOSTS, prices) == one_by_one.idle_pilots(HOSTS, prices)
+
+
+def test_the_periods_a_pilot_idles_after_its_last_instance_are_nobodys():
+    """c1 lives 5,400 s (two started hours); its only instance ended at 1,000 s: the bag pays the first hour,
+    the second is idle (a pilot left running after the work is the run's, not the bag's)."""
+    ledger = Ledger()
+    ledger.charge(1, "c1", 500.0, 1000.0)
+    [cloud] = ledger.bill(1, term, prices).pools
+    assert cloud.pilots == pytest.approx(10.0)
+    assert ledger.idle_pilots({"c1": HOSTS["c1"]}, prices) == pytest.approx(10.0)

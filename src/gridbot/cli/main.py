@@ -406,7 +406,7 @@ def levels(server: str | None, access: Path | None, admin: bool, as_json: bool) 
 
 @cli.command()
 @click.argument("bag")
-@click.option("--deadline", metavar="WHEN", help="The bag's new deadline: a duration after its submission (90, 10m, "
+@click.option("--deadline", metavar="WHEN", help="The bag's new deadline: a duration from now (90, 10m, "
               "2h, 1d) or a time with its zone (2026-11-27T17:00:00Z); 'none' removes it.")
 @click.option("--budget", metavar="MONEY", help="The bag's new budget, in the pools' currency; 'none' removes it.")
 @server_option

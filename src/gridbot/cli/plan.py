@@ -17,10 +17,20 @@ from typing import Any
 
 from gridbot.errors import GridbotError
 from gridbot.model.spec import StrategyChoice
-from gridbot.protocol import PlanInput
-from gridbot.schedulers.expert.characterize import Characterization, from_runtimes
+from gridbot.protocol import BagHistory, PlanInput
+from gridbot.schedulers.expert import history
+from gridbot.schedulers.expert.characterize import Characterization, CharacterizationError, from_runtimes
 from gridbot.schedulers.expert.frontier import best, dominating, utility
-from gridbot.schedulers.expert.planner import Observed, Planning, PoolFacts, Settings, plan, plan_with, statics
+from gridbot.schedulers.expert.planner import (
+    Observed,
+    Planning,
+    PoolFacts,
+    Settings,
+    offline,
+    plan,
+    plan_with,
+    statics,
+)
 from gridbot.schedulers.expert.tail import ExpertTail
 
 
@@ -45,7 +55,7 @@ def settings(choice: StrategyChoice, chosen_utility: str | None) -> Settings:
 
     return Settings(chosen_utility or str(given["utility"]), float(given["mr_max"]), int(given["repetitions"]),
                     price("price_unreliable"), price("price_reliable"), price("charging_period"),
-                    int(given["min_results"]))
+                    int(given["min_results"]), reliable_runtime=price("reliable_runtime") or None)
 
 
 def chosen_utility(name: str | None, budget: float | None, deadline: float | None) -> str | None:
@@ -66,16 +76,69 @@ def report(title: str, planning: Planning, budget: float | None, mr_max: float) 
     return Report(title, planning, statics(planning, mr_max, budget), bests)
 
 
-def for_bag(given: PlanInput, name: str | None, budget: float | None, deadline: float | None) -> Report:
+@dataclass(frozen=True)
+class Previous:
+    """A run that is over, to characterize the pools from offline: a previous bag or a history file."""
+
+    rows: list[history.HistoryRow]
+    name: str
+    """For people: "bag NAME", "history FILE"."""
+    deadline: float | None = None
+    """Its instance deadline (None: the planned bag's)."""
+    reliable: frozenset[str] | None = None
+    """Its reliable pools (None: the planned bag's, as the server or the scenario says)."""
+
+
+def read_history(path: Path) -> Previous:
+    """A history file (`gridbot.schedulers.expert.history`: CSV or JSON lines of sent_at, ended_at, success,
+    pool), or GridbotError naming the line."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise GridbotError(f"cannot read history {path}: {e.strerror}") from e
+    except UnicodeDecodeError:
+        raise GridbotError(f"history {path} is not text: write CSV or JSON lines of "
+                           f"{', '.join(history.COLUMNS)}") from None
+    return Previous(history.parse(text, str(path)), f"history {path.name}")
+
+
+def previous_bag(found: BagHistory) -> Previous:
+    """A previous bag's instances, as the server sent them (`Client.bag_history`)."""
+    rows = [history.HistoryRow(sent, ended, ok, pool) for sent, ended, ok, pool in found.instances]
+    if not rows:
+        raise GridbotError(f"bag {found.bag} has no instance to characterize the pools from")
+    return Previous(rows, f"bag {found.bag}", found.instance_deadline, frozenset(found.reliable_pools))
+
+
+def characterized(previous: Previous, observed: Observed, chosen: Settings) -> tuple[Characterization, str, int]:
+    """ExPERT's offline characterization (gamma fully known) from a run that is over, for the bag `observed`."""
+    reliable = previous.reliable if previous.reliable is not None else frozenset(
+        p.name for p in observed.pools if p.reliable)
+    deadline = previous.deadline if previous.deadline is not None else observed.throughput_deadline
+    try:
+        return offline(history.records(previous.rows, reliable), deadline, chosen, previous.name)
+    except CharacterizationError as e:
+        raise GridbotError(f"{previous.name}: {e}") from None
+
+
+def for_bag(given: PlanInput, name: str | None, budget: float | None, deadline: float | None,
+            previous: Previous | None = None) -> Report:
+    """The frontier for a running bag, characterized from its own instances (online), or offline from a
+    `previous` run (a bag that is over, a history file) with the bag's tasks left and instances out."""
     chosen = settings(given.strategy, chosen_utility(name, budget, deadline))
-    planning = plan(given.observed, chosen)
+    if previous is None:
+        planning = plan(given.observed, chosen)
+    else:
+        char, source, known = characterized(previous, given.observed, chosen)
+        planning = plan_with(char, source, given.observed, chosen, known)
     return report(f"bag {given.bag}", planning, budget, chosen.mr_max)
 
 
 def for_scenario(path: Path, bag_name: str | None, name: str | None, budget: float | None,
-                 deadline: float | None) -> Report:
+                 deadline: float | None, previous: Previous | None = None) -> Report:
     """A scenario's bag before it runs: an offline characterization from its runtime distribution and its
-    pools' model (success = no failure, no black hole, no preemption during the run), the whole bag."""
+    pools' model (success = no failure, no black hole, no preemption during the run), or from a `previous`
+    run, for the whole bag."""
     from gridbot.sim.scenario import parse_scenario
 
     try:
@@ -91,11 +154,15 @@ def for_scenario(path: Path, bag_name: str | None, name: str | None, budget: flo
                 or (not sc.dispatch.reliable_pools and p.spec.reliability == "reliable")}
     facts = tuple(PoolFacts(p.name, p.name in reliable, p.spec.price_per_cpu_hour, p.spec.charging_period,
                             p.max_size * p.spec.cpus, p.max_size * p.spec.cpus) for p in sc.pools)
-    char = _offline(sc.pools, reliable, bag.runtime, sc.seed)
     chosen = settings(bag.strategy, chosen_utility(name, budget, deadline))
     observed = Observed(0.0, (), (), (), bag.jobs, facts, bag.instance_deadline)
-    source = f"offline from the scenario: runtimes {bag.runtime.describe}, success {char.gamma_future:.2f}"
-    planning = plan_with(char, source, observed, chosen)
+    if previous is None:
+        char = _offline(sc.pools, reliable, bag.runtime, sc.seed)
+        source = f"offline from the scenario: runtimes {bag.runtime.describe}, success {char.gamma_future:.2f}"
+        known = 0
+    else:
+        char, source, known = characterized(previous, observed, chosen)
+    planning = plan_with(char, source, observed, chosen, known)
     return report(f"bag {bag.name} of {path.name} (before it runs)", planning, budget, chosen.mr_max)
 
 
@@ -142,7 +209,7 @@ def as_dict(r: Report) -> dict[str, Any]:
                    "charging_period": p.prices.charging_period},
         "tasks": p.observed.tasks, "simulated_tasks": p.setup.tasks, "whole_bag": p.setup.bag,
         "repetitions": int(est.runs_cost.shape[1]), "sampled": len(p.space), "utility": p.utility.name,
-        "chosen": {**point(p.chosen), "tail_makespan_error": p.error[0], "cost_error": p.error[1]}
+        "chosen": {**point(p.chosen), **_predicted(p), "tail_makespan_error": p.error[0], "cost_error": p.error[1]}
         if p.chosen is not None else None,
         "frontier": [point(i) for i in p.distinct_frontier()],
         "statics": {name: {"tail_makespan": _finite(m), "cost": c,
@@ -151,6 +218,11 @@ def as_dict(r: Report) -> dict[str, Any]:
                     for name, (m, c) in r.statics.items()},
         "bests": {name: (point(i) if i is not None else None) for name, i in r.bests.items()},
     }
+
+
+def _predicted(p: Planning) -> dict[str, Any]:
+    m, c = p.prediction()
+    return {"tail_makespan": _finite(m), "cost": c}
 
 
 def _finite(x: float) -> float | None:
@@ -193,7 +265,7 @@ def show(r: Report) -> None:
     if p.chosen is None:
         out(f"no strategy meets {p.utility.name}", soft_wrap=True)
     else:
-        m, c = p.point(p.chosen)
+        m, c = p.prediction()
         ms, cs = p.error
         out(f"best for {p.utility.name}: [bold]{p.describe(p.space[p.chosen])}[/] (T and D in units of T_ur = "
             f"{p.char.tur:.0f} s): tail {render.duration(m)} ± {render.duration(ms)}, cost {c:.4g} ± {cs:.2g} per "

@@ -116,7 +116,8 @@ class Dispatcher:
         for b in snapshot.bags:
             self.add_bag(b)
         for h in snapshot.hosts:
-            restored = s.hosts[h.info.host_id] = HostRecord(h.info, h.first_seen, h.last_seen, h.stats)
+            restored = s.hosts[h.info.host_id] = HostRecord(h.info, h.first_seen, h.last_seen, h.stats,
+                                                            contact=h.last_seen)
             k.watch(restored)
         s.ledger.restore(snapshot.usage)
         for row in snapshot.history:

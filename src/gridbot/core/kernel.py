@@ -93,7 +93,7 @@ class Kernel:
         if host is None:
             host = self.s.hosts[info.host_id] = HostRecord(info, now, now)
         host.info = info
-        host.last_seen = now
+        host.last_seen = host.contact = now
         self.s.live_hosts[info.host_id] = host
         if not host.watched:
             self.watch(host)
@@ -104,7 +104,8 @@ class Kernel:
         heapq.heappush(self.silence, (host.last_seen, host.info.host_id, host))
 
     def emit_host(self, host: HostRecord, changes: Changes) -> None:
-        changes.hosts[host.info.host_id] = HostUpdate(host.info, host.first_seen, host.last_seen,
+        # (the store keeps its last real call: what its pilot's hours are billed to, core/ledger.py)
+        changes.hosts[host.info.host_id] = HostUpdate(host.info, host.first_seen, max(host.first_seen, host.contact),
                                                       msgspec.structs.replace(host.stats))
 
     def refuse(self, host_id: str, changes: Changes) -> None:
@@ -170,7 +171,7 @@ class Kernel:
     def end(self, inst: Instance, r: InstanceReport, now: float, changes: Changes) -> None:
         """Apply a host's report about `inst`, which may be running or overdue (a late report)."""
         job, bag = inst.job, self.s.bags[inst.job.bag_id]
-        self.s.ledger.charge(bag.bag_id, inst.host_id, r.wall_s)
+        self.s.ledger.charge(bag.bag_id, inst.host_id, r.wall_s, now)
         was_running = self.detach(inst)
         host = self.s.hosts.get(inst.host_id)
         if r.outcome is not Outcome.INTERRUPTED:

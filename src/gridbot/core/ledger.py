@@ -3,9 +3,10 @@
 A pool may charge in two ways (its ad: `PricePerCpuHour`, `PricePerPilotHour`, `ChargingPeriod`):
 - per CPU-hour: an instance costs the wall time its host reported for it x the price, since it held one of
   the pool's slots that long (Nimrod-G's and GridSim's price per unit of PE time);
-- per pilot-hour: a pilot costs its started charging periods, from its worker's first call to its last (a
-  cloud instance bills by the started hour), shared by the bags that ran instances on it in proportion to
-  their instances' wall time there. A pilot that ran nothing is nobody's: `idle_pilots` shows it.
+- per pilot-hour: a pilot costs its started charging periods (a cloud instance bills by the started hour).
+  Those from its worker's first call to the end of the last instance it reported are shared by the bags that
+  ran instances on it, in proportion to their instances' wall time there; the periods it idled on after
+  that, and a pilot that ran nothing, are nobody's: `idle_pilots` shows them (the run's, not a bag's).
 A host here is one worker run, that is one pilot; the time a pilot took to boot before its worker called is
 not seen, and is in the same started period unless the boot took longer than the period.
 
@@ -70,12 +71,14 @@ FREE = Prices()
 
 
 class Usage(NamedTuple):
-    """Instances of one bag that ended on one host with a report: how many, and their wall time summed."""
+    """Instances of one bag that ended on one host with a report: how many, their wall time summed, and when
+    the last of them ended."""
 
     bag_id: int
     host_id: str
     instances: int
     seconds: float
+    last: float = 0.0
 
 
 class HostTerm(NamedTuple):
@@ -125,19 +128,27 @@ class Ledger:
     """bag id -> host id -> [instances, seconds]."""
     by_host: dict[str, float] = field(default_factory=dict)
     """host id -> seconds of every bag's instances there (the pilot's use, which shares its bill)."""
+    last_use: dict[str, float] = field(default_factory=dict)
+    """host id -> when the last instance it reported ended (its periods after that are idle)."""
 
-    def charge(self, bag_id: int, host_id: str, seconds: float, instances: int = 1) -> None:
-        """An instance of the bag ended on the host with a report of `seconds` of wall time."""
+    def charge(self, bag_id: int, host_id: str, seconds: float, at: float, instances: int = 1) -> None:
+        """An instance of the bag ended on the host at `at` with a report of `seconds` of wall time."""
         seconds = max(0.0, seconds) if math.isfinite(seconds) else 0.0
         entry = self.by_bag.setdefault(bag_id, {}).setdefault(host_id, [0.0, 0.0])
         entry[0] += instances
         entry[1] += seconds
         self.by_host[host_id] = self.by_host.get(host_id, 0.0) + seconds
+        if math.isfinite(at):
+            self.last_use[host_id] = max(self.last_use.get(host_id, at), at)
 
     def restore(self, usage: Iterable[Usage]) -> None:
         """Take up what the store holds (after a restart)."""
         for u in usage:
-            self.charge(u.bag_id, u.host_id, u.seconds, u.instances)
+            self.charge(u.bag_id, u.host_id, u.seconds, u.last, u.instances)
+
+    def used_until(self, host_id: str, term: HostTerm) -> float:
+        """The end of the part of a pilot's life the bags it served pay: its last reported instance's end."""
+        return min(term.last_seen, max(term.first_seen, self.last_use.get(host_id, term.first_seen)))
 
     def bill(self, bag_id: int, host: Callable[[str], HostTerm | None],
              prices: Callable[[str], Prices]) -> Bill:
@@ -155,15 +166,22 @@ class Ledger:
             if term is not None and p.per_pilot_hour > 0:
                 total = self.by_host.get(host_id, 0.0)
                 share = seconds / total if total > 0 else 1.0 / max(1, self._bags_on(host_id))
-                row[3] += p.pilot(term.first_seen, term.last_seen) * share
+                row[3] += p.pilot(term.first_seen, self.used_until(host_id, term)) * share
             row[4] += 1
         return Bill(bag_id, [PoolBill(name, int(r[0]), r[1], r[2], r[3], int(r[4]))
                              for name, r in sorted(pools.items())])
 
     def idle_pilots(self, hosts: Mapping[str, HostTerm], prices: Callable[[str], Prices]) -> float:
-        """What the pilots that ran no instance with a report cost (nobody's share)."""
-        return sum(prices(t.pool).pilot(t.first_seen, t.last_seen) for h, t in hosts.items()
-                   if h not in self.by_host and prices(t.pool).per_pilot_hour > 0)
+        """What the pilots' periods no bag pays cost: those of pilots that ran no instance with a report, and
+        those a pilot idled on after its last one."""
+        total = 0.0
+        for h, t in hosts.items():
+            p = prices(t.pool)
+            if p.per_pilot_hour <= 0:
+                continue
+            whole = p.pilot(t.first_seen, t.last_seen)
+            total += whole - p.pilot(t.first_seen, self.used_until(h, t)) if h in self.by_host else whole
+        return total
 
     def _bags_on(self, host_id: str) -> int:
         return sum(1 for hosts in self.by_bag.values() if host_id in hosts)

@@ -163,6 +163,9 @@ class HostRecord:
     ad: HostAd | None = None
     ad_attrs: dict[str, object] = field(default_factory=dict)
     """The attributes `ad` was last written with: only changed ones are written again."""
+    contact: float = 0.0
+    """When it last called, as it did (what its pilot's hours are billed to: `last_seen` is moved by a restart's
+    grace and by a pause of the server, which bill nothing)."""
 
 
 @dataclass

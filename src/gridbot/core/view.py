@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import NamedTuple
 
 import msgspec
@@ -129,6 +130,11 @@ class BagView:
         """The bag's instances that ended or were lost, oldest first (also read after the bag ended, through
         a view kept from before: `tail_plan`)."""
         return sorted(self._b.history.values())
+
+    def recent(self, n: int) -> list[Ended]:
+        """Its last `n` instances to end or be lost, the last first: without sorting all of its history (a
+        strategy reading it on every plan)."""
+        return list(islice(reversed(self._b.history.values()), max(0, n)))
 
     @property
     def tail_plan(self) -> TailPlan | None:
@@ -366,7 +372,7 @@ class DispatchView:
 
     def idle_pilots(self) -> float:
         """What the pilots that ran no instance with a report cost (nobody's share of it)."""
-        terms = {h: HostTerm(r.info.pool, r.first_seen, r.last_seen) for h, r in self._s.hosts.items()}
+        terms = {h: HostTerm(r.info.pool, r.first_seen, max(r.first_seen, r.contact)) for h, r in self._s.hosts.items()}
         return self._s.ledger.idle_pilots(terms, self.prices)
 
     def running_by_pool(self, bag_id: int) -> dict[str, list[tuple[float, str]]]:
@@ -381,7 +387,7 @@ class DispatchView:
 
     def _term(self, host_id: str) -> HostTerm | None:
         h = self._s.hosts.get(host_id)
-        return HostTerm(h.info.pool, h.first_seen, h.last_seen) if h is not None else None
+        return HostTerm(h.info.pool, h.first_seen, max(h.first_seen, h.contact)) if h is not None else None
 
     # -- composite ads --------------------------------------------------------------------------------
 

@@ -31,6 +31,12 @@ from gridbot.model.hierarchy import QueueSpec, parse_queues
 from gridbot.model.spec import Problem, SpecError, closest, key_lines, parse_duration
 
 RELIABILITY = ("unreliable", "reliable", "volunteer")
+RESERVED_ATTRIBUTES = {"Name": "the table's name", "Kind": "kind", "Reliability": "reliability", "Level": "level",
+                       "Cpus": "cpus", "Memory": "memory_mb", "Walltime": "walltime",
+                       "PricePerCpuHour": "price_per_cpu_hour", "PricePerPilotHour": "price_per_pilot_hour",
+                       "ChargingPeriod": "charging_period", "MaxRunning": "max_running"}
+"""The attributes the pool's ad sets from its validated keys (`PoolSpec.ad`): [attributes] may not replace them
+(a price written as a string there once made a pool free)."""
 COMMON_KEYS = ("kind", "max_running", "max_queued", "cpus", "memory_mb", "walltime", "price_per_cpu_hour",
                "price_per_pilot_hour",
                "charging_period", "reliability", "level", "attributes", "idle_timeout", "min_cpu", "cpu_window",
@@ -122,11 +128,10 @@ class PoolSpec(msgspec.Struct, frozen=True):
 
     def ad(self) -> dict[str, Any]:
         """The pool's ClassAd attributes, for GridPolicy."""
-        return {"Name": self.name, "Kind": self.kind, "Reliability": self.reliability, "Level": self.level,
-                "Cpus": self.cpus, "Memory": self.memory_mb, "Walltime": self.walltime,
+        return {**self.attributes, "Name": self.name, "Kind": self.kind, "Reliability": self.reliability,
+                "Level": self.level, "Cpus": self.cpus, "Memory": self.memory_mb, "Walltime": self.walltime,
                 "PricePerCpuHour": self.price_per_cpu_hour, "PricePerPilotHour": self.price_per_pilot_hour,
-                "ChargingPeriod": self.charging_period,
-                "MaxRunning": self.max_running, **self.attributes}
+                "ChargingPeriod": self.charging_period, "MaxRunning": self.max_running}
 
     @property
     def queues(self) -> bool:
@@ -252,6 +257,11 @@ def _pool(name: str, table: object, fail: Any) -> PoolSpec | None:
         fail((*path, "attributes"), f"attributes of pool '{name}' must be a table of plain values")
         ok = False
         attributes = {}
+    for key in attributes:
+        if key in RESERVED_ATTRIBUTES:
+            fail((*path, "attributes", key), f"attribute '{key}' of pool '{name}' is the pool's own ad attribute",
+                 f"set it with the pool's key ({RESERVED_ATTRIBUTES[key]}), not in [attributes]")
+            ok = False
     for key, hint in rules.required:
         if key not in table:
             fail(path, f"pool '{name}' (kind {kind}) has no {key}", hint)

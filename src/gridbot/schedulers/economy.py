@@ -28,8 +28,9 @@ budget left pays for at the pool's cost per job, its running instances counted a
 the overlay for the planned slots only, and for no new pilot whose first charging period the budget cannot
 pay. With no rate known anywhere yet the bag probes: one instance per pool of its cheapest group.
 
-The plan is computed wave by wave (a pool's slots finish a wave of jobs every `seconds per job`), so its cost
-is O(waves x log pools), not O(jobs x pools), and a bag of a million jobs plans in milliseconds.
+The plan is computed by waves (a pool's slots finish a wave of jobs every `seconds per job`): the waves before
+the jobs or the budget run out are found by bisection on time, and only the last, partial ones wave by wave,
+so a bag of a million jobs plans in a millisecond whatever its pools' speeds.
 """
 
 from __future__ import annotations
@@ -180,12 +181,17 @@ def _fill(plan: Plan, pools: Sequence[PoolEstimate], jobs: int, horizon: float, 
     """Time optimization over `pools`: each wave of jobs to the pool where it completes first, if it completes
     within `horizon` and the budget pays for it (`per_job`: only if the pool's cost per job is within the
     budget left per job still to plan). Returns the jobs and budget left."""
+    cheapest = min((p.cost for p in pools), default=0.0)
+    allowed = [p for p in pools if not per_job or p.cost <= max(budget / max(1, jobs), cheapest) + 1e-12]
+    done = _waves_before(plan, allowed, jobs, horizon, budget)
+    for p in allowed:
+        jobs -= done.get(p.name, 0) * p.slots
+        budget -= done.get(p.name, 0) * p.slots * p.cost
     heap = []
     for i, p in enumerate(pools):
         assert p.seconds is not None
-        heap.append((p.busy_until + p.seconds, p.seconds, i))
+        heap.append((p.busy_until + (done.get(p.name, 0) + 1) * p.seconds, p.seconds, i))
     heapq.heapify(heap)
-    cheapest = min((p.cost for p in pools), default=0.0)
     skipped: set[int] = set()
     while jobs > 0 and heap:
         t, seconds, i = heapq.heappop(heap)
@@ -202,16 +208,61 @@ def _fill(plan: Plan, pools: Sequence[PoolEstimate], jobs: int, horizon: float, 
             heapq.heappush(heap, (t + seconds, seconds, i))
             continue
         skipped.clear()
-        m = int(min(p.slots, jobs, _affordable(budget, p.cost)))
+        # the waves this pool completes before any other pool's next one: taken at once, so a plan costs one
+        # step per change of pool, not one per wave (a million jobs on a few slots would be 10^5 steps); the
+        # budget per job left only grows while a pool within it is planned, so the batch keeps the rule
+        waves = 1 + (math.floor((heap[0][0] - t) / seconds + 1e-9) if heap else math.ceil(jobs / p.slots))
+        if horizon < math.inf:
+            waves = min(waves, 1 + math.floor((horizon - t) / seconds + 1e-9))
+        m = int(min(max(1, waves) * p.slots, jobs, _affordable(budget, p.cost)))
         if m <= 0:
             continue
+        last = t + (math.ceil(m / p.slots) - 1) * seconds
         plan.assigned[p.name] = plan.assigned.get(p.name, 0) + m
-        plan.finish[p.name] = t
+        plan.finish[p.name] = last
         plan.cost += m * p.cost
         budget -= m * p.cost
         jobs -= m
-        heapq.heappush(heap, (t + seconds, seconds, i))
+        heapq.heappush(heap, (last + seconds, seconds, i))
     return jobs, budget
+
+
+def _waves_before(plan: Plan, pools: Sequence[PoolEstimate], jobs: int, horizon: float,
+                  budget: float) -> dict[str, int]:
+    """The waves the greedy of `_fill` would plan first, found at once: every wave that completes before T*,
+    the first time by which the pools' waves would hold all the jobs or cost all the budget (or the horizon).
+    They are planned (into `plan`) and counted per pool; what is left is less than a wave per pool, which
+    `_fill` plans wave by wave. Without it a million jobs on pools of different speeds took a second."""
+    if not pools or jobs <= 0:
+        return {}
+    slots = sum(p.slots for p in pools)
+    if jobs < 64 * slots:
+        return {}  # (few waves: the greedy alone is as quick)
+
+    def waves(p: PoolEstimate, t: float) -> int:
+        assert p.seconds is not None
+        return max(0, math.floor((t - p.busy_until) / p.seconds + 1e-9))
+
+    def enough(t: float) -> bool:
+        n = sum(waves(p, t) * p.slots for p in pools)
+        return n >= jobs or sum(waves(p, t) * p.slots * p.cost for p in pools) >= budget
+
+    longest = max(p.seconds or 0.0 for p in pools)
+    hi = min(horizon, max(p.busy_until for p in pools) + (math.ceil(jobs / slots) + 1) * longest)
+    lo = 0.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if enough(mid) else (mid, hi)
+    out = {}
+    for p in pools:
+        assert p.seconds is not None
+        w = waves(p, lo)  # (lo: not enough yet, so within both the jobs and the budget)
+        if w > 0:
+            out[p.name] = w
+            plan.assigned[p.name] = plan.assigned.get(p.name, 0) + w * p.slots
+            plan.finish[p.name] = p.busy_until + w * p.seconds
+            plan.cost += w * p.slots * p.cost
+    return out
 
 
 def _number(ad: Mapping[str, object] | None, key: str, default: float) -> float:
@@ -262,6 +313,11 @@ class DbcPlacement(Placement):
         self.committed = 0.0
         self.probing = False
         self.report: QosReport | None = None
+        self._running: dict[str, list[tuple[float, str]]] = {}
+        self.paid_hosts: set[str] = set()
+        """Pilot-hour hosts the bag ran on at the plan (their period in progress is in `committed`)."""
+        self.touched: dict[str, float] = {}
+        """Pilot-hour hosts first given an instance of the bag since the plan, and the period reserved for each."""
         self.waiting_since: dict[str, float] = {}
         """Per pool, since when work planned there waits for slots it does not have up (`_available`)."""
 
@@ -273,7 +329,17 @@ class DbcPlacement(Placement):
 
     def limit(self, view: DispatchView, bag: BagView, host: HostView, now: float) -> int | None:
         self._maybe_plan(view, bag, now)
-        return self._room(bag, host.pool, now)
+        room = self._room(bag, host.pool, now)
+        p = self.pools.get(host.pool)
+        if room > 0 and p is not None and p.prices.per_pilot_hour > 0 and bag.spec.budget is not None \
+                and host.host_id not in self.paid_hosts and host.host_id not in self.touched:
+            # a pilot-hour host the bag has not run on since the plan: its period in progress is the bag's to
+            # pay (all of it, until others share it), so the budget must hold it before the first instance
+            period = p.prices.period / 3600.0 * p.prices.per_pilot_hour
+            if self._budget_left(bag) - period < p.reserve:
+                return 0
+            self.touched[host.host_id] = period
+        return room
 
     def pilots(self, view: DispatchView, bag: BagView, pools: Sequence[str], now: float) -> Mapping[str, int] | None:
         self._maybe_plan(view, bag, now)
@@ -343,6 +409,9 @@ class DbcPlacement(Placement):
         horizon = math.inf if deadline is None else deadline - now
         pools = self._estimates(view, bag, now)
         self.pools = {p.name: p for p in pools}
+        self.touched = {}
+        running = self._running
+        self.paid_hosts = {h for p in pools if p.prices.per_pilot_hour > 0 for _, h in running.get(p.name, ())}
         self.at_plan = {p.name: bag.on_pool(p.name) for p in pools}
         self.spent = view.bill(bag.bag_id).total
         self.committed = sum(p.reserved for p in pools)
@@ -405,12 +474,12 @@ class DbcPlacement(Placement):
         names += [n for n, p in live.items() if p.hosts and view.pool_ad(n) is None and n not in names]
         window = int(self.number("window"))
         samples: dict[str, list[float]] = {}
-        for e in reversed(bag.history):
+        for e in bag.recent(window * max(1, len(names)) * 4):
             if e.success and e.ended_at is not None:
                 got = samples.setdefault(e.pool, [])
                 if len(got) < window:
                     got.append(e.ended_at - e.sent_at)
-        running = view.running_by_pool(bag.bag_id)
+        running = self._running = view.running_by_pool(bag.bag_id)
         out = []
         for name in names:
             ad = view.pool_ad(name)
@@ -461,7 +530,7 @@ class DbcPlacement(Placement):
         budget = bag.spec.budget
         if budget is None:
             return math.inf
-        used = self.spent + self.committed
+        used = self.spent + self.committed + sum(self.touched.values())
         for name, (sent0, _) in self.at_plan.items():
             p = self.pools[name]
             used += max(0, bag.on_pool(name)[0] - sent0) * p.reserve

@@ -108,7 +108,7 @@ class Hierarchy:
         ratios: dict[str, list[float]] = {}
         for bag in view.bags():
             per: dict[str, list[float]] = {}
-            for e in bag.history[-MEASURE_RESULTS:]:
+            for e in bag.recent(MEASURE_RESULTS):
                 if e.success and e.ended_at is not None and (q := self._queue_of_pool(e.pool)) is not None:
                     per.setdefault(q.name, []).append(max(1e-6, e.ended_at - e.sent_at))
             if len(per) < 2:
@@ -136,7 +136,7 @@ class Hierarchy:
             return b.complexity
         left = bag.queued + bag.running
         times = []
-        for e in bag.history:
+        for e in bag.recent(MEASURE_RESULTS):  # (the recent run times: what the jobs left will take)
             if e.success and e.ended_at is not None:
                 queue = self._queue_of_pool(e.pool)
                 times.append((e.ended_at - e.sent_at) * (self.speed(view, queue) if queue else 1.0) * b.beta)
@@ -158,6 +158,17 @@ class Hierarchy:
         """A new bag enters the top level, or the first level whose C_e fits the complexity its owner gave."""
         self.forget(view)
         self.bags[b.bag_id] = b
+        bag = view.bag(b.bag_id)
+        holding = [q for q in self.queues if bag is not None and any(bag.on_pool(p)[1] for p in q.pools)]
+        if holding:
+            # it runs already (the server restarted): it is taken up in the deepest queue its instances run in,
+            # from now, without preempting them (what moved it there is not known any more)
+            q = holding[-1]
+            b.queue, b.arrived, b.started = q.name, now, now
+            b.sent_base = self._sent(view, b, q)
+            self.order[q.name].append(b.bag_id)
+            self.estimate(view, b)
+            return
         c = self.estimate(view, b)
         queues = self._at(self.levels[0])
         if b.source == "given" and c is not None:
@@ -166,7 +177,6 @@ class Hierarchy:
                 if queues:
                     break
             queues = queues or self._at(self.levels[-1])
-        bag = view.bag(b.bag_id)
         self.arrive(view, b, self._pick(view, queues), min(now, bag.created_at) if bag is not None else now)
 
     def forget(self, view: DispatchView) -> None:

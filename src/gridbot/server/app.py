@@ -439,7 +439,7 @@ class Server:
 
     async def cost(self, request: web.Request) -> web.Response:
         """What a bag spent, per pool, against its budget (`gridbot cost`)."""
-        return _reply(request, self.service.cost(self._bag(request)))
+        return _reply(request, self.service.cost(self._bag(request), _owner(request) is None))
 
     async def history(self, request: web.Request) -> web.Response:
         """A running bag's instances so far, tasks left and pools, for `gridbot plan` (ExPERT's input)."""
@@ -504,7 +504,7 @@ class Server:
 
     async def levels(self, request: web.Request) -> web.Response:
         """The execution hierarchy's queues with their limits and load (`gridbot levels`)."""
-        return _reply(request, self.service.levels())
+        return _reply(request, self.service.levels(_owner(request)))
 
     async def hosts(self, request: web.Request) -> web.Response:
         return _reply(request, self.service.hosts(time.time()))

@@ -144,6 +144,12 @@ class Service:
         self.factory = registry.factory(self.config.dispatch.seed, self.config.queues)
         self.dispatcher = Dispatcher(self.config.dispatch, self.factory)
         self._bag_views: dict[int, BagView] = {}
+        self._estimators: dict[int, int] = {}
+        """A hierarchy bag's estimator (a companion bag) -> the bag it estimates (`_estimate`)."""
+        self._estimated_by: dict[int, int] = {}
+        """The reverse: a bag -> its estimator."""
+        self._ended_estimates: list[int] = []
+        """Bags of either kind that ended since the last tick."""
         """The active bags' views, kept to read their tail plan once they end (`_remember_ended`)."""
         self._ended_plans: dict[int, TailPlan] = {}
         self._load()
@@ -289,8 +295,8 @@ class Service:
         for b in batch.bags.values():
             if b.state is not BagState.ACTIVE:
                 self._remember_ended(b.bag_id)
-                if self.config.queues:
-                    self._estimated(b.bag_id)
+                if b.bag_id in self._estimators or b.bag_id in self._estimated_by:
+                    self._ended_estimates.append(b.bag_id)  # (taken up at the next tick, on the loop)
                 log.info("bag %d %s: %d done, %d failed, %d instances, %d wasted", b.bag_id, b.state.value,
                          b.counts.done, b.counts.failed, b.counts.instances, b.counts.wasted)
 
@@ -344,6 +350,12 @@ class Service:
             self.dispatcher.shift(gap)
         self._last_tick = now
         self.commit(self.dispatcher.tick(now))
+        ended, self._ended_estimates = self._ended_estimates, []
+        for bag_id in ended:
+            try:
+                self._estimate_ended(bag_id, now)
+            except Exception as e:  # an estimator's bag is the user's: its end must not stop the server's tick
+                log.warning("bag %d: its estimator's end could not be taken up (%s)", bag_id, e)
         self.feed()
         for bag in self.dispatcher.view.bags():  # read again once the bag has ended: its tail plan
             self._bag_views[bag.bag_id] = bag
@@ -386,20 +398,36 @@ class Service:
             description=f"{ESTIMATOR_OF}{row.bag_id}", timeout=row.spec.timeout,
             strategy=StrategyChoice(placement="hierarchy", options=options))
         try:
-            self.submit(spec, [command], inputs, now, owner)
+            info = self.submit(spec, [command], inputs, now, owner)
         except (BadRequest, Conflict, BagExists) as e:
             log.warning("bag %d: its estimator could not be submitted (%s); it runs without", row.bag_id, e)
-
-    def _estimated(self, companion: int) -> None:
-        """An estimator bag ended: give its bound to the bag it estimated, if that one still runs."""
-        row = self.store.bag(companion)
-        if row is None or not row.spec.description.startswith(ESTIMATOR_OF):
             return
-        main = self.store.bag(int(row.spec.description.removeprefix(ESTIMATOR_OF)))
-        results = self.store.results(companion, limit=1)
+        self._estimators[info.bag_id] = row.bag_id
+        self._estimated_by[row.bag_id] = info.bag_id
+
+    def _estimate_ended(self, bag_id: int, now: float) -> None:
+        """A bag that has an estimator ended: its estimator is cancelled if it still runs. An estimator ended:
+        the bag it estimated (its owner's, and still running) gets its bound as `complexity`. The link is the
+        server's own (`_estimate`), never anything a user wrote; a restart forgets it, and the bag then runs
+        without its bound once it has waited its share of Te."""
+        companion = self._estimated_by.pop(bag_id, None)
+        if companion is not None:
+            self._estimators.pop(companion, None)
+            if companion in self.dispatcher.view:
+                self.commit(self.dispatcher.cancel_bag(companion, now))
+            return
+        main_id = self._estimators.pop(bag_id, None)
+        if main_id is None:
+            return
+        self._estimated_by.pop(main_id, None)
+        row, main = self.store.bag(bag_id), self.store.bag(main_id)
+        if row is None or main is None or row.owner != main.owner:
+            return
+        results = self.store.results(bag_id, limit=1)
         printed = results[0].instance.stdout_tail if results and results[0].instance is not None else None
-        found = re.findall(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?", printed or "")
-        if main is None or main.state is not BagState.ACTIVE or main.bag_id not in self.dispatcher.view:
+        found = [t.replace(",", "").replace("_", "") for t in
+                 re.findall(r"(?<![\w.])\d[\d,_]*(?:\.\d+)?(?:[eE][-+]?\d+)?", printed or "")]
+        if main.state is not BagState.ACTIVE or main.bag_id not in self.dispatcher.view:
             return
         bound = float(found[-1]) if found else 0.0
         if not found or not 0 < bound < 1e15:
@@ -485,29 +513,32 @@ class Service:
                                        qos=self.dispatcher.qos(row.bag_id, now),
                                        level=self.dispatcher.level(row.bag_id, now))
 
-    def levels(self) -> list[QueueInfo]:
-        """The execution hierarchy's queues with their limits and load (empty: the server has none)."""
+    def levels(self, owner: str | None = None) -> list[QueueInfo]:
+        """The execution hierarchy's queues with their limits and load as of its last step (empty: the server
+        has none). Bags of other owners than `owner` (None: an admin, who sees all) are counted, not named."""
         h = self.factory.hierarchy
         if h is None:
             return []
         view = self.dispatcher.view
-        h.step(view, time.time())  # (the queues as of now: bags that ended leave them)
+        mine = {r.bag_id for r in self.store.bags() if owner is None or r.owner == owner}
         out = []
         for q in h.queues:
-            names = [b.name for i in h.order[q.name] if (b := view.bag(i)) is not None]
-            running = sum(b.on_pool(p)[1] for i in h.order[q.name] if (b := view.bag(i)) is not None for p in q.pools)
+            held = [(i, b) for i in h.order[q.name] if (b := view.bag(i)) is not None]
+            names = [b.name if i in mine else "(another owner's)" for i, b in held]
+            running = sum(b.on_pool(p)[1] for _, b in held for p in q.pools)
             out.append(QueueInfo(q.name, q.level, list(q.pools), q.queue_time_limit, q.exec_time_limit, q.max_cpus,
                                  h.speed(view, q), q.max_bags, sorted(q.policies), q.at_lowest, h.load[q.name],
                                  h.phi(view, q, q.queue_time_limit, 1.0), h.phi(view, q, q.exec_time_limit, 1.0),
                                  names, running))
         return out
 
-    def cost(self, row: BagRow) -> CostInfo:
-        """What the bag spent per pool, as the dispatcher's ledger bills it (core/ledger.py)."""
+    def cost(self, row: BagRow, admin: bool = True) -> CostInfo:
+        """What the bag spent per pool, as the dispatcher's ledger bills it (core/ledger.py); the server's idle
+        pilots (nobody's share) for an admin only."""
         view = self.dispatcher.view
         bill = view.bill(row.bag_id)
         return CostInfo(row.name, bill.total, bill.pools, row.spec.budget, row.spec.deadline_at(row.created_at),
-                        self.dispatcher.qos(row.bag_id, time.time()), view.idle_pilots())
+                        self.dispatcher.qos(row.bag_id, time.time()), view.idle_pilots() if admin else 0.0)
 
     def set_qos(self, row: BagRow, change: QosChange) -> BagInfo:
         """Change a bag's deadline or budget while it runs: its placement plans with them from the next
@@ -526,9 +557,17 @@ class Service:
             values["bag_deadline"] = values["bag_deadline_at"] = None
             if change.bag_deadline is not None:
                 try:
-                    values.update(parse_bag_deadline(change.bag_deadline))
+                    parsed = parse_bag_deadline(change.bag_deadline)
                 except ValueError as e:
                     raise BadRequest(f"bag_deadline {str(change.bag_deadline)[:80]!r}: {e}") from None
+                now = time.time()
+                # a duration given now counts from now (the owner means "two hours from now", not from when
+                # the bag was submitted); a time already past is refused
+                at = parsed.get("bag_deadline_at", now + parsed.get("bag_deadline", 0.0))
+                if at <= now:
+                    raise BadRequest(f"bag_deadline {str(change.bag_deadline)[:80]!r} has passed: give a later time, "
+                                     "or a duration from now (2h)")
+                values["bag_deadline_at"] = at
         if not values:
             raise BadRequest("give a budget or a bag_deadline to change (null removes one)")
         spec = with_qos_placement(msgspec.structs.replace(row.spec, **values))
@@ -537,7 +576,10 @@ class Service:
         except StrategyError as e:
             raise BadRequest(str(e)) from None
         self.store.set_spec(row.bag_id, spec)
-        self.dispatcher.set_strategy(row.bag_id, spec, time.time())
+        if spec.strategy == row.spec.strategy:  # (its strategies keep what they learnt, and plan with the new QoS)
+            self.dispatcher.set_policy(row.bag_id, spec, time.time())
+        else:
+            self.dispatcher.set_strategy(row.bag_id, spec, time.time())
         log.info("bag %d qos: budget %s, deadline %s", row.bag_id, spec.budget, spec.deadline_at(row.created_at))
         return self.info(self.bag(row.bag_id))
 

@@ -187,8 +187,9 @@ class MemoryStore(Store):
         ledger = Ledger()
         for inst in self.d.instances.values():
             if inst.row.wall_s is not None:
-                ledger.charge(inst.bag_id, inst.row.host_id, inst.row.wall_s)
-        usage = [Usage(b, h, int(n), s) for b, hosts in ledger.by_bag.items() for h, (n, s) in hosts.items()]
+                ledger.charge(inst.bag_id, inst.row.host_id, inst.row.wall_s, inst.row.ended_at or 0.0)
+        usage = [Usage(b, h, int(n), s, ledger.last_use.get(h, 0.0)) for b, hosts in ledger.by_bag.items()
+                 for h, (n, s) in hosts.items()]
         pools = {h.info.host_id: h.info.pool for h in self.d.hosts.values()}
         ended: dict[int, list[EndedRow]] = {}
         for iid in sorted(self.d.instances):

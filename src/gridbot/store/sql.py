@@ -113,11 +113,12 @@ SQL = {
                       "WHERE i.state IN ('running', 'overdue') AND b.state = 'active' ORDER BY i.id",
     "max_instance": "SELECT COALESCE(MAX(id), 0) FROM instances",
     "max_event": "SELECT COALESCE(MAX(event_id), 0) FROM events",
-    "usage": "SELECT bag_id, host_id, COUNT(*), SUM(wall_s) FROM instances WHERE wall_s IS NOT NULL "
+    "usage": "SELECT bag_id, host_id, COUNT(*), SUM(wall_s), MAX(ended_at) FROM instances WHERE wall_s IS NOT NULL "
              "GROUP BY bag_id, host_id",
+    "job_span": "SELECT MIN(id), MAX(id) FROM jobs WHERE bag_id = ?",
     "history": "SELECT i.bag_id, i.id, i.sent_at, i.ended_at, i.state, COALESCE(h.pool, '') FROM instances i "
-               "LEFT JOIN hosts h ON h.id = i.host_id WHERE i.bag_id = ? AND i.state IN ('done', 'wasted', "
-               "'failed', 'overdue') ORDER BY i.id DESC LIMIT ?",
+               "LEFT JOIN hosts h ON h.id = i.host_id WHERE i.job_id BETWEEN ? AND ? AND i.state IN ('done', "
+               "'wasted', 'failed', 'overdue') ORDER BY i.id DESC LIMIT ?",
     "hosts": "SELECT id, name, platform, ncpus, memory_mb, slots, pool, first_seen, last_seen, stats "
              "FROM hosts ORDER BY first_seen, id",
     "queued_jobs": "SELECT id, idx, line, failures, attempts FROM jobs "
@@ -475,12 +476,16 @@ class SqlStore(Store):
             next_event = cur.fetchone()[0] + 1
             hosts = self._hosts(cur)
             cur.execute(self._sql("usage"))
-            usage = [Usage(int(r[0]), r[1], int(r[2]), float(r[3])) for r in cur.fetchall()]
+            usage = [Usage(int(r[0]), r[1], int(r[2]), float(r[3]), float(r[4] or 0.0)) for r in cur.fetchall()]
             active = [BagSnapshot(b.bag_id, b.spec, b.counts, b.created_at, b.revision) for b in bags
                       if b.state is BagState.ACTIVE]
             history: list[EndedRow] = []
-            for b in active:
-                cur.execute(self._sql("history"), (b.bag_id, HISTORY_ROWS))
+            for b in active:  # (a bag's jobs have consecutive ids: the instances' job index finds its instances)
+                cur.execute(self._sql("job_span"), (b.bag_id,))
+                first, last = cur.fetchone()
+                if first is None:
+                    continue
+                cur.execute(self._sql("history"), (first, last, HISTORY_ROWS))
                 history.extend(reversed([EndedRow(int(r[0]), int(r[1]), float(r[2]),
                                                   None if r[3] is None else float(r[3]), InstanceState(r[4]), r[5])
                                          for r in cur.fetchall()]))

@@ -158,6 +158,34 @@ def characterize(records: Iterable[InstanceRecord], tail_start: float, deadline:
     return _epochs(turnarounds, reliable, np.array(starts), np.array(values), np.array(full, dtype=bool), tail_start)
 
 
+def from_history(records: Iterable[InstanceRecord], deadline: float, end: float | None = None,
+                 reliable_runtime: float | Sequence[float] | None = None) -> Characterization:
+    """An offline characterization from a run that is over (a previous bag, a history file): gamma fully known.
+
+    The outcome of an instance is known when it returned, failed, or was sent more than `deadline` (the
+    run's instance deadline) before `end` (default: the last time in the records) without a result: it was
+    lost. Fs and gamma come from those sent before `end - deadline`, every outcome of which is known; the
+    later ones are left out, since their losses are not known yet and their results are the short ones (both
+    would bias the estimate). A run too short for any such result is characterized as it would be online
+    at `end` (`characterize`: the paper's partial-knowledge epoch), and its gamma taken as constant. The
+    reliable runtime comes from reliable results, else from `reliable_runtime`, else T_ur."""
+    rs = list(records)
+    if not rs:
+        raise CharacterizationError("the history holds no instance")
+    last = max(max(r.sent_at, r.ended_at if r.ended_at is not None else r.sent_at) for r in rs)
+    end = last if end is None else end
+    known = [r for r in rs if not r.reliable and r.sent_at < end - deadline]
+    turnarounds = [_took(r) for r in known if _returned(r, end)]
+    reliable_took = [_took(r) for r in rs if r.reliable and _returned(r, end)]
+    if turnarounds:
+        tur = float(np.mean(turnarounds))
+        return Characterization(np.sort(np.array(turnarounds, dtype=float)),
+                                _reliable(reliable_took or reliable_runtime, tur), len(turnarounds) / len(known),
+                                origin=end)
+    online = characterize(rs, end + 1e-9, deadline, reliable_runtime=reliable_took or reliable_runtime)
+    return Characterization(online.turnarounds, online.reliable_runtimes, online.gamma_future, origin=end)
+
+
 def _epochs(turnarounds: Floats, reliable: Floats, starts: Floats, values: Floats, full: NDArray[np.bool_],
             origin: float) -> Characterization:
     lowest = float(values[full].min()) if full.any() else 0.0

@@ -317,6 +317,10 @@ class _Simulation:
             return
         ri, task = _cells(self.due[rows] <= now)
         r = rows[ri]
+        # first come first served: within a step, tasks are queued in the order their timers ran out (at the
+        # tail's start, the instances out longest first: they are the likeliest to be lost)
+        order = np.lexsort((task, self.due[r, task], r))
+        r, task = r[order], task[order]
         self.queued[r, task] = True
         self.q_time[r, task] = np.maximum(self.due[r, task], np.where(self.in_tail, self.t_tail, 0.0)[r])
         self.due[r, task] = np.inf

@@ -38,6 +38,7 @@ from gridbot.schedulers.expert.characterize import (
     CharacterizationError,
     InstanceRecord,
     characterize,
+    from_history,
     from_runtimes,
 )
 from gridbot.schedulers.expert.estimate import Estimate, Setup, estimate
@@ -100,6 +101,9 @@ class Settings:
     seed: int = 0
     pin: str = ""
     """A strategy to apply whatever the utility says (`parse_pin`); it is estimated with the others."""
+    reliable_runtime: float | None = None
+    """T_r, seconds a task takes on the reliable pools (the paper's Table 1: the user's input); None: the
+    reliable results seen, else T_ur."""
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,9 @@ class Planning:
     seed: int = 0
     error: tuple[float, float] = (0.0, 0.0)
     """One standard deviation of the chosen strategy's tail makespan and cost (`uncertainty`)."""
+    refined: tuple[float, float] | None = None
+    """The chosen strategy's tail makespan and cost estimated again on the whole tail with every repetition,
+    when the space was simulated smaller or with fewer (None: it was not)."""
 
     @property
     def strategy(self) -> NTDMr | None:
@@ -138,6 +145,11 @@ class Planning:
     def point(self, index: int) -> tuple[float, float]:
         """The tail makespan (seconds) and cost per task of a strategy of the space."""
         return float(self.estimate.tail_makespan[index]), float(self.estimate.cost[index])
+
+    def prediction(self) -> tuple[float, float]:
+        """The chosen strategy's tail makespan (seconds) and cost per task: its estimate on the whole tail."""
+        assert self.chosen is not None
+        return self.refined if self.refined is not None else self.point(self.chosen)
 
     def distinct_frontier(self) -> list[int]:
         """The frontier with one strategy per point (the first sampled of strategies that tie)."""
@@ -194,7 +206,8 @@ def characterization(obs: Observed, settings: Settings) -> tuple[Characterizatio
         # with no reliable result yet, T_r is T_ur (the paper's Table 2), drawn like the unreliable turnarounds
         # rather than always the mean: a tail is the longest of its tasks
         took = [(r.ended_at or 0.0) - r.sent_at for r in good]
-        char = characterize([*obs.records, *out], obs.now, obs.throughput_deadline, reliable_runtime=took)
+        char = with_tr(characterize([*obs.records, *out], obs.now, obs.throughput_deadline, reliable_runtime=took),
+                       settings)
         return char, (f"online: {len(good)} results of {len(ended)} unreliable instances ended, "
                       f"gamma {char.gamma_future:.2f}"), len(ended) + sum(1 for r in out if not r.reliable)
     runtimes = [r.ended_at - r.sent_at for r in good if r.ended_at is not None]
@@ -205,9 +218,31 @@ def characterization(obs: Observed, settings: Settings) -> tuple[Characterizatio
     success = len(good) / len(ended) if ended else 1.0
     reliable_took = [r.ended_at - r.sent_at for r in obs.records
                      if r.reliable and r.success and r.ended_at is not None and r.ended_at <= obs.now]
-    char = from_runtimes(runtimes, max(0.05, success), reliable_took or runtimes)
+    char = with_tr(from_runtimes(runtimes, max(0.05, success), reliable_took or runtimes), settings)
     return char, (f"offline: {len(good)} results so far (fewer than {settings.min_results}), success "
                   f"{success:.2f}"), len(ended)
+
+
+def offline(history: Sequence[InstanceRecord], deadline: float, settings: Settings, name: str = "a history"
+            ) -> tuple[Characterization, str, int]:
+    """An offline characterization from the instances of a run that is over (`from_history`: gamma fully known),
+    with the number of unreliable instances whose outcome it knew (for `uncertainty`)."""
+    char = with_tr(from_history(history, deadline), settings)
+    end = char.origin
+    known = sum(1 for r in history if not r.reliable and r.sent_at < end - deadline)
+    results = sum(1 for r in history if not r.reliable and r.success)
+    return char, (f"offline from {name}: {results} results of {sum(1 for r in history if not r.reliable)} "
+                  f"unreliable instances, gamma {char.gamma_future:.2f}"), known
+
+
+def with_tr(char: Characterization, settings: Settings) -> Characterization:
+    """The characterization with the user's T_r, if given (the paper's Table 1)."""
+    if settings.reliable_runtime is None:
+        return char
+    if not (math.isfinite(settings.reliable_runtime) and settings.reliable_runtime > 0):
+        raise CharacterizationError(f"the reliable runtime T_r must be a positive number of seconds, not "
+                                    f"{settings.reliable_runtime}")
+    return dataclasses.replace(char, reliable_runtimes=np.array([float(settings.reliable_runtime)]))
 
 
 def unreliable_size(obs: Observed) -> int:
@@ -242,6 +277,20 @@ def space(tur: float, unreliable: int, capacity: int, mr_max: float) -> list[NTD
     return list(seen.values())
 
 
+def fit(s: NTDMr, unreliable: int, capacity: int) -> NTDMr:
+    """A strategy given by hand (a pin) on the pools there are: its Mr lowered so that Mr x #ur is at most the
+    reliable capacity, and raised to one machine when it rounds to none (as `space` samples it and as the tail
+    applies it); no reliable capacity: Mr = 0."""
+    ur = max(1, unreliable)
+    if capacity <= 0:
+        return dataclasses.replace(s, mr=0.0)
+    if s.reliable_machines(ur) > capacity:
+        return dataclasses.replace(s, mr=capacity / ur)
+    if s.mr > 0 and s.reliable_machines(ur) < 1:
+        return dataclasses.replace(s, mr=1.0 / ur)
+    return s
+
+
 def bounded(obs: Observed, unreliable: int, strategies: int, repetitions: int) -> tuple[int, int, tuple[float, ...],
                                                                                         int]:
     """(tasks, unreliable machines, ages, repetitions) to simulate within BUDGET."""
@@ -273,7 +322,7 @@ def plan_with(char: Characterization, source: str, obs: Observed, settings: Sett
     capacity = reliable_capacity(obs)
     strategies = space(char.tur, ur, capacity, settings.mr_max)
     if settings.pin:
-        strategies.append(parse_pin(settings.pin, char.tur))
+        strategies.append(fit(parse_pin(settings.pin, char.tur), ur, capacity))
     tasks, sim_ur, ages, reps = bounded(obs, ur, len(strategies), settings.repetitions)
     whole = obs.tasks > ur  # not in its tail yet: the rest of the bag, its throughput phase first
     thr = obs.throughput_deadline
@@ -290,7 +339,21 @@ def plan_with(char: Characterization, source: str, obs: Observed, settings: Sett
                         chosen_utility, ur, capacity, price, obs, settings.seed)
     if chosen is None:
         return planning
-    return dataclasses.replace(planning, error=uncertainty(planning, chosen, sample))
+    return dataclasses.replace(planning, error=uncertainty(planning, chosen, sample),
+                               refined=refine(planning, chosen, settings.repetitions))
+
+
+def refine(planning: Planning, index: int, repetitions: int) -> tuple[float, float] | None:
+    """The strategy estimated alone on the whole tail (every task, #ur machines, the instances out) with
+    `repetitions`, if the space was estimated smaller or with fewer and this fits in BUDGET; else None."""
+    obs, setup = planning.observed, planning.setup
+    tasks, reps = max(1, obs.tasks), max(1, repetitions)
+    if (setup.tasks >= tasks and planning.estimate.runs_cost.shape[1] >= reps) or tasks * reps > BUDGET:
+        return None
+    ur = planning.unreliable
+    whole = dataclasses.replace(setup, tasks=tasks, unreliable=ur, ages=() if setup.bag else obs.ages[:min(tasks, ur)])
+    est = estimate(planning.char, [planning.space[index]], whole, repetitions=reps, seed=planning.seed)
+    return float(est.tail_makespan[0]), float(est.cost[0])
 
 
 def uncertainty(planning: Planning, index: int, sample: int) -> tuple[float, float]:

@@ -48,6 +48,9 @@ from gridbot.schedulers.expert.frontier import ExpressionError, utility
 from gridbot.schedulers.expert.planner import Observed, Planning, PoolFacts, Settings, parse_pin, plan
 from gridbot.schedulers.expert.strategy import NTDMr, StrategyValueError
 
+HOLD = frozenset({"(ExPERT: waiting for a reliable machine)"})
+"""Where a re-queued task due on the reliable pools waits while its Mr x #ur machines are all in use: a pool
+no host has (a pool name cannot hold spaces), so the core sends it nowhere until it is routed again."""
 MAX_TICK = 120.0
 """Longer gaps between ticks are not taken for the tick's interval (a server that was away)."""
 
@@ -76,12 +79,14 @@ class ExpertTail(TailStrategy):
         "replan_growth": 0.25,
         "replan_after": 60.0,
         "pin": "",
+        "reliable_runtime": -1.0,
     }
     """utility: makespan, cost, product, deadline:SECONDS, budget:AMOUNT or an expression over Makespan and
     Cost; mr_max: most reliable machines per unreliable one; repetitions of the estimate; prices per CPU
     hour and the reliable charging period in seconds (-1: the pools file's, else the paper's); min_results:
     good results below which the pools are characterized offline; re-plan when the bag's instances grew
-    by replan_growth and replan_after seconds passed; pin: apply this strategy ("N=3 T=1Tur D=2Tur Mr=0.1")."""
+    by replan_growth and replan_after seconds passed; pin: apply this strategy ("N=3 T=1Tur D=2Tur Mr=0.1");
+    reliable_runtime: T_r, seconds a task takes on the reliable pools (-1: the reliable results seen, else T_ur)."""
 
     @classmethod
     def validate(cls, options: Mapping[str, StrategyOption]) -> None:
@@ -97,7 +102,8 @@ class ExpertTail(TailStrategy):
         except (ExpressionError, StrategyValueError) as e:
             raise StrategyError(f"tail = 'expert': {e}") from None
         for key, low, high in (("mr_max", 0.0, MAX_PIN_MR), ("repetitions", 1, 1000), ("min_results", 1, 1e9),
-                               ("replan_growth", 0.0, 1e6), ("replan_after", 0.0, 1e9)):
+                               ("replan_growth", 0.0, 1e6), ("replan_after", 0.0, 1e9),
+                               ("reliable_runtime", -1.0, MAX_PIN_VALUE)):
             value = options.get(key, cls.options[key])
             if isinstance(value, int | float) and not (math.isfinite(value) and low <= value <= high
                                                        and (key != "mr_max" or value > 0)):
@@ -126,8 +132,18 @@ class ExpertTail(TailStrategy):
         self.unreliable_sent: dict[int, int] = {}
         """Per task: instances sent to the unreliable pools since T_tail (the model's N counts these)."""
         self.reliable_sent: set[int] = set()
+        self.reliable_count: dict[int, int] = {}
+        self.attempts: dict[int, int] = {}
+        """Per tail task: its instances sent before T_tail (the job's attempts then). Those sent since, less
+        the reliable ones, are its unreliable instances, even one that failed between two looks."""
         self.to_reliable: set[int] = set()
         """Tasks chosen for the reliable pool whose instance was not sent yet."""
+        self.routed: set[int] = set()
+        """Tasks queued again and routed to the reliable pools, not sent yet: each holds one of the Mr x #ur
+        reliable machines, as a replica chosen for them does."""
+        self.held: set[int] = set()
+        """Tasks queued again that wait, routed to `HOLD`: for T to pass since their last instance, or, due on the
+        reliable pools, for one of their Mr x #ur machines."""
         self.last_now = 0.0
         self.tick = 0.0
         """Seconds between the calls of `replicas` when they come regularly (the server's tick), else 0: a
@@ -146,6 +162,7 @@ class ExpertTail(TailStrategy):
             self.done_at_start = bag.counts.done
             self.tasks = bag.running
             for job in view.running_jobs(bag.bag_id):  # the throughput phase's: not counted against N
+                self.attempts[job.job_id] = job.attempts
                 self.seen.update(i.instance_id for i in view.instances(job.job_id))
                 self.last[job.job_id] = max(i.sent_at for i in view.instances(job.job_id))
             self.plan(view, bag, now)
@@ -159,7 +176,8 @@ class ExpertTail(TailStrategy):
 
         return Settings(str(self.settings["utility"]), self.number("mr_max"), int(self.number("repetitions")),
                         given("price_unreliable"), given("price_reliable"), given("charging_period"),
-                        int(self.number("min_results")), self.seed + self.plans, str(self.settings["pin"]))
+                        int(self.number("min_results")), self.seed + self.plans, str(self.settings["pin"]),
+                        given("reliable_runtime") or None)
 
     def plan(self, view: DispatchView, bag: BagView, now: float) -> None:
         """Plan the tail at its start, and again when the statistics changed enough."""
@@ -202,8 +220,7 @@ class ExpertTail(TailStrategy):
         desc = planning.describe(s)
         limit = math.inf if s.n is None else s.n
         unreliable = frozenset(n for n in (*view.pool_names(), *view.pools(now)) if n not in self.reliable)
-        out = self.route(view, desc, unreliable, planning.utility.name)
-        due_reliable: list[tuple[float, int, int, float]] = []
+        out, due_reliable, routed = self.route(view, desc, unreliable, planning.utility.name)
         busy = 0
         for job in view.running_jobs(bag.bag_id):
             live = view.instances(job.job_id)
@@ -220,40 +237,78 @@ class ExpertTail(TailStrategy):
                                       f"instance was sent (T = {s.t:.0f} s): unreliable instance {sent + 1} of "
                                       f"N = {'inf' if s.n is None else s.n} since the tail began, deadline D = "
                                       f"{s.d:.0f} s ({planning.utility.name})", unreliable))
-            else:
-                due_reliable.append((last + s.t, job.job_id, sent, now - last))
+            elif job.pools is None or job.pools & self.reliable:
+                due_reliable.append((last + s.t, job.job_id, sent, now - last, False))
+            # (else the job was routed to the unreliable pools when it was queued again, and the core keeps a job
+            # to the pools it was routed to, replicas too: its instance N+1 goes when it is queued again)
         machines = max(1, s.reliable_machines(planning.unreliable)) if s.mr > 0 else 0
         pending = sum(1 for j in self.to_reliable if _pending(view, j))
-        free = machines - busy - pending
-        self.needs_reliable = busy + pending + len(due_reliable) + sum(1 for c in out if c.pools == self.reliable)
-        for _, job_id, sent, waited in sorted(due_reliable)[:max(0, min(free, room - len(out)))]:
-            self.to_reliable.add(job_id)
-            out.append(Choice(job_id, f"ExPERT {desc}: {sent} unreliable instance(s) since the tail began and no "
-                                      f"result {waited:.0f} s after the last (T = {s.t:.0f} s): instance N+1 goes to "
-                                      f"the reliable pool ({busy + pending} of Mr x #ur = {machines} reliable "
-                                      f"machines in use; {planning.utility.name})", self.reliable))
+        used = busy + pending + routed
+        free = machines - used
+        self.needs_reliable = used + len(due_reliable)
+        for _, job_id, sent, waited, queued in sorted(due_reliable):
+            if queued and free > 0 and len(out) < room:
+                free -= 1
+                self.routed.add(job_id)
+                out.append(Choice(job_id, f"ExPERT {desc}: queued again after {sent} unreliable instance(s) since "
+                                          f"the tail began: instance N+1 goes to the reliable pool ({used} of Mr x "
+                                          f"#ur = {machines} reliable machines in use or promised; "
+                                          f"{planning.utility.name})", self.reliable))
+                used += 1
+            elif queued:  # it waits for a reliable machine, first come first served, and goes nowhere else
+                self.held.add(job_id)
+                if len(out) < room:
+                    out.append(Choice(job_id, f"ExPERT {desc}: queued again after {sent} unreliable instance(s) "
+                                              f"since the tail began: instance N+1 waits for one of the Mr x #ur = "
+                                              f"{machines} reliable machines, all in use or promised "
+                                              f"({planning.utility.name})", HOLD))
+            elif free > 0 and len(out) < room:
+                free -= 1
+                self.to_reliable.add(job_id)
+                out.append(Choice(job_id, f"ExPERT {desc}: {sent} unreliable instance(s) since the tail began and no "
+                                          f"result {waited:.0f} s after the last (T = {s.t:.0f} s): instance N+1 goes "
+                                          f"to the reliable pool ({used} of Mr x #ur = {machines} reliable machines "
+                                          f"in use or promised; {planning.utility.name})", self.reliable))
+                used += 1
         return out
 
-    def route(self, view: DispatchView, desc: str, unreliable: frozenset[str], why: str) -> list[Choice]:
-        """Tail tasks the core queued again (their instances lost or failed: it sends them on as soon as a host
-        asks) go where their next instance belongs: the unreliable pools until N, then the reliable ones."""
+    def route(self, view: DispatchView, desc: str, unreliable: frozenset[str], why: str
+              ) -> tuple[list[Choice], list[tuple[float, int, int, float, bool]], int]:
+        """Tail tasks the core queued again (their instances lost or failed: it would send them on as soon as a
+        host asks) wait until T has passed since their last instance was sent (the paper's T: the least time
+        between two instances of a task), routed to `HOLD`; then they go where their next instance belongs: the
+        unreliable pools until N (returned as choices), then the reliable ones. Those due for the reliable pools
+        are returned to be served first come first served with the running tasks due there (by their timer's
+        end), within Mr x #ur reliable machines: a job already routed there and not sent yet holds one of them
+        (counted, third)."""
         s = self.strategy
         assert s is not None
         out = []
+        due: list[tuple[float, int, int, float, bool]] = []
+        routed = 0
+        self.routed = {j for j in self.routed if (job := view.job(j)) is not None and job.state is JobState.QUEUED}
+        self.held = set()
+        now = self.last_now
         for job_id in sorted(self.last):
             job = view.job(job_id)
             if job is None or job.state is not JobState.QUEUED:
                 continue
             sent = self.unreliable_sent.get(job_id, 0)
-            if ((s.n is None or sent < s.n) and job_id not in self.reliable_sent) or not self.reliable:
+            last = self.last[job_id]
+            if now + min(self.tick / 2.0, s.t / 10.0) < last + s.t:  # T is the least time between two instances
+                self.held.add(job_id)
+                out.append(Choice(job_id, f"ExPERT {desc}: queued again, its instances lost or failed {now - last:.0f} "
+                                          f"s after its last instance was sent: the next waits until T = {s.t:.0f} "
+                                          f"s have passed ({why})", HOLD))
+            elif ((s.n is None or sent < s.n) and job_id not in self.reliable_sent) or not self.reliable:
                 out.append(Choice(job_id, f"ExPERT {desc}: queued again, its instances lost or failed: unreliable "
                                           f"instance {sent + 1} of N = {'inf' if s.n is None else s.n} since the "
                                           f"tail began ({why})", unreliable))
+            elif job_id in self.routed and job.pools == self.reliable:
+                routed += 1
             else:
-                out.append(Choice(job_id, f"ExPERT {desc}: queued again after {sent} unreliable instance(s) since "
-                                          f"the tail began: instance N+1 goes to the reliable pool ({why})",
-                                  self.reliable))
-        return out
+                due.append((last + s.t, job_id, sent, now - last, True))
+        return out, due, routed
 
     def deadline(self, view: DispatchView, bag: BagView, host: HostView, deadline: float, now: float) -> float:
         s = self.strategy
@@ -275,7 +330,8 @@ class ExpertTail(TailStrategy):
             wanted[name] = min(machines, cap)
             machines -= wanted[name]
         others = [p for p in pools if p not in self.reliable]
-        waiting = bag.queued + max(0, bag.waiting_replicas - sum(1 for j in self.to_reliable if _pending(view, j)))
+        waiting = max(0, bag.queued - len(self.routed) - len(self.held)) + max(
+            0, bag.waiting_replicas - sum(1 for j in self.to_reliable if _pending(view, j)))
         for i, name in enumerate(others):
             wanted[name] = waiting // len(others) + (1 if i < waiting % len(others) else 0)
         return wanted
@@ -296,6 +352,11 @@ class ExpertTail(TailStrategy):
                     lost = view.instance(e.instance_id)
                     if lost is not None:
                         self._count(view, lost.job_id, e.instance_id, lost.host_id, e.sent_at, start)
+        for job_id, before in self.attempts.items():  # every instance sent, even one that ended between looks
+            tracked = view.job(job_id)
+            if tracked is not None:
+                self.unreliable_sent[job_id] = max(self.unreliable_sent.get(job_id, 0), tracked.attempts - before
+                                                   - self.reliable_count.get(job_id, 0))
         self.to_reliable = {j for j in self.to_reliable if j not in self.reliable_sent and _pending(view, j)}
 
     def _count(self, view: DispatchView, job_id: int, instance_id: int, host_id: str, sent_at: float,
@@ -308,6 +369,7 @@ class ExpertTail(TailStrategy):
             return
         if self._reliable_host(view, host_id):
             self.reliable_sent.add(job_id)
+            self.reliable_count[job_id] = self.reliable_count.get(job_id, 0) + 1
         else:
             self.unreliable_sent[job_id] = self.unreliable_sent.get(job_id, 0) + 1
 
@@ -333,8 +395,7 @@ class ExpertTail(TailStrategy):
         history = bag.history
         tasks = max(1, self.tasks)
         spent = self.spent(history, planning)
-        index = planning.chosen if planning.chosen is not None else 0
-        makespan, cost = planning.point(index)
+        makespan, cost = planning.prediction() if planning.chosen is not None else planning.point(0)
         makespan_sd, cost_sd = planning.error
         left = max(1, planning.observed.tasks)
         predicted_cost = (self.spent_at_plan + cost * left) / tasks
