@@ -149,7 +149,7 @@ class PlanInput(msgspec.Struct, frozen=True):
 
 class BagHistory(msgspec.Struct, frozen=True):
     """Every instance of a bag as the server stored it (`GET /v1/bags/{bag}/instances`): what `gridbot plan
-    --from-bag` characterizes the pools from, offline (`gridbot.schedulers.expert.history`)."""
+    --from-bag` characterizes the pools from, offline (`gridbot.history`)."""
 
     bag: str
     state: str

@@ -203,10 +203,13 @@ def test_a_running_bags_strategy_changes_live_and_the_new_one_starts_from_what_i
     assert tail_of(sim, bag).settings["utility"] == "cost" and tail_of(sim, bag).tail_start is None
 
 
-def test_a_task_the_core_queues_again_is_routed_where_its_next_instance_belongs():
+def test_a_task_the_core_queues_again_is_routed_where_its_next_instance_belongs_within_mr():
+    """Re-queued tasks due on the reliable pool count against Mr x #ur as the replicas chosen for it do: with
+    one reliable machine (Mr = 0.125 of 8 unreliable slots), the second waits for the first to be done."""
     sim, bag, t_tail = throughput('pin = "N=1 T=50 D=80 Mr=0.125"')
     stuck = sorted(j.job_id for j in sim.d.view.running_jobs(bag)
                    if sim.d.view.instances(j.job_id)[0].host_id in BAD)
+    assert len(stuck) == 2
     replicas = [a for h in GRID[:2] for a in sim.ask(h, 1, t_tail + 1)]  # the grid replicas, never returned
     assert sorted(a.job_id for a in replicas) == stuck
     # the bad hosts say their throughput instances failed: the tasks keep their grid replica
@@ -214,11 +217,58 @@ def test_a_task_the_core_queues_again_is_routed_where_its_next_instance_belongs(
         sim.ask(h, 0, t_tail + 2, [InstanceReport(i, Outcome.FAILURE, 1, 5.0, 5.0, "exit code 1")
                                    for i in sorted(sim.held.get(h.host_id, ()))])
     # the grid replicas pass D: the tasks have no instance left and the core queues them again; each has had
-    # its N = 1 unreliable instance since T_tail, so it waits for the reliable pool, not the first host
+    # its N = 1 unreliable instance since T_tail, so its next one belongs on the reliable pool, which has one
+    # machine: the first (first come, first served) is routed there, the second waits, routed nowhere
     sim.tick(t_tail + 82)
-    routed = [d for d in decisions(sim, bag) if d.action == "route"]
-    assert sorted(d.job_id for d in routed) == stuck
-    assert all(d.why.endswith("(on cloud)") and "instance N+1 goes to the reliable pool" in d.why for d in routed)
+    routed = {d.job_id: d.why for d in decisions(sim, bag) if d.action == "route"}
+    assert sorted(routed) == stuck
+    assert routed[stuck[0]].endswith("(on cloud)") and "instance N+1 goes to the reliable pool" in routed[stuck[0]]
+    assert "0 of Mr x #ur = 1 reliable machines" in routed[stuck[0]]
+    assert "waits for one of the Mr x #ur = 1 reliable machines" in routed[stuck[1]]
+    assert not routed[stuck[1]].endswith("(on cloud)") and not routed[stuck[1]].endswith("(on grid)")
     assert all(a.job_id not in stuck for a in sim.ask(GRID[3], 1, t_tail + 83))
     sent = sim.ask(CLOUD[0], 1, t_tail + 83) + sim.ask(CLOUD[1], 1, t_tail + 83)
-    assert sorted(a.job_id for a in sent) == stuck
+    assert [a.job_id for a in sent] == stuck[:1]  # at most Mr x #ur = 1 reliable instance at once
+    # while it runs, the other still waits: the reliable machine is taken
+    sim.tick(t_tail + 90)
+    assert sim.ask(CLOUD[1], 1, t_tail + 91) == []
+    view = sim.d.view.bag(bag)
+    assert view is not None
+    assert tail_of(sim, bag).pilots(sim.d.view, view, ["grid", "cloud"], t_tail + 91)["cloud"] == 1
+    # its result frees the machine: the waiting task is routed to the reliable pool and sent there
+    sim.ask(CLOUD[0], 1, t_tail + 120, [ok(sent[0].instance_id, 37.0)])
+    sim.tick(t_tail + 121)
+    routed = [d for d in decisions(sim, bag) if d.action == "route" and d.job_id == stuck[1]]
+    assert routed[-1].why.endswith("(on cloud)")
+    [second] = sim.ask(CLOUD[1], 1, t_tail + 122)
+    assert second.job_id == stuck[1]
+
+
+def test_a_task_queued_again_and_routed_to_the_reliable_pool_holds_a_machine_against_the_replicas():
+    """A task routed to the reliable pool and not sent yet takes one of the Mr x #ur reliable machines: a task
+    whose timer runs out meanwhile waits for it rather than going beyond the bound."""
+    sim, bag, t_tail = throughput('pin = "N=1 T=50 D=80 Mr=0.125"')
+    timed, requeued = sorted(j.job_id for j in sim.d.view.running_jobs(bag)
+                             if sim.d.view.instances(j.job_id)[0].host_id in BAD)
+    replicas = {a.job_id: (h, a) for h in GRID[:2] for a in sim.ask(h, 1, t_tail + 1)}
+    assert sorted(replicas) == [timed, requeued]
+    # the requeued task's throughput instance and its grid replica both fail: the core queues it again, and
+    # having had its N = 1 unreliable instance it is routed to the one reliable machine
+    for h in GRID[6:]:
+        sim.ask(h, 0, t_tail + 5, [InstanceReport(i, Outcome.FAILURE, 1, 5.0, 5.0, "exit code 1")
+                                   for i in sorted(sim.held.get(h.host_id, ()))
+                                   if sim.d.view.instance(i).job_id == requeued])  # type: ignore[union-attr]
+    grid_host, replica = replicas[requeued]
+    sim.ask(grid_host, 0, t_tail + 10, [InstanceReport(replica.instance_id, Outcome.FAILURE, 1, 5.0, 5.0, "x")])
+    sim.tick(t_tail + 11)
+    assert [d.job_id for d in decisions(sim, bag) if d.why.endswith("(on cloud)")] == [requeued]
+    # the other task's timer runs out at t_tail + 51: the machine is promised, so no reliable replica yet
+    sim.tick(t_tail + 52)
+    assert [d.job_id for d in decisions(sim, bag) if d.why.endswith("(on cloud)")] == [requeued]
+    [sent] = sim.ask(CLOUD[0], 1, t_tail + 53)
+    assert sent.job_id == requeued and sim.ask(CLOUD[1], 1, t_tail + 53) == []
+    # its result frees the machine for the other
+    sim.ask(CLOUD[0], 0, t_tail + 90, [ok(sent.instance_id, 37.0)])
+    sim.tick(t_tail + 91)
+    chosen = [d for d in decisions(sim, bag) if d.why.endswith("(on cloud)")]
+    assert [d.job_id for d in chosen] == [requeued, timed] and chosen[-1].action == "replicate"

@@ -572,17 +572,27 @@ def policy(bag: str, name: str | None, expression: str | None, server: str | Non
               help="Write the frontier as a PNG (the paper's Figures 8 and 9a).")
 @click.option("--apply", "apply_it", is_flag=True,
               help='Set tail = "expert" with this utility on the running bag (its strategy changes at once).')
+@click.option("--history", "history_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Characterize the pools offline from this history of a run that is over (CSV or JSON lines of "
+                   "sent_at, ended_at, success, pool: docs/expert.md) instead of the bag's own instances.")
+@click.option("--from-bag", "from_bag", metavar="NAME",
+              help="Characterize the pools offline from a previous bag on the same server (its stored instances).")
 @server_option
 @access_option
 @admin_option
 @json_option
 @friendly
 def plan(bag: str | None, scenario: Path | None, utility: str | None, budget: float | None, deadline: str | None,
-         plot_file: Path | None, apply_it: bool, server: str | None, access: Path | None, admin: bool,
-         as_json: bool) -> None:
+         plot_file: Path | None, apply_it: bool, history_file: Path | None, from_bag: str | None, server: str | None,
+         access: Path | None, admin: bool, as_json: bool) -> None:
     """ExPERT's Pareto frontier of tail strategies (N, T, D, Mr) for a running bag, from its own instances, and
-    the best one for a utility; with --scenario, for a scenario's bag before it runs."""
+    the best one for a utility; with --scenario, for a scenario's bag before it runs; with --history or
+    --from-bag, characterized offline from a run that is over."""
     from gridbot.cli import plan as planning
+
+    if history_file is not None and from_bag is not None:
+        raise click.UsageError("give one of --history and --from-bag")
+    previous = planning.read_history(history_file) if history_file is not None else None
 
     seconds = None
     if deadline is not None:
@@ -594,13 +604,18 @@ def plan(bag: str | None, scenario: Path | None, utility: str | None, budget: fl
         if apply_it:
             raise click.UsageError("--apply sets the strategy of a running bag; a scenario's bag sets it in its "
                                    "[bags.NAME.strategy] table")
-        report = planning.for_scenario(scenario, bag, utility, budget, seconds)
+        if from_bag is not None:
+            with Client(server, access=access, admin=admin) as client:
+                previous = planning.previous_bag(client.bag_history(from_bag))
+        report = planning.for_scenario(scenario, bag, utility, budget, seconds, previous)
     else:
         if bag is None:
             raise click.UsageError("give a running BAG, or --scenario FILE")
         with Client(server, access=access, admin=admin) as client:
+            if from_bag is not None:
+                previous = planning.previous_bag(client.bag_history(from_bag))
             given = client.plan_input(bag)
-            report = planning.for_bag(given, utility, budget, seconds)
+            report = planning.for_bag(given, utility, budget, seconds, previous)
             if apply_it:
                 text = planning.settings(given.strategy, planning.chosen_utility(utility, budget, seconds)).utility
                 chosen = planning.apply_choice(given.strategy, text)

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gridbot import history
 from gridbot.errors import GridbotError
 from gridbot.model.spec import StrategyChoice
 from gridbot.protocol import BagHistory, PlanInput
-from gridbot.schedulers.expert import history
 from gridbot.schedulers.expert.characterize import Characterization, CharacterizationError, from_runtimes
 from gridbot.schedulers.expert.frontier import best, dominating, utility
 from gridbot.schedulers.expert.planner import (
@@ -90,7 +90,7 @@ class Previous:
 
 
 def read_history(path: Path) -> Previous:
-    """A history file (`gridbot.schedulers.expert.history`: CSV or JSON lines of sent_at, ended_at, success,
+    """A history file (`gridbot.history`: CSV or JSON lines of sent_at, ended_at, success,
     pool), or GridbotError naming the line."""
     try:
         text = path.read_text()

@@ -415,7 +415,7 @@ class Dispatcher:
                 job = s.jobs.get(job_id)
                 if job is not None and job.bag_id == bag_id and job.state is JobState.QUEUED and pools:
                     if job.pools != pools:
-                        job.pools = pools
+                        job.pools, job.routed = pools, True
                         k.decide(changes, job, f"tail={bag.tail_strategy.name}", "route",
                                  f"{why} (on {', '.join(sorted(pools))})")
                     continue

@@ -155,6 +155,8 @@ class Kernel:
         self.s.jobs[job.job_id] = job
         job.live.add(iid)
         job.attempts += 1
+        if job.routed:  # a tail strategy's route holds for this instance, not for the job's replicas after it
+            job.pools, job.routed = None, False
         if job.attempts == 2:
             bag.counts.reruns += 1
         host.running.add(iid)

@@ -47,6 +47,8 @@ class Job:
     window of twenty thousand jobs paid for them all)."""
     pools: frozenset[str] | None = None
     """Pools the job was moved to by its placement strategy (None: any its policies accept)."""
+    routed: bool = False
+    """`pools` is its tail strategy's route for its next instance only (cleared when that one is sent)."""
     replica_pools: frozenset[str] | None = None
     """Pools its pending replica may go to, as its tail strategy chose (None: any)."""
 

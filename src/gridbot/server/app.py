@@ -109,6 +109,7 @@ PERMISSIONS: dict[tuple[str, str], frozenset[Role]] = {
     ("POST", "/v1/bags/{bag}/qos"): USERS,
     ("GET", "/v1/bags/{bag}/cost"): USERS,
     ("GET", "/v1/bags/{bag}/history"): USERS,
+    ("GET", "/v1/bags/{bag}/instances"): USERS,
     ("GET", "/v1/bags/{bag}/jobs"): USERS,
     ("GET", "/v1/bags/{bag}/jobs/{job}/instances"): USERS,
     ("GET", "/v1/bags/{bag}/results"): USERS,
@@ -241,6 +242,7 @@ class Server:
             web.post("/v1/bags/{bag}/qos", self.set_qos),
             web.get("/v1/bags/{bag}/cost", self.cost),
             web.get("/v1/bags/{bag}/history", self.history),
+            web.get("/v1/bags/{bag}/instances", self.bag_history),
             web.get("/v1/bags/{bag}/jobs", self.jobs),
             web.get("/v1/bags/{bag}/results", self.results),
             web.get("/v1/bags/{bag}/inputs/{name}", self.input_file),
@@ -444,6 +446,10 @@ class Server:
     async def history(self, request: web.Request) -> web.Response:
         """A running bag's instances so far, tasks left and pools, for `gridbot plan` (ExPERT's input)."""
         return _reply(request, self.service.plan_input(self._bag(request)))
+
+    async def bag_history(self, request: web.Request) -> web.Response:
+        """Every instance of a bag, running or ended, for `gridbot plan --from-bag` (ExPERT offline)."""
+        return _reply(request, self.service.bag_history(self._bag(request)))
 
     async def cancel(self, request: web.Request) -> web.Response:
         return _reply(request, self.service.cancel(self._bag(request), time.time()))

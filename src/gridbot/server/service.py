@@ -23,6 +23,7 @@ from gridbot.core.dispatcher import Dispatcher
 from gridbot.core.strategy import TailPlan
 from gridbot.core.view import BagView
 from gridbot.errors import GridbotError, ServerUnavailable
+from gridbot.history import rows_from_states
 from gridbot.model.hierarchy import QueueSpec
 from gridbot.model.spec import (
     MAX_PATH,
@@ -35,9 +36,10 @@ from gridbot.model.spec import (
     parse_bag_deadline,
     with_qos_placement,
 )
-from gridbot.model.states import BAG_TERMINAL, BagState, JobState
+from gridbot.model.states import BAG_TERMINAL, BagState, InstanceState, JobState
 from gridbot.policy.policies import PolicyError, PolicySet, compile_policies, validate_policies
 from gridbot.protocol import (
+    BagHistory,
     BagInfo,
     CostInfo,
     Deleted,
@@ -637,6 +639,23 @@ class Service:
                              "its instances; `gridbot plan --scenario FILE` plans one before it runs")
         observed = observe(view, bag, time.time(), reliable_pools(view))
         return PlanInput(row.name, row.spec.strategy, observed, bag.tail_plan)
+
+    def bag_history(self, row: BagRow) -> BagHistory:
+        """Every instance of a bag, running or ended, from the store: what `gridbot plan --from-bag` characterizes
+        the pools from, offline (the dispatcher forgets a bag's instances when it ends; the store keeps them)."""
+        self.flush()  # the store holds every change made so far
+        pools = {h.info.host_id: h.info.pool for h in self.store.hosts()}
+        stored: list[tuple[float, float | None, InstanceState, str]] = []
+        after = 0
+        while jobs := self.store.jobs(row.bag_id, None, 1000, after):
+            for job in jobs:
+                stored.extend((i.sent_at, i.ended_at, i.state, pools.get(i.host_id, ""))
+                              for i in self.store.instances_of(job.job_id))
+            after = jobs[-1].job_id
+        rows = rows_from_states(stored)
+        return BagHistory(row.name, row.state.value, row.spec.instance_deadline,
+                          sorted(reliable_pools(self.dispatcher.view)),
+                          [(r.sent_at, r.ended_at, r.success, r.pool) for r in rows])
 
     def hosts(self, now: float) -> list[HostInfoRow]:
         """Known hosts with the statistics the dispatcher holds (the store's for hosts it never saw)."""
