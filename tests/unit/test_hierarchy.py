@@ -229,8 +229,13 @@ runtime = "30s"
 jobs = 2
 runtime = "30s"
 [bags.other.strategy]
-placement = "gridbot"
 complexity = 60
+
+[bags.plain]
+jobs = 2
+runtime = "30s"
+[bags.plain.strategy]
+placement = "gridbot"
 """
 
 
@@ -242,6 +247,7 @@ def test_a_scenario_with_queues_parses_and_its_bags_are_placed_by_the_hierarchy(
     assert by_name["short"].strategy.placement == "hierarchy", "GridBot's default becomes the hierarchy"
     assert by_name["other"].strategy.placement == "hierarchy"
     assert by_name["other"].strategy.options == {"complexity": 60}
+    assert by_name["plain"].strategy.placement == "gridbot", "a placement the scenario names stays"
 
 
 def test_a_scenario_without_queues_keeps_gridbots_placement_and_refuses_the_hierarchys():
@@ -579,7 +585,7 @@ def test_task_potential_overdue_from_measured_run_times():
     sim.tick(201.0)
     # 2 results of 200 s: 8 jobs left are 1,600 CPU-s; q1 does (300 - 200) x 2 = 200 in what is left of Te
     r = where(sim, a, 201.0)
-    assert (r.queue, r.complexity, r.source) == ("q2", 1600.0, "measured")
+    assert (r.queue, r.complexity, r.source) == ("q2", 1598.0, "measured"), "the two running have run 1 s"
     assert moves(sim, a, 201.0) == [("q1", "q2", "task potential overdue")]
 
 
@@ -591,7 +597,7 @@ def test_a_moved_bag_carries_its_complexity_and_a_mismatch_on_arrival_moves_it_o
     sim.tick(2001.0)
     # 8 jobs of 2,000 s left: 16,000 CPU-s, over q2's C_e (14,400) on arrival there
     r = where(sim, a, 2001.0)
-    assert (r.queue, r.complexity) == ("q3", 16000.0)
+    assert (r.queue, r.complexity) == ("q3", 15998.0), "(the two running have run 1 s)"
     assert moves(sim, a, 2001.0) == [("q1", "q2", "task potential overdue"), ("q2", "q3", "complexity mismatch")]
 
 
@@ -602,7 +608,7 @@ def test_fast_jobs_stay_in_their_queue():
     _slow_start(sim, a, 20.0)
     sim.tick(21.0)
     r = where(sim, a, 21.0)
-    assert (r.queue, r.complexity, r.source, r.migrations) == ("q1", 160.0, "measured", [])
+    assert (r.queue, r.complexity, r.source, r.migrations) == ("q1", 158.0, "measured", []), "(the running ones have run 1 s)"
 
 
 def test_queue_potential_overdue_moves_the_bag_the_work_ahead_leaves_no_room_for():
@@ -624,7 +630,7 @@ def test_measured_work_counts_beta_as_the_limits_do():
     sim.tick(101.0)
     # 8 jobs of 100 s left on 2 slots end at 500, within Te (700): 8 x 100 x 0.5 = 400 CPU-s <= (700 - 100) x 2 x 0.5
     r = where(sim, a, 101.0)
-    assert (r.queue, r.complexity, r.migrations) == ("q1", 400.0, [])
+    assert (r.queue, r.complexity, r.migrations) == ("q1", 399.0, []), "(the running ones have run 1 s)"
 
 
 def test_a_given_complexity_shrinks_with_the_jobs_done():

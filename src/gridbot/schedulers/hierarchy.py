@@ -87,6 +87,8 @@ class Hierarchy:
         self.load: dict[str, float] = {q.name: 0.0 for q in self.queues}
         self.bags: dict[int, _Bag] = {}
         self.stepped_at: float | None = None
+        self.now = 0.0
+        """The time of the last step or admission (what a running instance's elapsed time is counted to)."""
         self.measured: dict[str, float] = {}
         """Each queue's relative speed as measured (`measure`)."""
 
@@ -121,9 +123,11 @@ class Hierarchy:
             scale = sum(mean.values()) / len(mean)  # (relative to the queues' average)
             self.measured = {name: m / scale for name, m in mean.items()}
 
-    def phi(self, view: DispatchView, q: QueueSpec, seconds: float, beta: float) -> float:
-        """Work the queue does in `seconds`, optimistically (every slot, at its machines' speed)."""
-        return max(0.0, seconds) * q.max_cpus * self.speed(view, q) * beta
+    def phi(self, view: DispatchView, q: QueueSpec, seconds: float, beta: float, jobs: int | None = None) -> float:
+        """Work the queue does in `seconds`, optimistically (every slot, at its machines' speed); for a bag with
+        `jobs` left, on no more slots than that (a bag of one job runs on one CPU, however many N allows)."""
+        slots = q.max_cpus if jobs is None else max(1, min(q.max_cpus, jobs))
+        return max(0.0, seconds) * slots * self.speed(view, q) * beta
 
     # -- the bags' complexity ---------------------------------------------------------------------
 
@@ -141,7 +145,15 @@ class Hierarchy:
                 queue = self._queue_of_pool(e.pool)
                 times.append((e.ended_at - e.sent_at) * (self.speed(view, queue) if queue else 1.0) * b.beta)
         if len(times) >= b.min_results:
-            b.complexity, b.source = left * sum(times) / len(times), "measured"
+            mean = sum(times) / len(times)
+            # a running job has only what it has not run yet left (counted whole, a bag one second from its end
+            # looked a job long: task potential overdue moved it)
+            running = 0.0
+            for pool, runs in view.running_by_pool(b.bag_id).items():
+                queue = self._queue_of_pool(pool)
+                speed = (self.speed(view, queue) if queue else 1.0) * b.beta
+                running += sum(max(0.0, mean - (self.now - sent) * speed) for sent, _ in runs)
+            b.complexity, b.source = bag.queued * mean + running, "measured"
         elif b.given is not None:
             done = bag.counts.done + bag.counts.failed
             b.complexity, b.source = b.given * left / max(1, left + done), "given"
@@ -156,6 +168,7 @@ class Hierarchy:
 
     def admit(self, view: DispatchView, b: _Bag, now: float) -> None:
         """A new bag enters the top level, or the first level whose C_e fits the complexity its owner gave."""
+        self.now = max(self.now, now)
         self.forget(view)
         self.bags[b.bag_id] = b
         bag = view.bag(b.bag_id)
@@ -171,7 +184,7 @@ class Hierarchy:
             return
         c = self.estimate(view, b)
         queues = self._at(self.levels[0])
-        if b.source == "given" and c is not None:
+        if b.source == "given" and c is not None and any("complexity_mismatch" in q.policies for q in queues):
             for level in self.levels:
                 queues = [q for q in self._at(level) if c <= self.phi(view, q, q.exec_time_limit, b.beta)]
                 if queues:
@@ -211,7 +224,7 @@ class Hierarchy:
         """Once per tick: take up new bags, forget ended ones, enforce every queue's limits, share load."""
         if self.stepped_at == now:
             return
-        self.stepped_at = now
+        self.stepped_at = self.now = now
         self.forget(view)
         self.measure(view)
         for q in self.queues:
@@ -247,8 +260,11 @@ class Hierarchy:
         ce = self.phi(view, q, q.exec_time_limit, b.beta)
         if "complexity_mismatch" in q.policies and b.started is None and b.source == "given" and c > ce:
             return "complexity mismatch", f"its estimated work {c:,.0f} CPU-s is over C_e {ce:,.0f} of queue {q.name}"
-        if "task_potential_overdue" in q.policies and (c > self.phi(view, q, q.exec_time_limit - te, b.beta)
-                                                       or c > self.phi(view, q, q.queue_time_limit - tq, b.beta)):
+        bag = view.bag(b.bag_id)
+        jobs = bag.queued + bag.running if bag is not None else None
+        if "task_potential_overdue" in q.policies and (
+                c > self.phi(view, q, q.exec_time_limit - te, b.beta, jobs)
+                or c > self.phi(view, q, q.queue_time_limit - tq, b.beta, jobs)):
             return "task potential overdue", (f"its remaining work {c:,.0f} CPU-s cannot end within what is left "
                                               f"of Te or Tq in queue {q.name}")
         cq = self.phi(view, q, q.queue_time_limit, b.beta)
@@ -290,7 +306,11 @@ class Hierarchy:
         level with room); from the lowest level it is ended or left to run, as the queue says. Returns
         whether it left the queue (False: left to run in it)."""
         target: QueueSpec | None = None
-        if same_level:
+        if policy == "complexity mismatch" and b.complexity is not None:  # (a queue of its level that fits it)
+            fits = [p for p in self._at(q.level) if p.name != q.name
+                    and b.complexity <= self.phi(view, p, p.exec_time_limit, b.beta)]
+            target = self._pick(view, fits) if fits else None
+        if target is None and same_level:
             roomy = [p for p in self._at(q.level) if p.name != q.name
                      and self.load[p.name] <= self.phi(view, p, p.queue_time_limit, b.beta)
                      and (p.max_bags is None or len(self.order[p.name]) < p.max_bags)]
@@ -341,6 +361,16 @@ class Hierarchy:
         b = self.bags.pop(bag_id)
         if b.queue and bag_id in self.order.get(b.queue, []):
             self.order[b.queue].remove(bag_id)
+
+    def report(self, bag_id: int, now: float) -> LevelReport | None:
+        """Where the hierarchy holds a bag (also just after it ended, until the next step forgets it)."""
+        b = self.bags.get(bag_id)
+        if b is None:
+            return None
+        q = self.by_name.get(b.queue)
+        return LevelReport(b.queue, q.level if q else 0, self.position(b), b.complexity, b.source,
+                           now - b.arrived, now - b.started if b.started is not None else 0.0, list(b.migrations),
+                           b.ended)
 
     def position(self, b: _Bag) -> int:
         order = self.order.get(b.queue, [])
@@ -472,13 +502,7 @@ class HierarchyPlacement(Placement):
         return b.ended if b is not None and b.ended else None
 
     def level(self, view: DispatchView, bag: BagView, now: float) -> LevelReport | None:
-        b = self.h.bags.get(self.bag_id)
-        if b is None:
-            return None
-        q = self.h.by_name.get(b.queue)
-        return LevelReport(b.queue, q.level if q else 0, self.h.position(b), b.complexity, b.source,
-                           now - b.arrived, now - b.started if b.started is not None else 0.0, list(b.migrations),
-                           b.ended)
+        return self.h.report(self.bag_id, now)
 
     def notes(self, view: DispatchView, bag: BagView, now: float) -> list[str]:
         b = self.h.bags.get(self.bag_id)

@@ -155,8 +155,8 @@ class Simulation:
         self.seed = scenario.seed if seed is None else seed
         self.rng = random.Random(self.seed)
         cfg = scenario.dispatch
-        self.dispatcher = Dispatcher(type(cfg)(**{**cfg.__dict__, "seed": self.seed}),
-                                     registry.factory(self.seed, scenario.queues))
+        self._factory = registry.factory(self.seed, scenario.queues)
+        self.dispatcher = Dispatcher(type(cfg)(**{**cfg.__dict__, "seed": self.seed}), self._factory)
         self.dispatcher.pool_ads = {p.name: {"Speed": p.speed.mean, **p.spec.ad()} for p in scenario.pools}
         self.memory = MemoryStore() if scenario.store == "memory" else None
         self.compact = CompactStore()
@@ -270,6 +270,9 @@ class Simulation:
             rec.bag_update(b.bag_id, b.state, b.counts, now)
             if b.state is not BagState.ACTIVE:
                 self.runtimes.pop(b.bag_id, None)
+                h = self._factory.hierarchy  # (its place as it ended: samples miss a bag shorter than their period)
+                if h is not None and (level := h.report(b.bag_id, now)) is not None:
+                    self._levels[b.bag_id] = level
                 kept = self._views.pop(b.bag_id, None)  # its tail plan, as its last view reads it
                 if kept is not None and (tail := kept.tail_plan) is not None:
                     rec.tail_plans[b.bag_id] = msgspec.to_builtins(tail)

@@ -387,7 +387,8 @@ class _Reader:
             choice = parse_strategy(table, f"bag '{name}'")
             has_queues = self.has_queues
             spec = with_qos_placement(msgspec.structs.replace(qos or BagSpec(name=name), strategy=choice))
-            spec = registry.default_placement(spec, has_queues)
+            if not (isinstance(table, dict) and "placement" in table):  # (a placement named stays: gridbot too)
+                spec = registry.default_placement(spec, has_queues)
             registry.check_bag(spec, has_queues)
             choice = spec.strategy
         except (SpecError, StrategyError) as e:
@@ -407,7 +408,8 @@ class _Reader:
             return []
         before = len(self.problems)
         self.keys(t, ("swf", "skip", "count", "time_scale", "max_jobs", "instance_deadline", "max_failures",
-                      "policy", "burst", *traces.SwfFilter.KEYS), path, f"swf_bags '{name}'")
+                      "policy", "burst", "strategy", *traces.SwfFilter.KEYS), path, f"swf_bags '{name}'")
+        strategy = self.strategy(t.get("strategy", {}), path, name)
         if "swf" not in t:
             self.fail(path, f"swf_bags '{name}' names no log", 'swf = "NASA-iPSC" (shipped) or a path')
             return []
@@ -446,11 +448,11 @@ class _Reader:
             arrival = (g[0].submit - first) * scale
             if len(g) == 1:  # one job of the log: its processors are the bag's jobs
                 bags.append(BagModel(f"{name}-{g[0].number}", min(g[0].procs, max_jobs), constant(g[0].run),
-                                     arrival, deadline, max_failures, dict(policy)))
+                                     arrival, deadline, max_failures, dict(policy), strategy=strategy))
                 continue
             runs = tuple(r.run for r in g for _ in range(min(r.procs, max_jobs)))[:max_jobs]
             bags.append(BagModel(f"{name}-{g[0].number}", len(runs), empirical(runs, f"burst of {len(g)} jobs"),
-                                 arrival, deadline, max_failures, dict(policy), runs))
+                                 arrival, deadline, max_failures, dict(policy), runs, strategy=strategy))
         return bags
 
     def warn_overdue(self, path: tuple[str, ...], name: str, records: list[traces.SwfJob], max_failures: int,
