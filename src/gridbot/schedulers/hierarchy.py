@@ -145,20 +145,21 @@ class Hierarchy:
                 queue = self._queue_of_pool(e.pool)
                 times.append((e.ended_at - e.sent_at) * (self.speed(view, queue) if queue else 1.0) * b.beta)
         if len(times) >= b.min_results:
-            mean = sum(times) / len(times)
-            # a running job has only what it has not run yet left (counted whole, a bag one second from its end
-            # looked a job long: task potential overdue moved it)
-            running = 0.0
-            for pool, runs in view.running_by_pool(b.bag_id).items():
-                queue = self._queue_of_pool(pool)
-                speed = (self.speed(view, queue) if queue else 1.0) * b.beta
-                running += sum(max(0.0, mean - (self.now - sent) * speed) for sent, _ in runs)
-            b.complexity, b.source = bag.queued * mean + running, "measured"
+            mean, b.source = sum(times) / len(times), "measured"
         elif b.given is not None:
             done = bag.counts.done + bag.counts.failed
-            b.complexity, b.source = b.given * left / max(1, left + done), "given"
+            mean, b.source = b.given / max(1, left + done), "given"  # (the owner's bound, shared by its jobs)
         else:
             b.complexity, b.source = None, "unknown"
+            return None
+        # a running job has only what it has not run yet left (counted whole, a bag one second from its end
+        # looked a job long, and task potential overdue moved it)
+        running = 0.0
+        for pool, runs in view.running_by_pool(b.bag_id).items():
+            queue = self._queue_of_pool(pool)
+            speed = (self.speed(view, queue) if queue else 1.0) * b.beta
+            running += sum(max(0.0, mean - (self.now - sent) * speed) for sent, _ in runs)
+        b.complexity = bag.queued * mean + running
         return b.complexity
 
     def _queue_of_pool(self, pool: str) -> QueueSpec | None:
