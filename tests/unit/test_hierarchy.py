@@ -608,7 +608,8 @@ def test_fast_jobs_stay_in_their_queue():
     _slow_start(sim, a, 20.0)
     sim.tick(21.0)
     r = where(sim, a, 21.0)
-    assert (r.queue, r.complexity, r.source, r.migrations) == ("q1", 158.0, "measured", []), "(the running ones have run 1 s)"
+    assert (r.queue, r.complexity, r.source, r.migrations) == ("q1", 158.0, "measured", []), \
+        "(the running ones have run 1 s)"
 
 
 def test_queue_potential_overdue_moves_the_bag_the_work_ahead_leaves_no_room_for():
