@@ -385,6 +385,15 @@ class DispatchView:
                 out.setdefault(h.info.pool if h is not None else "", []).append((inst.sent_at, inst.host_id))
         return out
 
+    def running_by_bag(self) -> dict[int, dict[str, list[tuple[float, str]]]]:
+        """`running_by_pool` for every bag at once, in one pass over the running instances."""
+        out: dict[int, dict[str, list[tuple[float, str]]]] = {}
+        for inst in self._s.running.values():
+            h = self._s.hosts.get(inst.host_id)
+            pools = out.setdefault(inst.job.bag_id, {})
+            pools.setdefault(h.info.pool if h is not None else "", []).append((inst.sent_at, inst.host_id))
+        return out
+
     def _term(self, host_id: str) -> HostTerm | None:
         h = self._s.hosts.get(host_id)
         return HostTerm(h.info.pool, h.first_seen, max(h.first_seen, h.contact)) if h is not None else None

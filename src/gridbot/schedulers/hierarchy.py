@@ -89,6 +89,9 @@ class Hierarchy:
         self.stepped_at: float | None = None
         self.now = 0.0
         """The time of the last step or admission (what a running instance's elapsed time is counted to)."""
+        self.running: dict[int, dict[str, list[tuple[float, str]]]] = {}
+        self.running_at: float | None = None
+        """Every bag's running instances per pool, as of the step at `running_at`."""
         self.measured: dict[str, float] = {}
         """Each queue's relative speed as measured (`measure`)."""
 
@@ -155,7 +158,8 @@ class Hierarchy:
         # a running job has only what it has not run yet left (counted whole, a bag one second from its end
         # looked a job long, and task potential overdue moved it)
         running = 0.0
-        for pool, runs in view.running_by_pool(b.bag_id).items():
+        by_pool = self.running.get(b.bag_id, {}) if self.running_at == self.now else view.running_by_pool(b.bag_id)
+        for pool, runs in by_pool.items():
             queue = self._queue_of_pool(pool)
             speed = (self.speed(view, queue) if queue else 1.0) * b.beta
             running += sum(max(0.0, mean - (self.now - sent) * speed) for sent, _ in runs)
@@ -226,6 +230,7 @@ class Hierarchy:
         if self.stepped_at == now:
             return
         self.stepped_at = self.now = now
+        self.running, self.running_at = view.running_by_bag(), now  # (one pass for every bag's estimate)
         self.forget(view)
         self.measure(view)
         for q in self.queues:
