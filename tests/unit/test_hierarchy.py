@@ -20,6 +20,7 @@ from gridbot.model.states import BagState, JobState
 from gridbot.schedulers import registry
 from gridbot.schedulers.base import StrategyError
 from gridbot.schedulers.hierarchy import Hierarchy, HierarchyPlacement
+from gridbot.sim.engine import simulate
 from gridbot.sim.scenario import parse_scenario
 
 from .core_harness import CoreSim
@@ -1116,3 +1117,20 @@ def test_a_report_of_an_unknown_instance_does_not_disturb_the_hierarchy():
     sim.ask(HOSTS["s"][0], 1, 0.0, [InstanceReport(999, Outcome.SUCCESS, 0, 1.0, 1.0)])
     sim.tick(1.0)
     assert where(sim, a, 1.0).queue == "q1"
+
+
+def test_bags_replayed_from_a_log_are_placed_by_the_hierarchy_and_can_be_given_a_strategy():
+    """A stream of bags from an SWF log (issue 17): with queues, `[swf_bags]` bags are the hierarchy's; a
+    `strategy` table gives them its options, or another placement."""
+    queues = SCENARIO[SCENARIO.index("[queues.q1]"):SCENARIO.index("[bags.short]")]
+    head = SCENARIO[:SCENARIO.index("[queues.q1]")] + queues
+    sc = parse_scenario(head + '[swf_bags.nasa]\nswf = "NASA-iPSC"\ncount = 3\nmax_jobs = 8\n'
+                        '[swf_bags.nasa.strategy]\ncomplexity = 120\n', "sc.toml")
+    assert len(sc.bags) == 3
+    assert {(b.strategy.placement, b.strategy.options["complexity"]) for b in sc.bags} == {("hierarchy", 120)}
+    plain = parse_scenario(head + '[swf_bags.nasa]\nswf = "NASA-iPSC"\ncount = 2\n'
+                           '[swf_bags.nasa.strategy]\nplacement = "gridbot"\n', "sc.toml")
+    assert {b.strategy.placement for b in plain.bags} == {"gridbot"}
+    r = simulate(parse_scenario(head + '[swf_bags.nasa]\nswf = "NASA-iPSC"\ncount = 3\nmax_jobs = 4\n', "sc.toml"))
+    done = [b for b in r.bags if b.state == "completed"]
+    assert done and all(b.level is not None and b.level["queue"] in ("q1", "q2") for b in done)
