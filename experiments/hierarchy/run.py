@@ -10,7 +10,7 @@ of 30 s), under FCFS, FCFS+H, MQ and MQ+H; run.py builds each arm from the file 
 
 Section 6 (`table2.toml`: the paper's Table 2 queues on grids at a tenth of their size): a stream of bags
 whose arrivals are the user bursts of the CESNET MetaCentrum log `wagap-2013` (Klusacek et al., in the
-Parallel Workloads Archive's format; `../shared/data/swf/` beside the repository, provenance in the README there)
+Parallel Workloads Archive's format; shipped in src/gridbot/sim/traces/, provenance in the README there)
 and whose sizes follow a mix like the paper's Figure 7 (see `stream`), then the same stream with each
 migration policy switched off in turn. Simulations run one at a time.
 """
@@ -44,8 +44,9 @@ from gridbot.sim.scenario import BagModel, PoolModel, Scenario, parse_scenario
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 ROOT = HERE.parents[1]
-SWF_LOG = ROOT.parent / "shared" / "data" / "swf" / "wagap-2013.swf.gz"
-"""CESNET MetaCentrum, 1 Jan - 31 Mar 2013 (Alea's data set; provenance in /work/shared/data/README.md)."""
+SWF_LOG = "wagap-2013.swf.gz"
+"""CESNET MetaCentrum, 1 Jan - 31 Mar 2013 (Alea's data set), shipped with gridbot's simulator (provenance and
+citation in src/gridbot/sim/traces/README.md)."""
 
 
 def load(name: str) -> Scenario:
