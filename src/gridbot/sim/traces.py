@@ -26,7 +26,7 @@ from gridbot.errors import GridbotError
 TASK_RUNTIMES = "task_runtimes.csv.gz"
 FTA_FITS = "fta_fitted_interval_distributions_from_opendc.csv"
 LANL = "LA-UR-05-7318-failure-data-1996-2005.csv.xz"
-SWF_LOGS = {"NASA-iPSC": "NASA-iPSC-1993-3.1-cln.swf.gz"}
+SWF_LOGS = {"NASA-iPSC": "NASA-iPSC-1993-3.1-cln.swf.gz", "CESNET-wagap": "wagap-2013.swf.gz"}
 """SWF logs shipped with gridbot, by short name."""
 FTA_FAMILIES = ("Exp", "Wbl", "LogN", "Gam")
 
