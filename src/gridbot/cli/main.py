@@ -378,12 +378,9 @@ def status(server: str | None, access: Path | None, admin: bool, as_json: bool) 
         for b in bags:
             for message in b.diagnostics:
                 render.console.print(f"[yellow]bag {b.name}:[/] {message}", soft_wrap=True)
-            if (plan := render.tail_plan(b)) is not None:
-                render.console.print(plan, soft_wrap=True, markup=False)
-            if (line := render.money(b)) is not None:
-                render.console.print(line, soft_wrap=True, markup=False)
-            if (line := render.level(b)) is not None:
-                render.console.print(line, soft_wrap=True, markup=False)
+            for describe in (render.tail_plan, render.money, render.level):
+                if (text := describe(b)) is not None:
+                    render.console.print(text, soft_wrap=True, markup=False)
 
 
 @cli.command()

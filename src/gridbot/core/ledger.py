@@ -41,13 +41,8 @@ class Prices:
         """A pool's prices from its ad (None: a pool not in the pools file, free)."""
         if not ad:
             return FREE
-
-        def number(key: str, default: float) -> float:
-            v = ad.get(key, default)
-            return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) else default
-
-        period = number("ChargingPeriod", 3600.0)
-        return cls(max(0.0, number("PricePerCpuHour", 0.0)), max(0.0, number("PricePerPilotHour", 0.0)),
+        period = ad_number(ad, "ChargingPeriod", 3600.0)
+        return cls(max(0.0, ad_number(ad, "PricePerCpuHour", 0.0)), max(0.0, ad_number(ad, "PricePerPilotHour", 0.0)),
                    period if period > 0 else 3600.0)
 
     @property
@@ -68,6 +63,13 @@ class Prices:
 
 
 FREE = Prices()
+
+
+def ad_number(ad: Mapping[str, object] | None, key: str, default: float) -> float:
+    """A number of a pool's ad (its price, size, speed), or `default` where the ad has none that is a finite
+    number (an attribute a pools file or a simulator scenario wrote as anything else counts as absent)."""
+    v = (ad or {}).get(key, default)
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) else default
 
 
 class Usage(NamedTuple):

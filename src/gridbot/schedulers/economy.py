@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
-from gridbot.core.ledger import Prices
+from gridbot.core.ledger import Prices, ad_number
 from gridbot.core.strategy import Migration, QosReport
 from gridbot.core.view import BagView, DispatchView, HostView
 from gridbot.model.spec import StrategyOption
@@ -265,11 +265,6 @@ def _waves_before(plan: Plan, pools: Sequence[PoolEstimate], jobs: int, horizon:
     return out
 
 
-def _number(ad: Mapping[str, object] | None, key: str, default: float) -> float:
-    v = (ad or {}).get(key, default)
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) else default
-
-
 class DbcPlacement(Placement):
     """Deadline- and budget-constrained placement: the base of the four optimizations (`strategy`)."""
 
@@ -484,11 +479,11 @@ class DbcPlacement(Placement):
         for name in names:
             ad = view.pool_ad(name)
             pv = live.get(name)
-            cpus = max(1, int(_number(ad, "Cpus", 1)))
-            slots = int(_number(ad, "MaxRunning", 0)) * cpus if ad is not None else 0
+            cpus = max(1, int(ad_number(ad, "Cpus", 1)))
+            slots = int(ad_number(ad, "MaxRunning", 0)) * cpus if ad is not None else 0
             slots = max(slots, pv.slots if pv is not None else 0)
             delay = self._delay(name, slots, pv.slots if pv is not None else 0, len(running.get(name, ())), now)
-            speed = _number(ad, "Speed", 1.0)
+            speed = ad_number(ad, "Speed", 1.0)
             speed = speed if speed > 0 else 1.0
             durations = samples.get(name)
             seconds = max(MIN_SECONDS, sum(durations) / len(durations)) if durations else None

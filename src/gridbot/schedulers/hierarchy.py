@@ -39,6 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from gridbot.core.ledger import ad_number
 from gridbot.core.strategy import LevelReport, Migration
 from gridbot.core.view import BagView, DispatchView, HostView
 from gridbot.model.hierarchy import QueueSpec
@@ -102,8 +103,7 @@ class Hierarchy:
         bags that ran in this queue and elsewhere: their mean run time overall over theirs here), else 1."""
         if q.performance is not None:
             return q.performance
-        speeds = [float(s) for p in q.pools if isinstance(s := (view.pool_ad(p) or {}).get("Speed"), int | float)
-                  and not isinstance(s, bool) and s > 0]
+        speeds = [s for p in q.pools if (s := ad_number(view.pool_ad(p), "Speed", 0.0)) > 0]
         if speeds:
             return sum(speeds) / len(speeds)
         return self.measured.get(q.name, 1.0)
