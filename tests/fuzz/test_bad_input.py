@@ -195,6 +195,19 @@ def test_json_that_is_not_json_is_a_400(app):
         refused(app, "POST", "/v1/bags/sweep/policy", body, content_type="application/json")
 
 
+def test_a_bad_deadline_or_budget_change_is_a_400_naming_the_fix(app):
+    """Issue 16's `gridbot qos` route: bad values are refused with a message that says what to give, and the
+    bag's stored spec does not change (`refused` compares the store before and after)."""
+    assert app.submit(SWEEP).status == 201
+    for body, needle in ((b'{"budget": -5}', "finite number >= 0"), (b'{"budget": "lots"}', ""),
+                         (b'{"bag_deadline": "tomorrow"}', "a bag deadline is a duration"),
+                         (b'{"bag_deadline": "2020-01-01T00:00:00Z"}', "has passed"),
+                         (b'{"bag_deadline": "2026-11-27T17:00:00"}', "needs its time zone"),
+                         (b"{}", "give a budget or a bag_deadline"), (b"\xff", "")):
+        message = refused(app, "POST", "/v1/bags/sweep/qos", body, content_type="application/json")
+        assert needle in message, (body, message)
+
+
 @pytest.mark.parametrize("value", [2**63, 2**64 - 1, -1])
 def test_integers_beyond_what_the_store_holds_are_a_400(app, value):
     assert app.submit(SWEEP).status == 201
