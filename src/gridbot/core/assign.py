@@ -5,6 +5,10 @@ bags are served by rank (then age), and the Concurrency of the highest-ranked on
 may hold, each later bag's own Concurrency lowering it further. Within a bag, jobs that failed go
 first, then its window, then replicas (with `replicas_first`, replicas before all). A bag's placement
 strategy may change its rank on the host or refuse it; its tail strategy sets the instances' deadline.
+
+`want` and Concurrency count slots: a job of a bag with `cpus = 8` takes eight, so it goes only to a host
+with eight slots free (of those it asked for, and under the bound), and a one-slot job can still fill a gap
+that a wide one does not fit.
 """
 
 from __future__ import annotations
@@ -14,15 +18,32 @@ from collections import deque
 
 from gridbot.core.changes import Changes
 from gridbot.core.kernel import Kernel
-from gridbot.core.records import BagRecord, HostRecord, Job, guarded
+from gridbot.core.records import BagRecord, HostRecord, Job, busy_slots, guarded
 from gridbot.core.view import BagView, HostView, accepts, host_ad_of, job_ad
 from gridbot.model.records import Assignment
 from gridbot.model.states import BagState, JobState
 from gridbot.policy.evaluator import HostAd
 
 
+class Room:
+    """The slots of one request: asked for, taken by what was sent so far, and busy on the host."""
+
+    __slots__ = ("busy", "taken", "want")
+
+    def __init__(self, want: int, busy: int) -> None:
+        self.want, self.taken, self.busy = want, 0, busy
+
+    def fits(self, need: int, bound: int) -> bool:
+        """A job of `need` slots fits in what the host asked for and under `bound` busy slots."""
+        return self.taken + need <= self.want and self.busy + need <= bound
+
+    def take(self, need: int) -> None:
+        self.taken += need
+        self.busy += need
+
+
 def assign(k: Kernel, host: HostRecord, want: int, now: float, changes: Changes) -> list[Assignment]:
-    """Up to `want` instances for `host`, sent (the kernel applied them) and returned."""
+    """Instances for `host`, up to `want` slots, sent (the kernel applied them) and returned."""
     out: list[Assignment] = []
     s = k.s
     ready = [b for b in s.bags.values()
@@ -32,6 +53,7 @@ def assign(k: Kernel, host: HostRecord, want: int, now: float, changes: Changes)
         return out
     ad = host_ad_of(s, host, now)
     ranked = _ranked(k, ready, host, ad, now)
+    slots = Room(want, busy_slots(s, host))
     concurrency: int | None = None
     pool_ad = s.pool_ads.get(host.info.pool)
     for _, _, bag in ranked:
@@ -51,15 +73,16 @@ def assign(k: Kernel, host: HostRecord, want: int, now: float, changes: Changes)
         if bag.tail_strategy.sets_deadline:
             deadline = _deadline(k, bag, host, deadline, now)
         concurrency = bag_concurrency if concurrency is None else min(concurrency, bag_concurrency)
-        bound = concurrency if room is None else min(concurrency, len(host.running) + room)
+        need = bag.spec.cpus
+        bound = concurrency if room is None else min(concurrency, slots.busy + room * need)
         if s.config.replicas_first and bag.replicas:
-            _replicas(k, bag, host, ad, want, bound, now, changes, out)
+            _replicas(k, bag, host, ad, slots, bound, now, changes, out)
         if bag.failover and host.info.pool in s.config.reliable_pools:
-            _queue(k, bag.failover, bag, host, want, bound, now, deadline, changes, out)
+            _queue(k, bag.failover, bag, host, slots, bound, now, deadline, changes, out)
         if bag.retry:
-            _queue(k, bag.retry, bag, host, want, bound, now, deadline, changes, out)
+            _queue(k, bag.retry, bag, host, slots, bound, now, deadline, changes, out)
         buffer = bag.window.buffer
-        while buffer and len(out) < want and len(host.running) < bound:
+        while buffer and slots.fits(need, bound):
             job = buffer.popleft()
             job.in_buffer = False
             if job.state is not JobState.QUEUED:
@@ -69,9 +92,10 @@ def assign(k: Kernel, host: HostRecord, want: int, now: float, changes: Changes)
                 bag.retry.append(job)
                 continue
             out.append(k.send(bag, job, host, now, changes, deadline))
-        if bag.replicas and len(out) < want and len(host.running) < bound:
-            _replicas(k, bag, host, ad, want, bound, now, changes, out)
-        if len(out) >= want or len(host.running) >= concurrency:
+            slots.take(need)
+        if bag.replicas and slots.fits(need, bound):
+            _replicas(k, bag, host, ad, slots, bound, now, changes, out)
+        if slots.taken >= want or slots.busy >= concurrency:
             break
     return out
 
@@ -105,8 +129,8 @@ def _ranked(k: Kernel, ready: list[BagRecord], host: HostRecord, ad: HostAd,
     return ranked
 
 
-def _queue(k: Kernel, queue: deque[Job], bag: BagRecord, host: HostRecord, want: int, concurrency: int, now: float,
-           deadline: float, changes: Changes, out: list[Assignment]) -> None:
+def _queue(k: Kernel, queue: deque[Job], bag: BagRecord, host: HostRecord, slots: Room, concurrency: int,
+           now: float, deadline: float, changes: Changes, out: list[Assignment]) -> None:
     """Send re-queued jobs, each to a host it did not just fail on, and moved jobs to their pools only."""
     keep: deque[Job] = deque()
     horizon = now - k.s.config.retry_same_host_after
@@ -119,15 +143,16 @@ def _queue(k: Kernel, queue: deque[Job], bag: BagRecord, host: HostRecord, want:
         failed_on = job.failed_on or {}
         avoid = failed_on.get(host.info.host_id, -math.inf) > horizon and len(failed_on) < live
         elsewhere = job.pools is not None and host.info.pool not in job.pools
-        if len(out) >= want or len(host.running) >= concurrency or avoid or elsewhere:
+        if not slots.fits(bag.spec.cpus, concurrency) or avoid or elsewhere:
             keep.append(job)
             continue
         job.in_buffer = False
         out.append(k.send(bag, job, host, now, changes, deadline))
+        slots.take(bag.spec.cpus)
     queue.extend(keep)
 
 
-def _replicas(k: Kernel, bag: BagRecord, host: HostRecord, ad: HostAd, want: int, concurrency: int, now: float,
+def _replicas(k: Kernel, bag: BagRecord, host: HostRecord, ad: HostAd, slots: Room, concurrency: int, now: float,
               changes: Changes, out: list[Assignment]) -> None:
     """Send queued replicas that this host may run: never a second copy of a job to the same host."""
     keep: deque[Job] = deque()
@@ -137,7 +162,7 @@ def _replicas(k: Kernel, bag: BagRecord, host: HostRecord, ad: HostAd, want: int
         if job.state is not JobState.RUNNING or not job.live or len(job.live) >= max_replicas:
             job.replica_pending, job.replica_pools = False, None
             continue
-        if len(out) >= want or len(host.running) >= concurrency or any(
+        if not slots.fits(bag.spec.cpus, concurrency) or any(
                 k.s.instances[i].host_id == host.info.host_id for i in job.live) or (
                 job.pools is not None and host.info.pool not in job.pools) or (
                 job.replica_pools is not None and host.info.pool not in job.replica_pools):
@@ -154,6 +179,7 @@ def _replicas(k: Kernel, bag: BagRecord, host: HostRecord, ad: HostAd, want: int
         if bag.tail_strategy.sets_deadline:
             seconds = _deadline(k, bag, host, seconds, now)
         out.append(k.send(bag, job, host, now, changes, seconds, replica=True))
+        slots.take(bag.spec.cpus)
     bag.replicas = keep
 
 

@@ -32,6 +32,7 @@ from gridbot.core.kernel import Kernel
 from gridbot.core.records import BagRecord, Ended, HostRecord, Instance, Job, State, guarded
 from gridbot.core.strategy import Choice, LevelReport, Migration, QosReport, StrategyFactory
 from gridbot.core.view import BagView, DispatchView
+from gridbot.model.pools import PoolMonitor
 from gridbot.model.records import Assignment, HostInfo, InstanceReport, Outcome
 from gridbot.model.spec import BagSpec, output_name_problem
 from gridbot.model.states import (
@@ -43,7 +44,7 @@ from gridbot.model.states import (
     JobState,
     check_transition,
 )
-from gridbot.policy.evaluator import BagPolicies
+from gridbot.policy.evaluator import EMPTY_JOB, BagPolicies
 from gridbot.policy.policies import compile_policies
 
 MAX_TAIL = 64 * 1024
@@ -99,6 +100,14 @@ class Dispatcher:
     @pool_errors.setter
     def pool_errors(self, errors: dict[str, str]) -> None:
         self._s.pool_errors = errors
+
+    def monitor(self, pool: str, reading: PoolMonitor | None) -> None:
+        """A new reading of a pool's own monitoring (None: it has none, or it failed): what the placements read
+        through `DispatchView.monitor`."""
+        if reading is None:
+            self._s.monitors.pop(pool, None)
+        else:
+            self._s.monitors[pool] = reading
 
     @property
     def work_added(self) -> int:
@@ -283,7 +292,7 @@ class Dispatcher:
                 k.undelivered(self._s.instances[iid], now, changes)
             else:
                 k.lose(self._s.instances[iid], now, f"lost by host {info.name}: the worker no longer has it", changes)
-        assignments = assign(k, host, min(want, self.config.max_assign), now, changes)
+        assignments = assign(k, host, min(want, max(self.config.max_assign, host.info.slots)), now, changes)
         host.unconfirmed = {a.instance_id for a in assignments}
         cancel = sorted(host.cancel & still)
         host.cancel.clear()
@@ -441,8 +450,13 @@ class Dispatcher:
                 continue
             moves: Sequence[Migration] = guarded(bag, f"placement={bag.placement.name} migrate", (),
                                                  bag.placement.migrate, self.view, BagView(bag), now)
+            held: dict[int, Job] | None = None
             for job_id, pools, why in list(moves):
                 job = s.jobs.get(job_id)
+                if job is None:  # a job of the window, not sent yet
+                    if held is None:
+                        held = {j.job_id: j for queue in (bag.retry, bag.window.buffer) for j in queue}
+                    job = held.get(job_id)
                 if job is None or job.bag_id != bag.bag_id or job.state in JOB_TERMINAL:
                     continue
                 job.pools = pools
@@ -545,7 +559,8 @@ class Dispatcher:
 
 
 def _policies(spec: BagSpec) -> BagPolicies:
-    return BagPolicies(compile_policies(spec.policy, spec.instance_deadline), spec.instance_deadline)
+    job = {**EMPTY_JOB, "Cpus": spec.cpus, "Memory": (spec.memory or 0) >> 20}
+    return BagPolicies(compile_policies(spec.policy, spec.instance_deadline), spec.instance_deadline, job)
 
 
 def _use_spec(bag: BagRecord, spec: BagSpec) -> None:

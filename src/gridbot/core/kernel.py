@@ -168,7 +168,7 @@ class Kernel:
         assert bag.render is not None
         command, env, outputs = bag.render(job.index, job.line)
         return Assignment(iid, job.job_id, bag.bag_id, bag.spec.name, job.index, command, env, bag.input_names,
-                          outputs, deadline, bag.spec.timeout, bag.limits, bag.revision)
+                          outputs, deadline, bag.spec.timeout, bag.limits, bag.revision, bag.spec.cpus)
 
     def end(self, inst: Instance, r: InstanceReport, now: float, changes: Changes) -> None:
         """Apply a host's report about `inst`, which may be running or overdue (a late report)."""

@@ -18,6 +18,7 @@ from gridbot.core.feeder import Window
 from gridbot.core.hosts import HostStats
 from gridbot.core.ledger import Ledger
 from gridbot.core.strategy import PlacementStrategy, TailStrategy
+from gridbot.model.pools import PoolMonitor
 from gridbot.model.records import HostInfo, Limits
 from gridbot.model.spec import BagSpec
 from gridbot.model.states import BagState, InstanceState, JobState
@@ -199,6 +200,8 @@ class State:
     """Ads of the pools in the pools file: a host of such a pool gets only bags whose GridPolicy accepts it."""
     pool_errors: dict[str, str] = field(default_factory=dict)
     """The last error of each pool that fails to start pilots (the overlay sets it)."""
+    monitors: dict[str, PoolMonitor] = field(default_factory=dict)
+    """The last reading of each pool's own monitoring that has one (the overlay, or the simulator, sets it)."""
     busy: tuple[str, ...] = ()
     """Up to two hosts that, at the last tick, ran an instance past the quick-failure window."""
     good: list[tuple[float, str]] = field(default_factory=list)
@@ -212,6 +215,18 @@ class State:
 
 
 T = TypeVar("T")
+
+
+def busy_slots(state: State, host: HostRecord) -> int:
+    """Slots the host's running instances hold: one each, unless a bag on the server has wider jobs (`cpus`)."""
+    if not any(b.spec.cpus > 1 for b in state.bags.values()):
+        return len(host.running)
+    total = 0
+    for iid in host.running:
+        inst = state.instances.get(iid)
+        bag = state.bags.get(inst.job.bag_id) if inst is not None else None
+        total += bag.spec.cpus if bag is not None else 1
+    return total
 
 
 def guarded(bag: BagRecord, what: str, default: T, call: Callable[..., T], *args: object) -> T:

@@ -19,8 +19,9 @@ from gridbot.core.changes import BagCounts
 from gridbot.core.config import DispatchConfig
 from gridbot.core.hosts import HostStats
 from gridbot.core.ledger import Bill, HostTerm, Prices
-from gridbot.core.records import BagRecord, Ended, HostRecord, Job, State, guarded
+from gridbot.core.records import BagRecord, Ended, HostRecord, Job, State, busy_slots, guarded
 from gridbot.core.strategy import TailPlan
+from gridbot.model.pools import PoolMonitor
 from gridbot.model.records import HostInfo
 from gridbot.model.spec import BagSpec
 from gridbot.model.states import BagState, InstanceState, JobState
@@ -119,6 +120,18 @@ class BagView:
         """Instances of the bag sent to the pool since the dispatcher took it up, and running there now."""
         counts = self._b.on_pool.get(pool)
         return (counts[0], counts[1]) if counts else (0, 0)
+
+    def queued_jobs(self, limit: int) -> list[JobView]:
+        """Up to `limit` of the bag's queued jobs the dispatcher holds, in the order they will be sent: those
+        queued again first, then its window (jobs still in the store are not here until read)."""
+        out: list[JobView] = []
+        for queue in (self._b.retry, self._b.window.buffer):
+            for j in queue:
+                if len(out) >= limit:
+                    return out
+                if j.state is JobState.QUEUED:
+                    out.append(_job_view(j))
+        return out
 
     @property
     def pools_used(self) -> list[str]:
@@ -338,6 +351,10 @@ class DispatchView:
         """The pools of the pools file."""
         return list(self._s.pool_ads)
 
+    def monitor(self, pool: str) -> PoolMonitor | None:
+        """The last reading of the pool's own monitoring (None: it has none)."""
+        return self._s.monitors.get(pool)
+
     def pool_errors(self) -> dict[str, str]:
         return dict(self._s.pool_errors)
 
@@ -356,7 +373,7 @@ class DispatchView:
             hosts = live.get(name, [])
             done = rec.done if rec else 0
             out[name] = PoolView(name, len(hosts), sum(h.info.slots for h in hosts),
-                                 sum(min(len(h.running), h.info.slots) for h in hosts), done,
+                                 sum(min(busy_slots(self._s, h), h.info.slots) for h in hosts), done,
                                  rec.failed if rec else 0, rec.turnaround_sum / done if rec and done else 0.0)
         return out
 
@@ -447,9 +464,11 @@ def host_ad_of(state: State, host: HostRecord, now: float) -> HostAd:
 
 def job_ad(state: State, job: Job, now: float) -> dict[str, object]:
     """The job's ad with one Replica<i> ad per instance out, each with its host's ad (paper, Figure 3)."""
-    bag_name = state.bags[job.bag_id].spec.name
+    spec = state.bags[job.bag_id].spec
+    bag_name = spec.name
     ad: dict[str, object] = {"Name": f"{bag_name}.{job.index}", "Index": job.index,
-                             "NumberOfReplicas": len(job.live), "Failures": job.failures}
+                             "NumberOfReplicas": len(job.live), "Failures": job.failures, "Cpus": spec.cpus,
+                             "Memory": (spec.memory or 0) >> 20}
     for i, iid in enumerate(sorted(job.live), 1):
         inst = state.instances[iid]
         host = state.hosts.get(inst.host_id)

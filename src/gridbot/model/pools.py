@@ -29,6 +29,8 @@ import msgspec
 
 from gridbot.model.hierarchy import QueueSpec, parse_queues
 from gridbot.model.spec import Problem, SpecError, closest, key_lines, parse_duration
+from gridbot.model.volunteer import KEYS as VOLUNTEER_KEYS
+from gridbot.model.volunteer import volunteer_problems
 
 RELIABILITY = ("unreliable", "reliable", "volunteer")
 RESERVED_ATTRIBUTES = {"Name": "the table's name", "Kind": "kind", "Reliability": "reliability", "Level": "level",
@@ -90,8 +92,31 @@ KINDS: dict[str, PoolKind] = {
                     tuple((key, f'add {key} = "..."') for key in ("region", "instance_type", "image")),
                     check=_runs_jobs_as_someone),
     "static": PoolKind("gridbot.pools.adapters:StaticAdapter", queue=False, pilots=False),
+    "volunteer": PoolKind("gridbot.pools.adapters:StaticAdapter", VOLUNTEER_KEYS,
+                          (("port", "add port = 8471 (where the BOINC clients connect)"),),
+                          queue=False, pilots=False, check=volunteer_problems),
 }
 """Every kind of pool, by the name a pools file gives as `kind`."""
+
+
+class PoolMonitor(msgspec.Struct, frozen=True):
+    """What a pool's own monitoring says of it (Slurm's squeue and sinfo for a partition, a simulated MDS): the
+    reading a resource selector would trust, taken at `observed_at`.
+
+    Work started after `observed_at - lag` is not in it yet (the RENCI report's hysteresis: MDS collected every
+    minute and showed a job two to three minutes after it was placed); a live query has lag 0 but is as old
+    as the poll that took it."""
+
+    free_cpus: int
+    """CPUs nobody holds, as far as the monitor saw (ours included: a pilot holds its CPUs)."""
+    total_cpus: int
+    pending_jobs: int = 0
+    """Batch jobs waiting in the pool's queue (ours and others')."""
+    pending_cpus: int = 0
+    observed_at: float = 0.0
+    lag: float = 0.0
+    source: str = ""
+    """Where it comes from ("squeue/scontrol, partition fast", "simulated monitor, lag 150 s")."""
 
 
 class PoolSpec(msgspec.Struct, frozen=True):
@@ -272,6 +297,8 @@ def _pool(name: str, table: object, fail: Any) -> PoolSpec | None:
     if not ok:
         return None
     options = {k: table[k] for k in rules.keys if k in table}
+    if kind == "volunteer":  # stock BOINC clients: Host.Reliable is false, and the pool says so
+        values.setdefault("reliability", "volunteer")
     return PoolSpec(name=name, kind=kind, attributes=dict(attributes), options=options, **values)
 
 

@@ -82,6 +82,8 @@ class Assignment(msgspec.Struct, frozen=True):
     revision: int = 1
     """The bag's revision whose command and inputs this is: a worker keeps inputs per revision, since a
     revision may change an input's content under the same name."""
+    cpus: int = 1
+    """Slots the instance holds on its host (the bag's `cpus`): the worker starts it only when that many are free."""
 
 
 class Outcome(StrEnum):

@@ -44,6 +44,7 @@ TOP_KEYS = (
     "max_failures",
     "instance_deadline",
     "timeout",
+    "cpus",
     "memory",
     "cpu_time",
     "max_file_size",
@@ -54,6 +55,8 @@ TOP_KEYS = (
     "budget",
 )
 RANGE_KEYS = ("from", "to", "step")
+MAX_CPUS = 4_096
+"""CPUs one job may ask for at most."""
 MAX_OPTION = 1_000
 """Characters of a strategy option's string value at most."""
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -208,6 +211,9 @@ class BagSpec(msgspec.Struct, frozen=True):
     description: str = ""
     policy: dict[str, str] = msgspec.field(default_factory=dict)
     """ClassAd policies by name (JobRequirements, Rank, ...); validated by gridbot.policy, not here."""
+    cpus: int = 1
+    """CPUs (slots) one job of the bag needs at once: it runs on a host or pilot with that many free slots, and
+    the worker lets it use them (an MPI run, a threaded solver: the RENCI report's 8-32 CPU ensemble members)."""
     memory: int | None = None
     """Bytes of resident memory the processes of one job may use together (None: unlimited)."""
     cpu_time: float | None = None
@@ -564,6 +570,7 @@ class _Validator:
             max_failures=self.positive_int(data, "max_failures", DEFAULT_MAX_FAILURES),
             instance_deadline=self.duration(data, "instance_deadline") or DEFAULT_INSTANCE_DEADLINE,
             timeout=self.duration(data, "timeout"),
+            cpus=self.cpus(data),
             memory=self.size(data, "memory", MIN_MEMORY),
             cpu_time=self.duration(data, "cpu_time"),
             max_file_size=self.size(data, "max_file_size"),
@@ -600,6 +607,14 @@ class _Validator:
             self.fail((key,), f"'{key}' must be a list of strings", f'write {key} = ["a.txt", "b.txt"]')
             return []
         return list(value)
+
+    def cpus(self, data: dict[str, Any]) -> int:
+        value = data.get("cpus", 1)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CPUS:
+            self.fail(("cpus",), f"'cpus' must be a whole number of CPUs one job needs, from 1 to {MAX_CPUS:,}, "
+                      f"not {_show(value)}; e.g. cpus = 8")
+            return 1
+        return value
 
     def positive_int(self, data: dict[str, Any], key: str, default: int) -> int:
         value = data.get(key, default)
@@ -1041,6 +1056,8 @@ def _parameter_issue(p: Parameter) -> Issue | None:
 def _number_issues(spec: BagSpec) -> list[tuple[str, Issue]]:
     """The spec's counts, durations and sizes, in the ranges the TOML validator allows."""
     out: list[tuple[str, Issue]] = []
+    if not 1 <= spec.cpus <= MAX_CPUS:
+        out.append(("cpus", (f"'cpus' must be from 1 to {MAX_CPUS:,}, not {spec.cpus}", "")))
     for key, count, low in (("max_failures", spec.max_failures, 1), ("max_processes", spec.max_processes, 1)):
         if count is not None and not low <= count <= MAX_COUNT:
             out.append((key, (f"'{key}' must be a whole number from {low} to {MAX_COUNT:,}, not {count}", "")))

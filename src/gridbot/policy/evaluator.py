@@ -47,6 +47,9 @@ class BagPolicies:
 
     policies: PolicySet
     default_deadline: float
+    job: dict[str, Any] = field(default_factory=lambda: dict(EMPTY_JOB))
+    """The ad `Job` is when the policies look at no job in particular: what all the bag's jobs share (Cpus,
+    Memory); a job's own ad is laid over it."""
     ctx: ClassAd = field(default_factory=ClassAd)
     diagnostics: dict[str, Diagnostic] = field(default_factory=dict)
 
@@ -62,7 +65,7 @@ class BagPolicies:
         """Rank sees only the bag and the queue: one value serves every host until the bag changes."""
         for name, expr in self.policies.exprs.items():
             self.ctx[name] = expr
-        self.ctx["Job"] = EMPTY_JOB
+        self.ctx["Job"] = self.job
         self.ctx["NumberOfReplicas"] = 0
         self._bag: dict[str, Any] = {}
         self._queue: dict[str, Any] = {}
@@ -117,25 +120,25 @@ class BagPolicies:
 
     def job_matches(self, host: HostAd, job: Mapping[str, Any]) -> tuple[bool, Decision]:
         """The same decision for one job with replicas out (its ad differs from the bag's generic one)."""
-        self.ctx["Job"] = dict(job)
+        self.ctx["Job"] = {**self.job, **job}
         self.ctx["NumberOfReplicas"] = job["NumberOfReplicas"]
         try:
             d = self.decide(host)
         finally:
-            self.ctx["Job"] = EMPTY_JOB
+            self.ctx["Job"] = self.job
             self.ctx["NumberOfReplicas"] = 0
         return d.matches, d
 
     def should_replicate(self, job: Mapping[str, Any], host_of_first: HostAd | None) -> bool:
         """ReplicationRequirements for one running job (Algorithm 2)."""
-        self.ctx["Job"] = dict(job)
+        self.ctx["Job"] = {**self.job, **job}
         self.ctx["NumberOfReplicas"] = job["NumberOfReplicas"]
         if host_of_first is not None:
             self.ctx["Host"] = host_of_first
         try:
             return self._eval("ReplicationRequirements", host_of_first) is True
         finally:
-            self.ctx["Job"] = EMPTY_JOB
+            self.ctx["Job"] = self.job
             self.ctx["NumberOfReplicas"] = 0
 
     def accepts_pool(self, pool: Mapping[str, Any]) -> bool:

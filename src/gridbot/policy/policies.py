@@ -103,6 +103,8 @@ JOB_ATTRS: dict[str, str] = {
     "Index": "the job's position in the bag",
     "NumberOfReplicas": "instances of the job out now",
     "Failures": "instances of the job that failed so far",
+    "Cpus": "CPUs (slots) one job of the bag needs (the spec's `cpus`)",
+    "Memory": "memory one job may use in MB, the spec's `memory` (0: unlimited)",
     "Replica1, Replica2, ...": "one ad per instance out now: Name, SentTime, RunTime, Host (that host's ad)",
 }
 REPLICA_ATTRS = {"Name", "SentTime", "RunTime", "Host"}
@@ -230,7 +232,8 @@ def representative_context() -> ClassAd:
     bag = {"Name": "sweep", "Tail": False, "JobsTotal": 1000, "JobsLeft": 600, "JobsDone": 400, "JobsFailed": 0,
            "JobsRunning": 100, "JobsQueued": 500, "Replicas": 0, "ElapsedTime": 3600.0, "MeanRunTime": 600.0}
     replica = {"Name": "sweep.42.1", "SentTime": 0.0, "RunTime": 120.0, "Host": host}
-    job = {"Name": "sweep.42", "Index": 42, "NumberOfReplicas": 1, "Failures": 0, "Replica1": replica}
+    job = {"Name": "sweep.42", "Index": 42, "NumberOfReplicas": 1, "Failures": 0, "Cpus": 1, "Memory": 0,
+           "Replica1": replica}
     pool = {"Name": "cluster", "Kind": "slurm", "Reliability": "reliable", "Level": 1, "Cpus": 4, "Memory": 8192,
             "Walltime": 14400.0, "PricePerCpuHour": 0.0, "MaxRunning": 20}
     ctx = ClassAd({"Host": host, "Bag": bag, "BOT": bag, "Queue": {"BagsInQueue": 3, "BOTsInQueue": 3},

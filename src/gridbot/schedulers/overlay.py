@@ -159,16 +159,18 @@ def pilots_to_cancel(queued: Sequence[PilotId], n: int) -> list[PilotId]:
 
 
 def bag_demands(view: DispatchView, pools: Iterable[str], now: float) -> list[BagDemand]:
-    """Each active bag's queued jobs (and replicas waiting for a host), in slots, and the pools among
-    `pools` that its GridPolicy accepts; a bag whose placement says how many slots it wants per pool
-    (`Placement.pilots`) gets one demand per such pool instead."""
+    """Each active bag's queued jobs (and replicas waiting for a host), in slots (its `cpus` each), and the
+    pools among `pools` that its GridPolicy accepts and whose pilots are wide enough for one of its jobs; a
+    bag whose placement says how many slots it wants per pool (`Placement.pilots`) gets one demand per such
+    pool instead."""
     names = list(pools)
     out = []
     for bag in view.bags():
-        queued = bag.queued + bag.waiting_replicas
+        cpus = bag.spec.cpus
+        queued = (bag.queued + bag.waiting_replicas) * cpus
         if queued <= 0:
             continue
-        accepted = [n for n in names if view.accepts_pool(bag.bag_id, n)]
+        accepted = [n for n in names if view.accepts_pool(bag.bag_id, n) and _fits(view.pool_ad(n), cpus)]
         wanted = view.pilots_wanted(bag.bag_id, accepted, now)
         if wanted is None:
             out.append(BagDemand(bag.bag_id, queued, frozenset(accepted)))
@@ -176,6 +178,14 @@ def bag_demands(view: DispatchView, pools: Iterable[str], now: float) -> list[Ba
             out.extend(BagDemand(bag.bag_id, n, frozenset({pool})) for pool, n in sorted(wanted.items())
                        if n > 0 and pool in accepted)
     return out
+
+
+def _fits(ad: Mapping[str, object] | None, cpus: int) -> bool:
+    """A pool's pilots (its ad's Cpus) hold a job of `cpus` slots."""
+    if cpus <= 1 or ad is None:
+        return True
+    width = ad.get("Cpus", 1)
+    return not isinstance(width, int) or isinstance(width, bool) or width >= cpus
 
 
 def host_slots(view: DispatchView, now: float) -> dict[str, tuple[int, int]]:

@@ -19,6 +19,8 @@ from gridbot.schedulers.expert.tail import ExpertTail
 from gridbot.schedulers.hierarchy import Hierarchy, HierarchyPlacement
 from gridbot.schedulers.placement import GridBotPlacement
 from gridbot.schedulers.replication import GridBotTail
+from gridbot.schedulers.selection import PLACEMENTS as SELECTION_PLACEMENTS
+from gridbot.schedulers.selection import Selector, StatefulPlacement
 
 TAILS: dict[str, type[TailStrategy]] = {
     GridBotTail.name: GridBotTail,
@@ -28,6 +30,7 @@ PLACEMENTS: dict[str, type[Placement]] = {
     GridBotPlacement.name: GridBotPlacement,
     HierarchyPlacement.name: HierarchyPlacement,
     **{p.name: p for p in DBC_PLACEMENTS},
+    **{p.name: p for p in SELECTION_PLACEMENTS},
 }
 
 
@@ -72,11 +75,13 @@ def check(choice: StrategyChoice) -> None:
 class Factory:
     """Makes a bag's strategies from its spec (checked at submission with `check_bag`); `seed` seeds the
     strategies' random draws, different per bag. With `queues` (the pools file's hierarchy) every bag whose
-    placement is "hierarchy" shares one `Hierarchy` (`hierarchy`)."""
+    placement is "hierarchy" shares one `Hierarchy` (`hierarchy`), and the bags of one stateful selection
+    `stream` one record of placed work (`selectors`)."""
 
     def __init__(self, seed: int = 1, queues: Sequence[QueueSpec] = ()) -> None:
         self.seed = seed
         self.hierarchy = Hierarchy(queues) if queues else None
+        self.selectors: dict[tuple[str, str], Selector] = {}
 
     def __call__(self, bag_id: int, spec: BagSpec) -> BagStrategies:
         choice = spec.strategy
@@ -85,6 +90,10 @@ class Factory:
         cls = _lookup("placement", choice.placement, PLACEMENTS)
         if cls is HierarchyPlacement:
             placement: Placement = HierarchyPlacement(bag_id, bag_seed, choice.options, self.hierarchy)
+        elif issubclass(cls, StatefulPlacement):
+            stream = str(choice.options.get("stream", ""))
+            selector = self.selectors.setdefault((cls.name, stream), Selector())
+            placement = cls(bag_id, bag_seed, choice.options, selector)
         else:
             placement = cls(bag_id, bag_seed, choice.options)
         return BagStrategies(tail, placement)

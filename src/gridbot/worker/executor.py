@@ -294,7 +294,9 @@ async def _run(a: Assignment, jobdir: Path, fetch: FetchInput, max_result_bytes:
     env = dict(base_env if base_env is not None else os.environ)
     env.update(a.env)
     env.update(GRIDBOT_JOB_INDEX=str(a.index), GRIDBOT_JOB_ID=str(a.job_id), GRIDBOT_INSTANCE=str(a.instance_id),
-               GRIDBOT_BAG=a.bag_name)
+               GRIDBOT_BAG=a.bag_name, GRIDBOT_CPUS=str(a.cpus))
+    if a.cpus > 1 and "OMP_NUM_THREADS" not in a.env:
+        env["OMP_NUM_THREADS"] = str(a.cpus)  # the slots it holds, not every core of the machine
     proc = None
     try:
         if user is None:

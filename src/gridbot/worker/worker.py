@@ -128,6 +128,9 @@ class Worker:
         self.workdir = config.workdir.resolve()
         """Absolute: the executor changes the worker's directory around each spawn."""
         self.free_slots = list(range(config.slots - 1, -1, -1))
+        self.busy = 0
+        """Slots the running instances hold (each its bag's `cpus`, at most `slots`)."""
+        self.cpus_of: dict[int, int] = {}
         """Job directories reused from one instance to the next (unless keep_dirs)."""
         self.slot_of: dict[int, int] = {}
         self.token = new_token()
@@ -266,7 +269,7 @@ class Worker:
             if self.config.min_cpu and self._starving(now):
                 self.stop()
                 break
-            step = self.pacing.step(now, len(self.running), len(self.waiting),
+            step = self.pacing.step(now, self.busy, sum(a.cpus for a in self.waiting),
                                     self.reports_since if self.reports else None)
             if step.leave:
                 log.info("no work for %.0f s; exiting", self.config.idle_timeout)
@@ -457,8 +460,11 @@ class Worker:
                 self.waiting.clear()
                 self.wake.set()
             return
-        while self.waiting and len(self.running) < self.config.slots and not self.stopping.is_set():
+        while (self.waiting and not self.stopping.is_set()
+               and self.busy + min(self.waiting[0].cpus, self.config.slots) <= self.config.slots):
             a = self.waiting.popleft()
+            self.cpus_of[a.instance_id] = min(a.cpus, self.config.slots)
+            self.busy += self.cpus_of[a.instance_id]
             stop = self.kill[a.instance_id] = KillSwitch()
             iid = a.instance_id
             if self.config.drop and random.random() < self.config.drop:
@@ -482,6 +488,7 @@ class Worker:
     def _vanished(self, iid: int, _: asyncio.Task[InstanceReport]) -> None:
         """A dropped instance (`drop`) is let go without a report."""
         self.running.pop(iid, None)
+        self.busy -= self.cpus_of.pop(iid, 0)
         self.kill.pop(iid, None)
         self.wake.set()
         self._start_ready()
@@ -502,6 +509,7 @@ class Worker:
 
     def _finished(self, iid: int, task: asyncio.Task[InstanceReport]) -> None:
         self.running.pop(iid, None)
+        self.busy -= self.cpus_of.pop(iid, 0)
         self.reaper.ended(iid)
         self.pids.pop(iid, None)
         killed = self.kill.pop(iid)
