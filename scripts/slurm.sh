@@ -68,6 +68,7 @@ SlurmdLogFile=$state/log/slurmd.log
 NodeName=$host CPUs=8 Boards=1 SocketsPerBoard=1 CoresPerSocket=8 ThreadsPerCore=1 RealMemory=$mem State=UNKNOWN
 PartitionName=fast Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO MaxCPUsPerNode=4
 PartitionName=big Nodes=$host Default=NO MaxTime=INFINITE State=UP OverSubscribe=NO MaxCPUsPerNode=4
+PartitionName=small Nodes=$host Default=NO MaxTime=INFINITE State=UP OverSubscribe=NO MaxCPUsPerNode=2
 CONF
 }
 

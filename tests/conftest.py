@@ -83,7 +83,8 @@ def cluster(tmp_path: Path):
 
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory: pytest.TempPathFactory):
-    """A real one-node Slurm with partitions `fast` and `big` (Debian's packages; `make test` installs them)."""
+    """A real one-node Slurm of 8 CPUs with partitions `fast` and `big` (4 CPUs each) and `small` (2), from
+    Debian's packages (`make test` installs them)."""
     import shutil
     import subprocess
     import tempfile

@@ -11,6 +11,7 @@ import msgspec
 from gridbot.core.changes import BagCounts, Decision, Event
 from gridbot.core.ledger import PoolBill
 from gridbot.core.strategy import LevelReport, QosReport, TailPlan
+from gridbot.model.pools import PoolMonitor
 from gridbot.model.records import Assignment, HostInfo, InstanceReport, Int64, Label
 from gridbot.model.spec import BagSpec, StrategyChoice
 from gridbot.schedulers.expert.planner import Observed
@@ -240,6 +241,8 @@ class PoolInfo(msgspec.Struct, frozen=True):
     error: str
     max_running: int
     max_queued: int
+    monitor: PoolMonitor | None = None
+    """The last reading of the pool's own monitoring (Slurm: free CPUs and jobs waiting in its partition)."""
 
 
 class PolicyChange(msgspec.Struct, frozen=True):

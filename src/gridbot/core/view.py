@@ -355,6 +355,10 @@ class DispatchView:
         """The last reading of the pool's own monitoring (None: it has none)."""
         return self._s.monitors.get(pool)
 
+    def monitors(self) -> dict[str, PoolMonitor]:
+        """The last reading of every pool that has one."""
+        return dict(self._s.monitors)
+
     def pool_errors(self) -> dict[str, str]:
         return dict(self._s.pool_errors)
 

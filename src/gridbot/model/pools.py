@@ -42,7 +42,7 @@ RESERVED_ATTRIBUTES = {"Name": "the table's name", "Kind": "kind", "Reliability"
 COMMON_KEYS = ("kind", "max_running", "max_queued", "cpus", "memory_mb", "walltime", "price_per_cpu_hour",
                "price_per_pilot_hour",
                "charging_period", "reliability", "level", "attributes", "idle_timeout", "min_cpu", "cpu_window",
-               "run_as", "allow_root")
+               "run_as", "allow_root", "monitor_interval")
 
 
 @dataclass(frozen=True)
@@ -143,6 +143,9 @@ class PoolSpec(msgspec.Struct, frozen=True):
     min_cpu: float = 0.05
     """A pilot leaves when its job uses less than this fraction of a CPU over cpu_window (0: never)."""
     cpu_window: float = 600.0
+    monitor_interval: float = 30.0
+    """Seconds between two readings of the pool's own monitoring, where it has one (Slurm: squeue, sinfo), for
+    the placements `stateful` and `naive`; 0: never read it."""
     run_as: str = ""
     """The user a pilot's worker runs jobs as when it starts as root ("": its own user)."""
     allow_root: bool = False
@@ -240,7 +243,7 @@ def _pool(name: str, table: object, fail: Any) -> PoolSpec | None:
             ok = False
         else:
             values["min_cpu"] = float(v)
-    for key in ("walltime", "charging_period", "idle_timeout", "cpu_window"):
+    for key in ("walltime", "charging_period", "idle_timeout", "cpu_window", "monitor_interval"):
         if key in table:
             try:
                 values[key] = parse_duration(table[key])

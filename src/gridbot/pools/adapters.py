@@ -14,7 +14,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, ClassVar
 
-from gridbot.model.pools import KINDS, PoolSpec
+from gridbot.model.pools import KINDS, PoolMonitor, PoolSpec
 from gridbot.model.states import PilotState
 from gridbot.pools.base import PilotRequest, PoolAdapter, PoolError
 
@@ -251,6 +251,37 @@ class BatchAdapter(PoolAdapter):
                 with contextlib.suppress(Exception):
                     self.executor.cancel(job)
 
+    def monitor(self, now: float) -> PoolMonitor | None:
+        """Slurm's own view of the pool's partition, live: its CPUs (`scontrol show partition`: TotalCPUs, or
+        MaxCPUsPerNode on each of its nodes where that is less), those its running jobs hold and those its
+        pending jobs ask for (`squeue`, everyone's jobs, ours included), and the idle CPUs of its nodes (`sinfo`:
+        other partitions share them). Other batch kinds have no monitor here yet."""
+        if self.spec.kind != "slurm":
+            return None
+        partition = str(self.spec.options["partition"])
+        text = _run(["scontrol", "show", "partition", partition, "--oneliner"], self.spec.name)
+        fields = dict(f.split("=", 1) for f in text.split() if "=" in f)
+        total = _int_field(fields, "TotalCPUs", self.spec.name)
+        per_node = fields.get("MaxCPUsPerNode", "UNLIMITED")
+        if per_node.isdigit():
+            total = min(total, int(per_node) * _int_field(fields, "TotalNodes", self.spec.name))
+        running = pending = pending_cpus = 0
+        queue = _run(["squeue", "--noheader", "--partition", partition, "--states", "RUNNING,PENDING,CONFIGURING",
+                      "--format", "%T %C"], self.spec.name)
+        for line in queue.splitlines():
+            state, _, cpus = line.strip().partition(" ")
+            n = int(cpus) if cpus.strip().isdigit() else 0
+            if state == "PENDING":
+                pending, pending_cpus = pending + 1, pending_cpus + n
+            else:
+                running += n
+        idle = total
+        summary = _run(["sinfo", "--noheader", "--partition", partition, "--format", "%C"], self.spec.name).split()
+        if summary and summary[0].count("/") == 3:  # allocated/idle/other/total of the partition's nodes
+            idle = int(summary[0].split("/")[1])
+        return PoolMonitor(max(0, min(total - running, idle)), total, pending, pending_cpus, now, 0.0,
+                           f"scontrol/squeue/sinfo, partition {partition}")
+
 
 class EC2Adapter(PoolAdapter):
     """Pilots as EC2 instances (on-demand or spot) whose user data starts a worker pointed at the server."""
@@ -329,6 +360,24 @@ class EC2Adapter(PoolAdapter):
 
 USER_KEY_VARIABLES = ("GRIDBOT_KEY", "GRIDBOT_ACCESS")
 """Variables of the server's own environment that may name a submitter's or admin's key: never a pilot's."""
+
+
+def _run(argv: list[str], pool: str) -> str:
+    """A Slurm command's output (PoolError, naming the pool and the command, if it fails)."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise PoolError(f"pool '{pool}': {argv[0]} failed: {e}") from e
+    if done.returncode != 0:
+        raise PoolError(f"pool '{pool}': {' '.join(argv[:3])} failed: {done.stderr.strip()[:300]}")
+    return done.stdout
+
+
+def _int_field(fields: Mapping[str, str], key: str, pool: str) -> int:
+    value = fields.get(key, "")
+    if not value.isdigit():
+        raise PoolError(f"pool '{pool}': scontrol shows no {key} for its partition")
+    return int(value)
 
 
 def _without_keys(env: Mapping[str, str]) -> dict[str, str]:

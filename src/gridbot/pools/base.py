@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gridbot.errors import GridbotError
-from gridbot.model.pools import PoolSpec
+from gridbot.model.pools import PoolMonitor, PoolSpec
 from gridbot.model.states import PilotState
 from gridbot.security.access import ENV_FINGERPRINT, ENV_WORKER_KEY
 
@@ -102,3 +102,8 @@ class PoolAdapter(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional
         """Release what the adapter holds (threads, connections); the pilots go on."""
+
+    def monitor(self, now: float) -> PoolMonitor | None:
+        """What the pool's own monitoring says of it now (free CPUs, jobs waiting), for stateful selection; None:
+        the pool has none (gridbot then counts it from its own records). Raise PoolError if it fails."""
+        return None

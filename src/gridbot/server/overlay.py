@@ -23,7 +23,7 @@ from pathlib import Path
 
 import msgspec
 
-from gridbot.model.pools import PoolSpec
+from gridbot.model.pools import PoolMonitor, PoolSpec
 from gridbot.model.states import PILOT_TERMINAL, PILOT_TRANSITIONS, PilotState, check_transition
 from gridbot.pools.adapters import make_adapter
 from gridbot.pools.base import PilotRequest, PoolAdapter, PoolError
@@ -56,6 +56,9 @@ class _Pool:
     submitted: int = 0
     failures: int = 0
     backoff_until: float = 0.0
+    monitor_at: float = 0.0
+    """When its monitoring is read next."""
+    reading: PoolMonitor | None = None
     done_samples: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=120))
 
 
@@ -103,6 +106,12 @@ class Overlay:
         states = await loop.run_in_executor(None, self._poll, live, now)
         for name, result in states.items():
             self._observe(self.pools[name], result, now)
+        due = [p for p in self.pools.values() if p.adapter is not None and p.spec.monitor_interval > 0
+               and now >= p.monitor_at]
+        if due:
+            readings = await loop.run_in_executor(None, self._monitor, due, now)
+            for name, reading in readings.items():
+                self.service.monitor(name, reading)
         decision = plan(self._demand(), self._capacity(now))
         await loop.run_in_executor(None, self._act, decision.submit, decision.cancel, now)
         # bags that cannot move say why: a pool that fails to start pilots is part of the answer
@@ -110,6 +119,22 @@ class Overlay:
         done = self._pool_hosts()
         for name, p in self.pools.items():
             p.done_samples.append((now, done.get(name, (0, 0))[1]))
+
+    def _monitor(self, due: list[_Pool], now: float) -> dict[str, PoolMonitor | None]:
+        """Read the monitoring of the pools that have one (on the worker thread), each reading as taken: its
+        time is when the command ran. A failed reading is None, so the placements count the pool from gridbot's
+        own records rather than from stale numbers."""
+        out: dict[str, PoolMonitor | None] = {}
+        for pool in due:
+            assert pool.adapter is not None
+            pool.monitor_at = now + pool.spec.monitor_interval
+            try:
+                reading = pool.adapter.monitor(time.time())
+            except Exception as e:  # one pool's trouble is never the others'
+                log.warning("pool %s: its monitoring could not be read: %s", pool.spec.name, e)
+                reading = None
+            pool.reading = out[pool.spec.name] = reading
+        return out
 
     def _poll(self, live: dict[str, list[str]], now: float) -> dict[str, dict[str, PilotState] | PoolError]:
         out: dict[str, dict[str, PilotState] | PoolError] = {}
@@ -258,7 +283,7 @@ class Overlay:
             out.append(PoolInfo(name, p.spec.kind, sum(s is PilotState.QUEUED for s in states),
                                 sum(s is PilotState.RUNNING for s in states), p.ended,
                                 sum(s is PilotState.FAILED for s in states), p.submitted, n, done, rate,
-                                p.error, p.spec.max_running, p.spec.max_queued))
+                                p.error, p.spec.max_running, p.spec.max_queued, p.reading))
         return out
 
     def close(self) -> None:

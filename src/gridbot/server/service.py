@@ -25,6 +25,7 @@ from gridbot.core.view import BagView
 from gridbot.errors import GridbotError, ServerUnavailable
 from gridbot.history import rows_from_states
 from gridbot.model.hierarchy import QueueSpec
+from gridbot.model.pools import PoolMonitor
 from gridbot.model.spec import (
     MAX_PATH,
     BagSpec,
@@ -173,6 +174,8 @@ class Service:
         if self._outage:  # started, or the store was away: nobody could reach the server meanwhile
             fresh.grace(time.time())
         fresh.pool_errors = self.dispatcher.pool_errors
+        for pool, reading in self.dispatcher.view.monitors().items():
+            fresh.monitor(pool, reading)
         self.dispatcher, self.factory = fresh, factory
         self.stale = self._outage = False
         self._last_tick = 0.0  # the gap since the last tick is covered by the grace, not shifted again
@@ -339,6 +342,10 @@ class Service:
         cfg = self.config.dispatch
         return ExchangeResponse(answer.assignments, answer.cancel, answer.backoff, heartbeat=self.config.heartbeat,
                                 max_result_bytes=cfg.max_result_bytes), changes
+
+    def monitor(self, pool: str, reading: PoolMonitor | None) -> None:
+        """A new reading of a pool's own monitoring (the overlay takes them), for the stateful placements."""
+        self.dispatcher.monitor(pool, reading)
 
     def tick(self, now: float) -> None:
         """Deadline expiry and silent hosts, then a feeder pass.
