@@ -207,3 +207,13 @@ def test_a_job_that_ends_before_any_reading_shows_it_is_forgotten():
     sim.feed()
     sim.tick(4.0)
     assert a.job_id not in selector.placed and len(selector.placed) == 1
+
+
+def test_a_bag_whose_jobs_no_host_can_hold_says_so_and_how_to_fix_it():
+    sim = CoreSim()
+    bag = add(sim, "wide", 2, cpus=8)
+    sim.ask(host("a", slots=4), 4, 0.0)
+    sim.tick(20.0)
+    (why,) = sim.d.diagnostics(bag, 20.0)
+    assert why == ("its jobs need 8 CPUs each and the widest connected host has 4 slots: set cpus = 8 (or more) on "
+                   "a pool of the pools file, or start `gridbot worker --slots 8`")

@@ -13,6 +13,7 @@ import signal
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from urllib.parse import quote
 
 from gridbot.cli import render
 from gridbot.client import TERMINAL_BAG_STATES, Client
@@ -43,11 +44,12 @@ def _state_dir(db: str) -> Path:
 
 def run_here(spec: BagSpec, lines: Sequence[str] | None, inputs: dict[str, bytes], workers: int, db: str,
              results_dir: Path | None, max_result_bytes: int, max_jobs: int, retry_failed: bool = False,
-             force: bool = False) -> int:
+             force: bool = False, console: bool = False) -> int:
     """Run one bag to its end on this machine; return the exit code (0 all done, 1 failures, 130 Ctrl-C).
 
     With `retry_failed`, a stored bag of the same name has its failed jobs run again, under this spec as its
-    next revision if the spec or inputs changed; `force` writes the results into a folder holding others."""
+    next revision if the spec or inputs changed; `force` writes the results into a folder holding others;
+    `console` prints the web console's URL (`console_url`)."""
     store = open_store(db)
     try:
         existing = store.bag(spec.name)
@@ -64,6 +66,9 @@ def run_here(spec: BagSpec, lines: Sequence[str] | None, inputs: dict[str, bytes
         keys = ephemeral_keys(user=existing.owner if existing is not None else None)
         with EmbeddedServer(service, tick_interval=0.5, keys=keys) as srv, \
                 Client(srv.url, access=srv.access) as client:
+            if console:
+                render.console.print(f"console: {console_url(srv.url, srv.access.submitter)}", soft_wrap=True,
+                                     markup=False, highlight=False)
             if existing is None:
                 info = client.submit(spec, lines, inputs)
             elif retry_failed:
@@ -78,8 +83,9 @@ def run_here(spec: BagSpec, lines: Sequence[str] | None, inputs: dict[str, bytes
                                      f"{info.total - c.done - c.failed - c.cancelled:,} to go")
             ResultsFolder(results_dir, info, force).prepare()  # refused now, not after the bag ran
             if info.state not in TERMINAL_BAG_STATES:
-                local = PoolSpec("local", "local", max_running=workers, walltime=0, idle_timeout=0, min_cpu=0,
-                                 allow_root=True)  # the user's own machine: no set-up, even as root
+                # the user's own machine: no set-up, even as root; each worker holds one job of `cpus` CPUs
+                local = PoolSpec("local", "local", max_running=workers, cpus=spec.cpus, walltime=0, idle_timeout=0,
+                                 min_cpu=0, allow_root=True)
                 pool = LocalAdapter(local, state, ["--prefetch", "1", "--prefetch-seconds", "1", "--exit-with-parent"])
                 caught = _stop_on_signals()
                 try:
@@ -100,6 +106,13 @@ def run_here(spec: BagSpec, lines: Sequence[str] | None, inputs: dict[str, bytes
             return 0 if info.state == BagState.COMPLETED else 1
     finally:
         store.close()
+
+
+def console_url(url: str, key: str) -> str:
+    """The console of a run's embedded server, its key in the URL's fragment: the run's keys live in memory
+    only, and a fragment never leaves the browser (the page keeps the key in the tab, then drops it from the
+    address bar). The server listens on 127.0.0.1 alone."""
+    return f"{url}/ui#key={quote(key, safe='')}"
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

@@ -24,6 +24,14 @@ def stuck(s: State, bag: BagRecord, now: float) -> list[str]:
         how = "the server's pools start none yet" if s.pool_ads else "start `gridbot worker` on a machine, " \
               "or give the server a pools file (--pools) to start pilots"
         return [f"no worker is connected: {how}", *failing]
+    cpus = bag.spec.cpus
+    widest = max(h.info.slots for h in hosts)
+    if cpus > widest:
+        pools = [n for n, ad in s.pool_ads.items() if isinstance(ad.get("Cpus"), int) and ad["Cpus"] >= cpus]
+        where = f"pool(s) {', '.join(sorted(pools))} start such pilots" if pools else \
+            f"set cpus = {cpus} (or more) on a pool of the pools file, or start `gridbot worker --slots {cpus}`"
+        return [f"its jobs need {cpus} CPUs each and the widest connected host has {widest} slots: {where}",
+                *failing]
     refused: list[tuple[int, str, str]] = []
     starved = 0
     texts = bag.policies.policies.texts

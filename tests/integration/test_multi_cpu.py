@@ -1,0 +1,59 @@
+"""Jobs of several CPUs (issue 18) on real workers: a worker of four slots runs two jobs of `cpus = 2` at once,
+never three, and each job sees the CPUs it holds (GRIDBOT_CPUS, OMP_NUM_THREADS); `gridbot run` sizes its
+workers to the bag's jobs."""
+
+from __future__ import annotations
+
+import json
+
+from tests.integration.harness import gridbot
+
+WIDE = """\
+name = "wide"
+cpus = 2
+command = "echo start $(date +%s.%N) cpus=$GRIDBOT_CPUS omp=$OMP_NUM_THREADS; sleep 1.5; echo end $(date +%s.%N)"
+[parameters]
+i = { from = 1, to = 6 }
+"""
+
+
+def intervals(rows: list[dict]) -> list[tuple[float, float]]:
+    out = []
+    for r in rows:
+        words = r["stdout"].split()
+        out.append((float(words[1]), float(words[words.index("end") + 1])))
+    return out
+
+
+def most_at_once(spans: list[tuple[float, float]]) -> int:
+    events = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
+    now = best = 0
+    for _, step in events:
+        now += step
+        best = max(best, now)
+    return best
+
+
+def test_a_worker_of_four_slots_runs_two_jobs_of_two_cpus_at_once(tmp_path, cluster):
+    (tmp_path / "wide.toml").write_text(WIDE)
+    cluster.start_server()
+    cluster.start_worker("--slots", "4")
+    submitted = gridbot("submit", str(tmp_path / "wide.toml"), "--server", cluster.url)
+    assert submitted.returncode == 0, submitted.stderr
+    done = cluster.wait_bag("wide", timeout=120)
+    assert done.counts.done == 6
+    with cluster.client() as c:
+        rows = [{"stdout": r.stdout_tail} for r in c.results("wide")]
+    assert all("cpus=2 omp=2" in r["stdout"] for r in rows), rows
+    assert most_at_once(intervals(rows)) == 2
+
+
+def test_gridbot_run_sizes_its_workers_to_the_bags_cpus(tmp_path):
+    (tmp_path / "wide.toml").write_text(WIDE)
+    proc = gridbot("run", "wide.toml", "--workers", "2", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [json.loads(line) for line in (tmp_path / "results/wide/jobs.jsonl").read_text().splitlines()]
+    assert {r["state"] for r in rows} == {"done"} and len(rows) == 6
+    outs = [(tmp_path / f"results/wide/{r['index']}/stdout").read_text() for r in rows]
+    assert all("cpus=2" in o for o in outs), outs
+    assert most_at_once(intervals([{"stdout": o} for o in outs])) == 2, "two workers, one job of two CPUs each"
