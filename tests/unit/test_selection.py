@@ -39,7 +39,7 @@ def test_cpus_is_read_from_the_spec_and_bad_values_name_the_fix():
     assert parse_spec(spec_text(2, 8), "t", "b").cpus == 8
     assert parse_spec('command = "x"', "t", "b").cpus == 1
     for bad in ("0", "-2", "1.5", '"8"', "true", "100000"):
-        with pytest.raises(SpecError, match="'cpus' must be a whole number of CPUs one job needs.*cpus = 8"):
+        with pytest.raises(SpecError, match=r"'cpus' must be a whole number of CPUs one job needs.*cpus = 8"):
             parse_spec(f'command = "x"\ncpus = {bad}', "t", "b")
 
 
@@ -73,7 +73,8 @@ def test_job_cpus_and_memory_are_in_the_policies_ads():
 def test_the_overlay_asks_slots_for_a_wide_bag_only_from_pools_whose_pilots_hold_a_job():
     sim = CoreSim()
     add(sim, "wide", 3, cpus=4)
-    sim.d.pool_ads = {"narrow": PoolSpec("narrow", "local", cpus=2).ad(), "wide": PoolSpec("wide", "local", cpus=8).ad()}
+    sim.d.pool_ads = {"narrow": PoolSpec("narrow", "local", cpus=2).ad(),
+                      "wide": PoolSpec("wide", "local", cpus=8).ad()}
     sim.feed()
     (demand,) = bag_demands(sim.d.view, ["narrow", "wide"], 0.0)
     assert demand.slots == 12 and demand.pools == frozenset({"wide"})
@@ -114,7 +115,7 @@ def test_placed_work_counts_until_a_reading_taken_after_it_started_shows_it():
     assert routes(sim, bag) == ["fast", "fast"]
     got = sim.ask(host("f1", "fast", slots=2), 2, 5.0) + sim.ask(host("f2", "fast", slots=2), 2, 5.0)
     assert len(got) == 2
-    factory = sim.d._strategies  # noqa: SLF001 - the shared record of placed work
+    factory = sim.d._strategies
     selector = factory.selectors[("stateful", "")]
     assert len(selector.placed) == 2
     # a reading taken before they started does not show them: they still count
@@ -162,7 +163,7 @@ def test_streams_do_not_see_each_others_placements_and_one_stream_shares_them():
 def test_the_story_says_why_and_the_overlay_gets_slots_where_jobs_were_placed():
     sim = CoreSim()
     two_sites(sim)
-    bag = add(sim, "s", 3, cpus=2, strategy='placement = "stateful"')
+    add(sim, "s", 3, cpus=2, strategy='placement = "stateful"')
     sim.feed()
     sim.tick(1.0)
     demands = {next(iter(d.pools)): d.slots for d in bag_demands(sim.d.view, ["fast", "slow"], 1.0)}
@@ -202,7 +203,7 @@ def test_a_job_that_ends_before_any_reading_shows_it_is_forgotten():
     h = host("f1", "fast", slots=2)
     (a,) = sim.ask(h, 2, 2.0)
     sim.exchange(h, 0, 3.0, [InstanceReport(a.instance_id, Outcome.SUCCESS, 0, 1.0, 1.0, "")])
-    selector = sim.d._strategies.selectors[("stateful", "")]  # noqa: SLF001
+    selector = sim.d._strategies.selectors[("stateful", "")]
     add(sim, "t", 1, cpus=2, strategy='placement = "stateful"', at=4.0)
     sim.feed()
     sim.tick(4.0)
