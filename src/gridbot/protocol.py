@@ -27,6 +27,9 @@ class ExchangeRequest(msgspec.Struct, frozen=True):
     want: Int64
     running: list[Int64]
     reports: list[InstanceReport] = msgspec.field(default_factory=list)
+    fetched: tuple[Int64, float] = (0, 0.0)
+    """Bytes of inputs the worker downloaded since its last exchange, and the seconds that took: the pool's
+    measured bandwidth to the server, which stateful selection weighs (the RENCI report's NWS forecast)."""
 
 
 class ExchangeResponse(msgspec.Struct, frozen=True):
@@ -243,6 +246,8 @@ class PoolInfo(msgspec.Struct, frozen=True):
     max_queued: int
     monitor: PoolMonitor | None = None
     """The last reading of the pool's own monitoring (Slurm: free CPUs and jobs waiting in its partition)."""
+    bandwidth: float = 0.0
+    """MB/s its hosts measured downloading inputs from the server (0: nothing downloaded yet)."""
 
 
 class PolicyChange(msgspec.Struct, frozen=True):

@@ -57,3 +57,33 @@ def test_gridbot_run_sizes_its_workers_to_the_bags_cpus(tmp_path):
     outs = [(tmp_path / f"results/wide/{r['index']}/stdout").read_text() for r in rows]
     assert all("cpus=2" in o for o in outs), outs
     assert most_at_once(intervals([{"stdout": o} for o in outs])) == 2, "two workers, one job of two CPUs each"
+
+
+POOL = """\
+[pools.here]
+kind = "local"
+max_running = 1
+cpus = 2
+idle_timeout = 3
+min_cpu = 0
+allow_root = true
+"""
+
+
+def test_workers_report_what_their_input_downloads_took_and_gridbot_pools_shows_the_bandwidth(tmp_path):
+    from tests.integration.harness import Cluster, gridbot_json
+
+    (tmp_path / "pools.toml").write_text(POOL)
+    (tmp_path / "data.bin").write_bytes(bytes(range(256)) * 8192)  # 2 MiB
+    (tmp_path / "in.toml").write_text('name = "in"\ncpus = 2\ninputs = ["data.bin"]\ncommand = "wc -c data.bin"\n'
+                                      '[parameters]\ni = { from = 1, to = 3 }\n')
+    cluster = Cluster(tmp_path, server_args=("--pools", str(tmp_path / "pools.toml"), "--state-dir",
+                                             str(tmp_path / "state")))
+    cluster.start_server()
+    try:
+        assert gridbot("submit", str(tmp_path / "in.toml"), "--server", cluster.url).returncode == 0
+        assert cluster.wait_bag("in", timeout=120).counts.done == 3
+        (pool,) = gridbot_json("pools", "--json", "--server", cluster.url)
+        assert pool["bandwidth"] > 0, pool
+    finally:
+        cluster.stop()

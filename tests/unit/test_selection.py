@@ -218,3 +218,20 @@ def test_a_bag_whose_jobs_no_host_can_hold_says_so_and_how_to_fix_it():
     (why,) = sim.d.diagnostics(bag, 20.0)
     assert why == ("its jobs need 8 CPUs each and the widest connected host has 4 slots: set cpus = 8 (or more) on "
                    "a pool of the pools file, or start `gridbot worker --slots 8`")
+
+
+def test_a_pools_measured_bandwidth_weighs_in_when_inputs_are_large():
+    sim = CoreSim()
+    sim.d.pool_ads = {"near": PoolSpec("near", "local", cpus=2, max_running=2).ad(),
+                      "far": {**PoolSpec("far", "local", cpus=2, max_running=2).ad(), "Speed": 1.5}}
+    # hosts of each pool told what their input downloads took: 100 MB/s near, 1 MB/s far
+    sim.d.request_work(host("n1", "near", slots=2), 0, [], 0.0, (), (200_000_000, 2.0))
+    sim.d.request_work(host("f1", "far", slots=2), 0, [], 0.0, (), (2_000_000, 2.0))
+    pools = sim.d.view.pools(1.0)
+    assert pools["near"].bandwidth == pytest.approx(100.0) and pools["far"].bandwidth == pytest.approx(1.0)
+    small = add(sim, "small", 1, cpus=2, strategy='placement = "stateful"\nruntime = 600.0')
+    large = add(sim, "large", 1, cpus=2, strategy='placement = "stateful"\nruntime = 600.0\ninput_mb = 500.0')
+    sim.feed()
+    sim.tick(1.0)
+    assert routes(sim, small) == ["far"], "no inputs: the faster CPUs win (400 s against 600 s)"
+    assert routes(sim, large) == ["near"], "500 MB: 605 s near against 900 s far"

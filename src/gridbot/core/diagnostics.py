@@ -27,7 +27,7 @@ def stuck(s: State, bag: BagRecord, now: float) -> list[str]:
     cpus = bag.spec.cpus
     widest = max(h.info.slots for h in hosts)
     if cpus > widest:
-        pools = [n for n, ad in s.pool_ads.items() if isinstance(ad.get("Cpus"), int) and ad["Cpus"] >= cpus]
+        pools = [n for n, ad in s.pool_ads.items() if isinstance(w := ad.get("Cpus"), int) and w >= cpus]
         where = f"pool(s) {', '.join(sorted(pools))} start such pilots" if pools else \
             f"set cpus = {cpus} (or more) on a pool of the pools file, or start `gridbot worker --slots {cpus}`"
         return [f"its jobs need {cpus} CPUs each and the widest connected host has {widest} slots: {where}",

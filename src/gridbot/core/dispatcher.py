@@ -29,7 +29,7 @@ from gridbot.core.diagnostics import stuck
 from gridbot.core.feeder import FeedRequest
 from gridbot.core.hosts import QUICK_FAILURE_S
 from gridbot.core.kernel import Kernel
-from gridbot.core.records import BagRecord, Ended, HostRecord, Instance, Job, State, guarded
+from gridbot.core.records import BagRecord, Ended, HostRecord, Instance, Job, PoolRecord, State, guarded
 from gridbot.core.strategy import Choice, LevelReport, Migration, QosReport, StrategyFactory
 from gridbot.core.view import BagView, DispatchView
 from gridbot.model.pools import PoolMonitor
@@ -273,8 +273,10 @@ class Dispatcher:
     # -- hosts' events --------------------------------------------------------------------------------
 
     def request_work(self, info: HostInfo, want: int, running: Iterable[int], now: float,
-                     reports: Sequence[InstanceReport] = ()) -> tuple[WorkAnswer, Changes]:
-        """A host's exchange: its reports, the instances it still runs, and a request for `want` more.
+                     reports: Sequence[InstanceReport] = (), fetched: tuple[int, float] = (0, 0.0),
+                     ) -> tuple[WorkAnswer, Changes]:
+        """A host's exchange: its reports, the instances it still runs, and a request for `want` more; with the
+        input bytes it downloaded since its last exchange and the seconds that took (its pool's bandwidth).
 
         Instances the server believes run on this host but that the host neither runs nor reports
         were lost: they count as failures when the worker restarted (another session), and not when the
@@ -285,6 +287,11 @@ class Dispatcher:
         known = self._s.hosts.get(info.host_id)
         same_run = bool(info.session) and (known is None or known.info.session in ("", info.session))
         host = k.touch_host(info, now)
+        nbytes, seconds = fetched
+        if nbytes > 0 and 0 < seconds < 1e6:
+            pool = self._s.pools.setdefault(info.pool, PoolRecord())
+            pool.fetched_bytes += nbytes
+            pool.fetch_s += seconds
         self._report(info.host_id, reports, now, changes)
         still = set(running)
         for iid in sorted(host.running - still):

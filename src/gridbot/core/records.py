@@ -179,6 +179,9 @@ class PoolRecord:
     failed: int = 0
     turnaround_sum: float = 0.0
     """Seconds from send to good result, summed over `done`."""
+    fetched_bytes: int = 0
+    fetch_s: float = 0.0
+    """Input bytes its hosts downloaded from the server, and the seconds that took (its measured bandwidth)."""
 
 
 @dataclass

@@ -240,6 +240,8 @@ class PoolView(NamedTuple):
     failed: int
     mean_turnaround: float
     """Mean seconds from send to good result on the pool (0: none yet)."""
+    bandwidth: float = 0.0
+    """MB/s its hosts measured downloading inputs from the server (0: none downloaded yet)."""
 
 
 class DispatchView:
@@ -378,7 +380,8 @@ class DispatchView:
             done = rec.done if rec else 0
             out[name] = PoolView(name, len(hosts), sum(h.info.slots for h in hosts),
                                  sum(min(busy_slots(self._s, h), h.info.slots) for h in hosts), done,
-                                 rec.failed if rec else 0, rec.turnaround_sum / done if rec and done else 0.0)
+                                 rec.failed if rec else 0, rec.turnaround_sum / done if rec and done else 0.0,
+                                 rec.fetched_bytes / rec.fetch_s / 1e6 if rec and rec.fetch_s > 0 else 0.0)
         return out
 
     # -- money --------------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ gridbot's own records (its pilots' slots, busy or not), where running work shows
 Each job is placed when the bag's window holds it (the report placed each ensemble member as it arrived):
 among the sites its GridPolicy accepts whose pilots are wide enough, those with as many free CPUs as it needs
 are ranked by the report's estimate (run time over the site's `Speed`, plus its inputs over the site's
-`Bandwidth` when both are known: NWS's forecast there) and the fastest is chosen; when none fits, the
+bandwidth when both are known: NWS's forecast there, here what its hosts measured downloading inputs, else
+its `Bandwidth` attribute) and the fastest is chosen; when none fits, the
 fallback chooses `random`ly or the `best` site, the one with the most free CPUs even if that number is
 negative. The job is then routed to that pool (its story says why), the overlay gets pilots for it there,
 and it runs on the first host of that pool that asks. Bags whose placements name the same `stream` share
@@ -175,7 +176,7 @@ class StatefulPlacement(Placement):
             unseen = self.selector.unseen(name)
             free = monitored - unseen if self.stateful else monitored
             speed = ad_number(ad, "Speed", 1.0)
-            bandwidth = ad_number(ad, "Bandwidth", 0.0)
+            bandwidth = own.bandwidth if own is not None and own.bandwidth > 0 else ad_number(ad, "Bandwidth", 0.0)
             seconds = runtime / (speed if speed > 0 else 1.0)
             if input_mb and bandwidth > 0:
                 seconds += input_mb / bandwidth

@@ -274,6 +274,7 @@ class Overlay:
     def info(self, now: float) -> list[PoolInfo]:
         """What `gridbot pools` shows; throughput is over the loop's last samples (about six minutes)."""
         hosts = self._pool_hosts()
+        seen = self.service.dispatcher.view.pools(now)
         out = []
         for name, p in self.pools.items():
             n, done = hosts.get(name, (0, 0))
@@ -283,7 +284,8 @@ class Overlay:
             out.append(PoolInfo(name, p.spec.kind, sum(s is PilotState.QUEUED for s in states),
                                 sum(s is PilotState.RUNNING for s in states), p.ended,
                                 sum(s is PilotState.FAILED for s in states), p.submitted, n, done, rate,
-                                p.error, p.spec.max_running, p.spec.max_queued, p.reading))
+                                p.error, p.spec.max_running, p.spec.max_queued, p.reading,
+                                seen[name].bandwidth if name in seen else 0.0))
         return out
 
     def close(self) -> None:

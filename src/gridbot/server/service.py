@@ -136,6 +136,12 @@ class Service:
         self._writer: concurrent.futures.ThreadPoolExecutor | None = None
         self.batches = 0
         """Transactions committed (each may carry many exchanges)."""
+        self.commit_failures = 0
+        """Batches the store refused (each made the dispatcher reload from the store), for /metrics."""
+        self.commit_hooks: list[Callable[[Changes, float], None]] = []
+        """Called on the loop's thread with each batch once it is durable and the seconds its commit took
+        (`gridbot.server.metrics` counts instances and commit latency there): read-only observers."""
+        self._commit_seconds = 0.0
         self._last_tick = 0.0
         self.stale = False
         self._outage = True
@@ -229,7 +235,7 @@ class Service:
             return
         batch, waiters = self._take()
         try:
-            self.store.apply(batch)
+            self._timed_apply(batch)
         except Exception as e:
             raise self._failed(e, waiters) from e
         self._applied(batch, waiters)
@@ -252,7 +258,7 @@ class Service:
         if self._writer is None:
             self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gridbot-store")
         batch, waiters = self._take()
-        flight = self._flight = _Flight(self._writer.submit(self.store.apply, batch), batch, waiters)
+        flight = self._flight = _Flight(self._writer.submit(self._timed_apply, batch), batch, waiters)
 
         def landed() -> None:
             if not flight.settled:
@@ -280,6 +286,7 @@ class Service:
     def _failed(self, e: BaseException, waiters: list[Waiter]) -> ServerUnavailable:
         log.error("store failed to apply a batch (%s); reloading the dispatcher from the store", e, exc_info=e)
         error = ServerUnavailable(f"the store failed: {e}; try again")
+        self.commit_failures += 1
         for done in waiters:
             done(error)
         if len(waiters) > 1:
@@ -293,10 +300,22 @@ class Service:
             log.error("cannot reload the dispatcher from the store (%s); answering 503 until it can", reload_error)
         return error
 
+    def _timed_apply(self, batch: Changes) -> None:
+        """`store.apply`, timed for /metrics (on the writer thread; one batch is in flight at a time, and its
+        time is read once it has landed, in `_applied`)."""
+        started = time.perf_counter()
+        self.store.apply(batch)
+        self._commit_seconds = time.perf_counter() - started
+
     def _applied(self, batch: Changes, waiters: list[Waiter]) -> None:
         self.batches += 1
         for done in waiters:
             done(None)
+        for hook in self.commit_hooks:
+            try:
+                hook(batch, self._commit_seconds)
+            except Exception:  # an observer's bug must not stop the commits
+                log.exception("a commit hook failed")
         for b in batch.bags.values():
             if b.state is not BagState.ACTIVE:
                 self._remember_ended(b.bag_id)
@@ -338,7 +357,8 @@ class Service:
         durable (through `stage` and `flush`, or `commit`)."""
         self.ready()
         self.feed()
-        answer, changes = self.dispatcher.request_work(req.host, max(0, req.want), req.running, now, req.reports)
+        answer, changes = self.dispatcher.request_work(req.host, max(0, req.want), req.running, now, req.reports,
+                                                       req.fetched)
         cfg = self.config.dispatch
         return ExchangeResponse(answer.assignments, answer.cancel, answer.backoff, heartbeat=self.config.heartbeat,
                                 max_result_bytes=cfg.max_result_bytes), changes
@@ -871,6 +891,14 @@ class Service:
         if not out and now is not None and row.state in BAG_TERMINAL and row.downloaded_at is None:
             self.store.mark_downloaded(row.bag_id, now)
         return out
+
+    # -- read-only accessors for /metrics (gridbot.server.metrics) -------------------------------------
+
+    def commit_backlog(self) -> int:
+        """Exchanges (and other events) decided and waiting for their commit: staged, or in the batch on the
+        writer thread. A backlog that grows means the store cannot keep up with the dispatcher."""
+        flight = self._flight
+        return len(self._waiters) + (len(flight.waiters) if flight is not None and not flight.settled else 0)
 
 
 def whole_number(text: str) -> int | None:

@@ -128,6 +128,8 @@ class Worker:
         self.workdir = config.workdir.resolve()
         """Absolute: the executor changes the worker's directory around each spawn."""
         self.free_slots = list(range(config.slots - 1, -1, -1))
+        self.fetched: tuple[int, float] = (0, 0.0)
+        """Input bytes downloaded and the seconds it took, not yet told to the server."""
         self.busy = 0
         """Slots the running instances hold (each its bag's `cpus`, at most `slots`)."""
         self.cpus_of: dict[int, int] = {}
@@ -299,7 +301,8 @@ class Worker:
             prefetch = self.pacing.prefetch()
             if prefetch != self.host.prefetch:
                 self.host = msgspec.structs.replace(self.host, prefetch=prefetch)
-            req = ExchangeRequest(self.host, 0 if self.stopping.is_set() else want, running, batch)
+            fetched = self.fetched
+            req = ExchangeRequest(self.host, 0 if self.stopping.is_set() else want, running, batch, fetched)
             try:
                 if not req.want:
                     resp = await self._post(req)
@@ -366,6 +369,7 @@ class Worker:
                     await asyncio.wait_for(self.stopping.wait(), delay)
                 continue
             self.outage = False
+            self.fetched = (self.fetched[0] - fetched[0], self.fetched[1] - fetched[1])
             if batch:
                 log.debug("acknowledged reports %s", [r.instance_id for r in batch])
                 if self.spool.kept:
@@ -558,12 +562,14 @@ class Worker:
     async def _download(self, bag_id: int, name: str, key: tuple[int, str]) -> Path:
         """Fetch an input from the server into the cache, which keeps it by content (worker/inputs.py)."""
         assert self._session is not None
+        started = time.monotonic()
         async with self._session.get(f"{self.config.server}/v1/bags/{bag_id}/inputs/{name}",
                                      headers=self._headers()) as r:
             if r.status != 200:
                 self.inputs.pop(key, None)
                 raise RuntimeError(f"server answered HTTP {r.status} for input '{name}'")
             data = await r.read()
+        self.fetched = (self.fetched[0] + len(data), self.fetched[1] + time.monotonic() - started)
         return self.cache.store(key, data)
 
     async def _goodbye(self) -> None:
