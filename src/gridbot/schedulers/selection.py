@@ -198,7 +198,7 @@ class StatefulPlacement(Placement):
     def migrate(self, view: DispatchView, bag: BagView, now: float) -> Sequence[Migration]:
         """Place the bag's queued jobs not placed yet, each on one pool."""
         self.selector.refresh(view, now)
-        todo = [j for j in bag.queued_jobs(int(self.number("ahead")) + len(self.last))
+        todo = [j for j in bag.queued_jobs(1 << 30)
                 if j.pools is None and j.job_id not in self.selector.placed][: int(self.number("ahead"))]
         if not todo:
             return ()
