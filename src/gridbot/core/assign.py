@@ -75,7 +75,7 @@ def assign(k: Kernel, host: HostRecord, want: int, now: float, changes: Changes)
         concurrency = bag_concurrency if concurrency is None else min(concurrency, bag_concurrency)
         need = bag.spec.cpus
         bound = concurrency if room is None else min(concurrency, slots.busy + room * need)
-        if s.config.replicas_first and bag.replicas:
+        if (s.config.replicas_first or bag.spec.quorum > 1) and bag.replicas:  # a quorum's copies go first
             _replicas(k, bag, host, ad, slots, bound, now, changes, out)
         if bag.failover and host.info.pool in s.config.reliable_pools:
             _queue(k, bag.failover, bag, host, slots, bound, now, deadline, changes, out)
@@ -143,7 +143,8 @@ def _queue(k: Kernel, queue: deque[Job], bag: BagRecord, host: HostRecord, slots
         failed_on = job.failed_on or {}
         avoid = failed_on.get(host.info.host_id, -math.inf) > horizon and len(failed_on) < live
         elsewhere = job.pools is not None and host.info.pool not in job.pools
-        if not slots.fits(bag.spec.cpus, concurrency) or avoid or elsewhere:
+        voted = bag.spec.quorum > 1 and job.candidates is not None and _same_account(k, job, host)
+        if not slots.fits(bag.spec.cpus, concurrency) or avoid or elsewhere or voted:
             keep.append(job)
             continue
         job.in_buffer = False
@@ -154,9 +155,11 @@ def _queue(k: Kernel, queue: deque[Job], bag: BagRecord, host: HostRecord, slots
 
 def _replicas(k: Kernel, bag: BagRecord, host: HostRecord, ad: HostAd, slots: Room, concurrency: int, now: float,
               changes: Changes, out: list[Assignment]) -> None:
-    """Send queued replicas that this host may run: never a second copy of a job to the same host."""
+    """Send queued replicas that this host may run: never a second copy of a job to the same host, nor, for a
+    bag with a quorum, to a host of an account that holds or gave one."""
     keep: deque[Job] = deque()
-    max_replicas = k.s.config.max_replicas
+    max_replicas = max(k.s.config.max_replicas, bag.spec.quorum)
+    quorum = bag.spec.quorum > 1
     while bag.replicas:
         job = bag.replicas.popleft()
         if job.state is not JobState.RUNNING or not job.live or len(job.live) >= max_replicas:
@@ -164,6 +167,7 @@ def _replicas(k: Kernel, bag: BagRecord, host: HostRecord, ad: HostAd, slots: Ro
             continue
         if not slots.fits(bag.spec.cpus, concurrency) or any(
                 k.s.instances[i].host_id == host.info.host_id for i in job.live) or (
+                quorum and _same_account(k, job, host)) or (
                 job.pools is not None and host.info.pool not in job.pools) or (
                 job.replica_pools is not None and host.info.pool not in job.replica_pools):
             keep.append(job)
@@ -181,6 +185,13 @@ def _replicas(k: Kernel, bag: BagRecord, host: HostRecord, ad: HostAd, slots: Ro
         out.append(k.send(bag, job, host, now, changes, seconds, replica=True))
         slots.take(bag.spec.cpus)
     bag.replicas = keep
+
+
+def _same_account(k: Kernel, job: Job, host: HostRecord) -> bool:
+    """The host's account already holds an instance of the job, or gave it a result."""
+    account = host.info.account or host.info.host_id
+    return any(k.account(k.s.instances[i].host_id) == account for i in job.live) or any(
+        c.account == account for c in job.candidates or ())
 
 
 def _deadline(k: Kernel, bag: BagRecord, host: HostRecord, deadline: float, now: float) -> float:

@@ -47,6 +47,25 @@ class HostStats(msgspec.Struct):
     last_failure: float = 0.0
     refused: int = 0
     """Reports the host sent for instances it was not running (see Dispatcher.report)."""
+    valid: int = 0
+    invalid: int = 0
+    """Its results a quorum accepted, and those it outvoted (a bag with `quorum`)."""
+    valid_streak: int = 0
+    """Valid results in a row since its last invalid one (adaptive replication trusts a long streak)."""
+
+    def validated(self, ok: bool) -> None:
+        """A quorum judged one of its results."""
+        if ok:
+            self.valid += 1
+            self.valid_streak += 1
+        else:
+            self.invalid += 1
+            self.valid_streak = 0
+
+    @property
+    def invalid_rate(self) -> float:
+        n = self.valid + self.invalid
+        return self.invalid / n if n else 0.0
 
     def good(self, now: float, cpu_s: float, turnaround_s: float) -> None:
         """A good result from this host."""
@@ -106,4 +125,5 @@ class HostStats(msgspec.Struct):
             "RecentGoodCpuTime": self.cpu_at(now),
             "AvgTurnaround": self.turnaround_sum / self.turnarounds if self.turnarounds else 0.0,
             "BlackHole": self.black_hole(now, others_good_at, others_busy),
+            "InvalidRate": self.invalid_rate, "ValidStreak": self.valid_streak,
         }

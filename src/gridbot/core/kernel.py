@@ -9,7 +9,9 @@ here decides what to run where: Algorithm 1 (core/assign.py) and the bags' strat
 
 from __future__ import annotations
 
+import hashlib
 import heapq
+from collections import Counter
 
 import msgspec
 
@@ -25,7 +27,18 @@ from gridbot.core.changes import (
     NewInstance,
 )
 from gridbot.core.hosts import QUICK_FAILURE_S
-from gridbot.core.records import HISTORY, BagRecord, Ended, HostRecord, Instance, Job, PoolRecord, State, guarded
+from gridbot.core.records import (
+    HISTORY,
+    BagRecord,
+    Candidate,
+    Ended,
+    HostRecord,
+    Instance,
+    Job,
+    PoolRecord,
+    State,
+    guarded,
+)
 from gridbot.core.view import BagView, DispatchView
 from gridbot.model.records import Assignment, HostInfo, InstanceReport, Outcome
 from gridbot.model.states import (
@@ -163,6 +176,8 @@ class Kernel:
         heapq.heappush(self.deadlines, (deadline, iid))
         bag.counts.instances += 1
         self.set_job(job, JobState.RUNNING, changes, sent=True)
+        if bag.spec.quorum > 1:
+            self._quorum_copies(bag, job, host)
         changes.new_instances.append(NewInstance(iid, job.job_id, bag.bag_id, host.info.host_id, now, deadline,
                                                  self.event_id, replica))
         assert bag.render is not None
@@ -183,6 +198,8 @@ class Kernel:
                 self.move(inst, InstanceState.WASTED, now, "a result already existed", r, changes)
                 bag.counts.wasted += 1
                 self.emit_bag(bag)
+            elif bag.spec.quorum > 1 and job.single != inst.host_id:
+                self._candidate(bag, job, inst, host, r, now, changes)
             else:
                 self.move(inst, InstanceState.DONE, now, "", r, changes)
                 self.finish_job(job, JobState.DONE, "", now, changes, result=inst.instance_id, winner=inst.host_id)
@@ -203,6 +220,75 @@ class Kernel:
                 job.failures += 1
                 job.failed_on = {**(job.failed_on or {}), inst.host_id: now}
             self.after_failure(job, reason, now, changes)
+
+    # -- quorum (BOINC's validation of volunteers' results) ------------------------------------------------
+
+    def account(self, host_id: str) -> str:
+        """Whose host it is: its account where its pool knows one, else the host itself."""
+        host = self.s.hosts.get(host_id)
+        return (host.info.account or host_id) if host is not None else host_id
+
+    def _trusted(self, host: HostRecord) -> bool:
+        return (self.s.pool_ads.get(host.info.pool) or {}).get("Trusted") is True
+
+    def _quorum_copies(self, bag: BagRecord, job: Job, host: HostRecord) -> None:
+        """After an instance of a quorum job was sent: the first one to a trusted pool, or to a host with a long
+        streak of valid results (but for a `spot_check` share, drawn from the job id), goes alone; else the job
+        gets another copy queued until enough are out for a quorum."""
+        spec = bag.spec
+        if job.attempts == 1 and not job.candidates:
+            streak = host.stats.valid_streak
+            spot = (job.job_id * 2654435761 % 4294967296) / 4294967296 < spec.spot_check
+            if self._trusted(host) or (streak >= ADAPTIVE_STREAK and not spot):
+                job.single = host.info.host_id
+                return
+        self.want_copies(bag, job)
+
+    def want_copies(self, bag: BagRecord, job: Job) -> None:
+        """Queue one more copy of a running quorum job while fewer are out than its quorum still needs (the
+        replica path sends it, to a host of another account)."""
+        agreeing = max(Counter(c.digest for c in job.candidates or ()).values(), default=0)
+        if (job.state is JobState.RUNNING and not job.replica_pending and not job.single
+                and len(job.live) < bag.spec.quorum - agreeing and job.attempts < bag.spec.instance_cap()):
+            job.replica_pending = True
+            bag.replicas.append(job)
+            self.work_added += 1
+
+    def _candidate(self, bag: BagRecord, job: Job, inst: Instance, host: HostRecord | None, r: InstanceReport,
+                   now: float, changes: Changes) -> None:
+        """A good result of a quorum job: kept until `quorum` results of distinct accounts agree, byte for byte;
+        the agreeing ones are valid and the first of them the job's result, the others invalid, counted against
+        their hosts and never returned."""
+        q = bag.spec.quorum
+        digest = _digest(r)
+        account = self.account(inst.host_id)
+        cands = [c for c in job.candidates or () if c.account != account]  # one vote an account: its newest
+        cands.append(Candidate(inst.instance_id, inst.host_id, account, digest))
+        job.candidates = cands
+        agree = [c for c in cands if c.digest == digest]
+        self.move(inst, InstanceState.DONE, now, f"a result for the quorum: {len(agree)} of {q} agree", r, changes)
+        if len(agree) >= q:
+            winner = agree[0]
+            for c in cands:
+                ok = c.digest == digest
+                judged = self.s.hosts.get(c.host_id)
+                if judged is not None:
+                    judged.stats.validated(ok)
+                    self.emit_host(judged, changes)
+                self.decide(changes, job, "quorum", "valid" if ok else "invalid",
+                            f"instance {c.instance_id} on {judged.info.name if judged else c.host_id}: "
+                            + (f"agrees with {q - 1} other(s)" if ok else f"differs from the {q} that agree"))
+            job.candidates = None
+            self.finish_job(job, JobState.DONE, "", now, changes, result=winner.instance_id, winner=winner.host_id)
+            return
+        cap = bag.spec.instance_cap()
+        if job.attempts >= cap and not job.live:
+            groups = sorted(Counter(c.digest for c in cands).values(), reverse=True)
+            self.finish_job(job, JobState.FAILED, f"no quorum of {q} after {job.attempts} instances (max_instances): "
+                            f"{len(cands)} results in {len(groups)} disagreeing group(s) of {groups}", now, changes)
+            return
+        self.requeue_if_idle(job, changes)
+        self.want_copies(bag, job)
 
     def _good_result(self, bag: BagRecord, inst: Instance, host: HostRecord | None, r: InstanceReport,
                      now: float) -> None:
@@ -303,11 +389,19 @@ class Kernel:
         if job.state in JOB_TERMINAL:
             self.emit_job(job, changes)
             return
-        spec = self.s.bags[job.bag_id].spec
+        bag = self.s.bags[job.bag_id]
+        spec = bag.spec
         if job.failures >= spec.max_failures:
             self.finish_job(job, JobState.FAILED, f"failed {job.failures} times; last: {reason}", now, changes)
+        elif spec.quorum > 1 and job.attempts >= spec.instance_cap() and not job.live:
+            self.finish_job(job, JobState.FAILED, f"no quorum of {spec.quorum} after {job.attempts} instances "
+                            f"(max_instances); last: {reason}", now, changes)
         else:
+            if job.single and not job.live:
+                job.single = ""  # its trusted host failed it: the next copies need a quorum
             self.requeue_if_idle(job, changes)
+            if spec.quorum > 1:
+                self.want_copies(bag, job)
 
     def requeue_if_idle(self, job: Job, changes: Changes) -> None:
         """Put a running job with no live instance left on its bag's retry queue (or the fail-over queue,
@@ -421,3 +515,18 @@ _COUNTER = {s: s.value for s in JobState}
 
 def _copy(counts: BagCounts) -> BagCounts:
     return msgspec.structs.replace(counts)
+
+
+ADAPTIVE_STREAK = 10
+"""Valid results in a row after which a host gets quorum jobs unreplicated (BOINC's adaptive replication)."""
+
+
+def _digest(r: InstanceReport) -> bytes:
+    """What a quorum compares of a result: its stdout and its declared outputs, by name, byte for byte."""
+    h = hashlib.sha256(r.stdout_tail.encode("utf-8", "surrogatepass"))
+    for name in sorted(r.outputs):
+        data = r.outputs[name]
+        h.update(f"\0{name}\0{len(data)}\0".encode("utf-8", "surrogatepass"))
+        h.update(data)
+    return h.digest()
+

@@ -52,6 +52,20 @@ class Job:
     """`pools` is its tail strategy's route for its next instance only (cleared when that one is sent)."""
     replica_pools: frozenset[str] | None = None
     """Pools its pending replica may go to, as its tail strategy chose (None: any)."""
+    candidates: list[Candidate] | None = None
+    """Results waiting for their quorum (a bag with `quorum` > 1), in the order they came."""
+    single: str = ""
+    """The host it was sent to unreplicated, for its long record of valid results or its trusted pool: that
+    host's result counts as a quorum alone (adaptive replication)."""
+
+
+class Candidate(NamedTuple):
+    """A good result of a job whose bag asks for a quorum: which instance, whose, and what it said."""
+
+    instance_id: int
+    host_id: str
+    account: str
+    digest: bytes
 
 
 @dataclass(slots=True)

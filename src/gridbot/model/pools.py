@@ -36,13 +36,13 @@ RELIABILITY = ("unreliable", "reliable", "volunteer")
 RESERVED_ATTRIBUTES = {"Name": "the table's name", "Kind": "kind", "Reliability": "reliability", "Level": "level",
                        "Cpus": "cpus", "Memory": "memory_mb", "Walltime": "walltime",
                        "PricePerCpuHour": "price_per_cpu_hour", "PricePerPilotHour": "price_per_pilot_hour",
-                       "ChargingPeriod": "charging_period", "MaxRunning": "max_running"}
+                       "ChargingPeriod": "charging_period", "MaxRunning": "max_running", "Trusted": "trusted"}
 """The attributes the pool's ad sets from its validated keys (`PoolSpec.ad`): [attributes] may not replace them
 (a price written as a string there once made a pool free)."""
 COMMON_KEYS = ("kind", "max_running", "max_queued", "cpus", "memory_mb", "walltime", "price_per_cpu_hour",
                "price_per_pilot_hour",
                "charging_period", "reliability", "level", "attributes", "idle_timeout", "min_cpu", "cpu_window",
-               "run_as", "allow_root", "monitor_interval")
+               "run_as", "allow_root", "monitor_interval", "trusted")
 
 
 @dataclass(frozen=True)
@@ -149,6 +149,8 @@ class PoolSpec(msgspec.Struct, frozen=True):
     run_as: str = ""
     """The user a pilot's worker runs jobs as when it starts as root ("": its own user)."""
     allow_root: bool = False
+    trusted: bool = False
+    """Its hosts' results count as a quorum alone (bags with `quorum`: your own cluster's, not volunteers')."""
     """Let a pilot's worker started as root run jobs as root (else it refuses to start without run_as)."""
     attributes: dict[str, str | int | float | bool] = msgspec.field(default_factory=dict)
     options: dict[str, str | int | float | bool] = msgspec.field(default_factory=dict)
@@ -159,7 +161,7 @@ class PoolSpec(msgspec.Struct, frozen=True):
         return {**self.attributes, "Name": self.name, "Kind": self.kind, "Reliability": self.reliability,
                 "Level": self.level, "Cpus": self.cpus, "Memory": self.memory_mb, "Walltime": self.walltime,
                 "PricePerCpuHour": self.price_per_cpu_hour, "PricePerPilotHour": self.price_per_pilot_hour,
-                "ChargingPeriod": self.charging_period, "MaxRunning": self.max_running}
+                "ChargingPeriod": self.charging_period, "MaxRunning": self.max_running, "Trusted": self.trusted}
 
     @property
     def queues(self) -> bool:
@@ -266,12 +268,13 @@ def _pool(name: str, table: object, fail: Any) -> PoolSpec | None:
             ok = False
         else:
             values["run_as"] = v
-    if "allow_root" in table:
-        if not isinstance(table["allow_root"], bool):
-            fail((*path, "allow_root"), f"'allow_root' of pool '{name}' must be true or false")
-            ok = False
-        else:
-            values["allow_root"] = table["allow_root"]
+    for key in ("allow_root", "trusted"):
+        if key in table:
+            if not isinstance(table[key], bool):
+                fail((*path, key), f"'{key}' of pool '{name}' must be true or false")
+                ok = False
+            else:
+                values[key] = table[key]
     if "reliability" in table:
         if table["reliability"] not in RELIABILITY:
             fail((*path, "reliability"), f"reliability {table['reliability']!r} of pool '{name}' is unknown",

@@ -49,6 +49,9 @@ class HostInfo(msgspec.Struct, frozen=True):
     session: Label = ""
     """A token of the worker process ("" where unknown): another one on the same host means the worker
     restarted, so instances it did not list were lost, rather than never received."""
+    account: Label = ""
+    """Whose machine it is, where the pool knows (a volunteer's account): a quorum never counts two results of
+    one account ("": the host is its own account)."""
 
 
 class Limits(msgspec.Struct, frozen=True):

@@ -53,10 +53,14 @@ TOP_KEYS = (
     "strategy",
     "bag_deadline",
     "budget",
+    "quorum",
+    "max_instances",
+    "spot_check",
 )
 RANGE_KEYS = ("from", "to", "step")
 MAX_CPUS = 4_096
 """CPUs one job may ask for at most."""
+MAX_QUORUM = 16
 MAX_OPTION = 1_000
 """Characters of a strategy option's string value at most."""
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -232,6 +236,20 @@ class BagSpec(msgspec.Struct, frozen=True):
     budget: float | None = None
     """What the bag may spend at most, in the pools' currency (`price_per_cpu_hour`, `price_per_pilot_hour`;
     the paper's G$); None: no limit."""
+    quorum: int = 1
+    """Results of one job, from hosts of distinct accounts, that must agree (byte for byte: outputs and stdout)
+    before one is accepted, as BOINC projects validate volunteers' results; a host of a `trusted` pool, or one
+    with a long record of valid results (adaptive replication), counts as a quorum alone."""
+    max_instances: int | None = None
+    """Instances of one job sent at most before it fails for want of a quorum (None: 2 x quorum + max_failures,
+    BOINC's max_total_results)."""
+    spot_check: float = 0.1
+    """Of the jobs sent unreplicated to a host with a long record of valid results, the share replicated all the
+    same to check it (adaptive replication)."""
+
+    def instance_cap(self) -> int:
+        """Instances of one job sent at most (`max_instances`, or its default)."""
+        return self.max_instances if self.max_instances is not None else 2 * self.quorum + self.max_failures
 
     def deadline_at(self, created_at: float) -> float | None:
         """The bag's QoS deadline as a time on the server's clock, given when the bag was submitted."""
@@ -579,12 +597,18 @@ class _Validator:
             policy=self.policy(data.get("policy", {})),
             strategy=self.strategy(data.get("strategy", {})),
             budget=self.budget(data),
+            quorum=self.quorum(data),
+            max_instances=self.positive_int(data, "max_instances", 1) if "max_instances" in data else None,
+            spot_check=self.fraction(data, "spot_check", 0.1),
             bag_deadline=deadline.get("bag_deadline"),
             bag_deadline_at=deadline.get("bag_deadline_at"),
         )
         if len(spec.description) > MAX_DESCRIPTION:
             self.fail(("description",), f"the description has {len(spec.description):,} characters, over the "
                       f"limit of {MAX_DESCRIPTION:,}")
+        if spec.max_instances is not None and spec.max_instances < spec.quorum:
+            self.fail(("max_instances",), f"'max_instances' = {spec.max_instances} is less than the quorum "
+                      f"({spec.quorum}): no job could ever be accepted; e.g. max_instances = {2 * spec.quorum + 1}")
         if not self.problems:
             for key, issue in command_issues(spec):
                 self.fail((key,), *issue)
@@ -607,6 +631,21 @@ class _Validator:
             self.fail((key,), f"'{key}' must be a list of strings", f'write {key} = ["a.txt", "b.txt"]')
             return []
         return list(value)
+
+    def quorum(self, data: dict[str, Any]) -> int:
+        value = data.get("quorum", 1)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_QUORUM:
+            self.fail(("quorum",), f"'quorum' must be a whole number of agreeing results from 1 to {MAX_QUORUM}, not "
+                      f"{_show(value)}; e.g. quorum = 2")
+            return 1
+        return value
+
+    def fraction(self, data: dict[str, Any], key: str, default: float) -> float:
+        value = data.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+            self.fail((key,), f"'{key}' must be a fraction from 0 to 1, not {_show(value)}; e.g. {key} = 0.1")
+            return default
+        return float(value)
 
     def cpus(self, data: dict[str, Any]) -> int:
         value = data.get("cpus", 1)
@@ -1056,6 +1095,13 @@ def _parameter_issue(p: Parameter) -> Issue | None:
 def _number_issues(spec: BagSpec) -> list[tuple[str, Issue]]:
     """The spec's counts, durations and sizes, in the ranges the TOML validator allows."""
     out: list[tuple[str, Issue]] = []
+    if not 1 <= spec.quorum <= MAX_QUORUM:
+        out.append(("quorum", (f"'quorum' must be from 1 to {MAX_QUORUM}, not {spec.quorum}", "")))
+    if spec.max_instances is not None and not spec.quorum <= spec.max_instances <= MAX_COUNT:
+        out.append(("max_instances", (f"'max_instances' must be from the quorum ({spec.quorum}) to {MAX_COUNT:,}, "
+                                      f"not {spec.max_instances}", "")))
+    if not 0 <= spec.spot_check <= 1:
+        out.append(("spot_check", (f"'spot_check' must be a fraction from 0 to 1, not {spec.spot_check}", "")))
     if not 1 <= spec.cpus <= MAX_CPUS:
         out.append(("cpus", (f"'cpus' must be from 1 to {MAX_CPUS:,}, not {spec.cpus}", "")))
     for key, count, low in (("max_failures", spec.max_failures, 1), ("max_processes", spec.max_processes, 1)):

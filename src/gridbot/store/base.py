@@ -150,9 +150,10 @@ class PilotRow(msgspec.Struct, frozen=True):
 RETIRED = "the job was retried or revised: a late result of this run is not wanted"
 """The reason the stores give the overdue instances of a retried or revised job (`Changes.retired_jobs`)."""
 LATER_FIELDS: dict[str, object] = {"memory": None, "cpu_time": None, "max_file_size": None, "max_processes": None,
-                                   "strategy": msgspec.to_builtins(StrategyChoice())}
-"""Spec fields added since the first stores were made (issue 11's limits, issue 13's strategies), with
-their defaults."""
+                                   "strategy": msgspec.to_builtins(StrategyChoice()), "cpus": 1, "quorum": 1,
+                                   "max_instances": None, "spot_check": 0.1}
+"""Spec fields added since the first stores were made (issue 11's limits, issue 13's strategies, issue 18's
+cpus, issue 19's quorum), with their defaults."""
 
 
 QOS_FIELDS = ("bag_deadline", "bag_deadline_at", "budget")
