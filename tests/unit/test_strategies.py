@@ -55,7 +55,8 @@ def test_the_registry_refuses_unknown_strategies_and_options_saying_what_exists(
     with pytest.raises(StrategyError, match=r"unknown tail strategy 'gridbt'.*did you mean 'gridbot'.*gridbot"):
         registry.check(StrategyChoice(tail="gridbt"))
     with pytest.raises(StrategyError, match=r"unknown placement strategy 'dbc'.*the placement strategies are: "
-                                           r"conservative-time, cost, cost-time, gridbot, hierarchy, naive, stateful, time"):
+                                           r"conservative-time, cost, cost-time, gridbot, hierarchy, naive, "
+                                           r"stateful, time"):
         registry.check(StrategyChoice(placement="dbc"))
     with pytest.raises(StrategyError, match=r"strategy option 'budget' is not an option .* they take no options"):
         registry.check(StrategyChoice(options={"budget": 10}))
