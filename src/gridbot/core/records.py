@@ -234,9 +234,15 @@ class State:
 T = TypeVar("T")
 
 
-def busy_slots(state: State, host: HostRecord) -> int:
-    """Slots the host's running instances hold: one each, unless a bag on the server has wider jobs (`cpus`)."""
-    if not any(b.spec.cpus > 1 for b in state.bags.values()):
+def has_wide_jobs(state: State) -> bool:
+    """A bag on the server has jobs of several CPUs (else every instance holds one slot)."""
+    return any(b.spec.cpus > 1 for b in state.bags.values())
+
+
+def busy_slots(state: State, host: HostRecord, wide: bool | None = None) -> int:
+    """Slots the host's running instances hold: one each, unless a bag on the server has wider jobs (`cpus`;
+    `wide`: whether one has, when the caller already knows, so that a loop over hosts asks once)."""
+    if not (has_wide_jobs(state) if wide is None else wide):
         return len(host.running)
     total = 0
     for iid in host.running:

@@ -19,7 +19,7 @@ from gridbot.core.changes import BagCounts
 from gridbot.core.config import DispatchConfig
 from gridbot.core.hosts import HostStats
 from gridbot.core.ledger import Bill, HostTerm, Prices
-from gridbot.core.records import BagRecord, Ended, HostRecord, Job, State, busy_slots, guarded
+from gridbot.core.records import BagRecord, Ended, HostRecord, Job, State, busy_slots, guarded, has_wide_jobs
 from gridbot.core.strategy import TailPlan
 from gridbot.model.pools import PoolMonitor
 from gridbot.model.records import HostInfo
@@ -374,12 +374,13 @@ class DispatchView:
                 names[h.info.pool] = None
                 live.setdefault(h.info.pool, []).append(h)
         out = {}
+        wide = has_wide_jobs(self._s)
         for name in names:
             rec = self._s.pools.get(name)
             hosts = live.get(name, [])
             done = rec.done if rec else 0
             out[name] = PoolView(name, len(hosts), sum(h.info.slots for h in hosts),
-                                 sum(min(busy_slots(self._s, h), h.info.slots) for h in hosts), done,
+                                 sum(min(busy_slots(self._s, h, wide), h.info.slots) for h in hosts), done,
                                  rec.failed if rec else 0, rec.turnaround_sum / done if rec and done else 0.0,
                                  rec.fetched_bytes / rec.fetch_s / 1e6 if rec and rec.fetch_s > 0 else 0.0)
         return out
