@@ -136,10 +136,12 @@ def cli(log_level: str) -> None:
               help="Run the failed jobs of the stored bag again; with a changed spec or inputs, as the bag's next "
                    "revision (done jobs keep their results, the others run the new command).")
 @click.option("--force", is_flag=True, help="Write the results even into a folder that holds other files.")
+@click.option("--console", is_flag=True, help="Print the URL of the web console that watches this run (with its key).")
 @friendly
 def run(spec: Path | None, each_line: Path | None, workers: int, db: str, results_dir: Path | None,
         name: str | None, max_jobs: int, policies: tuple[str, ...], max_failures: int | None, timeout: str | None,
-        max_result_bytes: int, deadline: str | None, budget: float | None, retry_failed: bool, force: bool) -> None:
+        max_result_bytes: int, deadline: str | None, budget: float | None, retry_failed: bool, force: bool,
+        console: bool) -> None:
     """Run a bag on this machine: embedded server, local workers, live progress, results collected."""
     from gridbot.cli.run import run_here
 
@@ -155,7 +157,7 @@ def run(spec: Path | None, each_line: Path | None, workers: int, db: str, result
     bag_spec = with_policies(each_line_settings(bag_spec, spec is not None, max_failures, timeout), policies)
     bag_spec = with_qos(bag_spec, deadline, budget)
     sys.exit(run_here(bag_spec, lines, inputs, workers, db, results_dir, max_result_bytes, max_jobs,
-                      retry_failed=retry_failed, force=force))
+                      retry_failed=retry_failed, force=force, console=console))
 
 
 @cli.command(cls=DispatchCommand)
@@ -768,6 +770,27 @@ def pools(server: str | None, access: Path | None, admin: bool, as_json: bool) -
         for p in rows:
             if p.error:
                 render.console.print(f"[yellow]pool {p.name}:[/] {p.error}", soft_wrap=True)
+            if p.monitor is not None:
+                m = p.monitor
+                render.console.print(f"pool {p.name}: {m.free_cpus} of {m.total_cpus} CPUs free, {m.pending_jobs} "
+                                     f"job(s) waiting ({m.pending_cpus} CPUs), by {m.source}", soft_wrap=True)
+
+
+@cli.command()
+@click.argument("bag")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
+              help="The HTML file to write [default: report-BAG.html].")
+@server_option
+@access_option
+@admin_option
+@friendly
+def report(bag: str, out: Path | None, server: str | None, access: Path | None, admin: bool) -> None:
+    """Write one self-contained HTML file with a bag's plots and tables (the console's), to attach or archive."""
+    from gridbot.cli.report import write_report
+
+    with Client(server, access=access, admin=admin) as client:
+        path = write_report(client, bag, out or Path(f"report-{bag.replace('/', '_')}.html"))
+    click.echo(f"wrote {path}")
 
 
 @cli.command()

@@ -29,6 +29,7 @@ from gridbot.protocol import (
     ExchangeResponse,
     InstanceInfo,
     PolicyChange,
+    PoolInfo,
     QosChange,
     RegisterRequest,
     Registration,
@@ -37,6 +38,8 @@ from gridbot.protocol import (
 )
 from gridbot.security.access import Access, ServerAccess, ephemeral_keys
 from gridbot.security.keys import Principal, Role
+from gridbot.server.console import PUBLIC, Console
+from gridbot.server.metrics import Metrics
 from gridbot.server.overlay import Overlay
 from gridbot.server.service import BadRequest, Conflict, NotFound, Service, job_state, whole_number
 from gridbot.store.base import BagExists, BagRow
@@ -117,9 +120,16 @@ PERMISSIONS: dict[tuple[str, str], frozenset[Role]] = {
     ("GET", "/v1/hosts"): USERS,
     ("GET", "/v1/pools"): USERS,
     ("GET", "/v1/levels"): USERS,
+    ("GET", "/metrics"): frozenset(("admin",)),  # every owner's bag names: docs/metrics.md
+    ("GET", "/v1/console/bags"): USERS,
+    ("GET", "/v1/console/bags/{bag}"): USERS,
+    ("GET", "/v1/console/hosts"): USERS,
+    ("GET", "/v1/console/pools"): USERS,
+    **{route: frozenset(("admin", "submitter", "worker", "host")) for route in PUBLIC},
 }
 """Which roles may use each route. The check is made once, in the `_authenticate` middleware, before any
-handler; a route missing here is refused to everyone (a new endpoint cannot be left open by mistake)."""
+handler; a route missing here is refused to everyone (a new endpoint cannot be left open by mistake). The
+console's shell (`console.PUBLIC`: package files, no data) is the one exception served without any key."""
 PRINCIPAL = web.RequestKey("principal", Principal)
 """Where the authentication middleware leaves the caller for the handlers."""
 LOCAL: Principal = Principal("admin", "", "")
@@ -134,6 +144,8 @@ def _authenticate(access: ServerAccess | None) -> Any:
     async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
         if access is None:
             request[PRINCIPAL] = LOCAL
+            return await handler(request)
+        if _public(request):
             return await handler(request)
         header = request.headers.get("Authorization", "")
         scheme, _, token = header.partition(" ")
@@ -155,6 +167,14 @@ def _authenticate(access: ServerAccess | None) -> Any:
         return await handler(request)
 
     return authenticate
+
+
+def _public(request: web.Request) -> bool:
+    """Whether the request is for the console's shell, which a browser loads before it has asked for the key
+    (matched by route, not by path prefix: only the routes listed in `console.PUBLIC`)."""
+    resource = request.match_info.route.resource
+    return (request.method in ("GET", "HEAD") and resource is not None
+            and ("GET", resource.canonical) in PUBLIC)
 
 
 def _owner(request: web.Request) -> str | None:
@@ -251,6 +271,11 @@ class Server:
             web.get("/v1/pools", self.pools),
             web.get("/v1/levels", self.levels),
         ])
+        self.console = Console(service, self._pool_info, _owner, _reply)
+        self.app.add_routes(self.console.routes())
+        self.app.on_cleanup.append(self.console.close)
+        self.metrics = Metrics(service, self._pool_info)
+        self.app.add_routes(self.metrics.routes())
         self.app.cleanup_ctx.append(self._ticker)
         self.app.on_shutdown.append(self._release_held)
 
@@ -298,7 +323,9 @@ class Server:
                               f"{req.host.host_id[:100]!r}", "forbidden")
             if req.host.pool != principal.name:  # the pool is the key's, whatever the worker says
                 req = msgspec.structs.replace(req, host=msgspec.structs.replace(req.host, pool=principal.name))
+        started = time.perf_counter()
         resp = await self._answer(req)
+        self.metrics.counters.exchanged(time.perf_counter() - started)
         hold = server_hold(req.want, len(req.running), len(req.reports), len(resp.assignments), len(resp.cancel),
                            resp.backoff)
         if hold:
@@ -330,6 +357,11 @@ class Server:
             return True
         token = request.headers.get("Authorization", "").partition(" ")[2].strip()
         return self.access.auth.authenticate(token, fresh=True) is not None
+
+    async def answer(self, req: ExchangeRequest) -> ExchangeResponse:
+        """An exchange decided and durable, for other doors to the same hosts' path (the volunteers' BOINC
+        scheduler, gridbot.volunteer): the same service, policies and group commit as `POST /v1/exchange`."""
+        return await self._answer(req)
 
     async def _answer(self, req: ExchangeRequest) -> ExchangeResponse:
         """Decide an exchange and wait until its changes are durable (group commit)."""
@@ -506,7 +538,11 @@ class Server:
                                              r.reason, r.exit_code, r.wall_s, r.cpu_s) for r in rows])
 
     async def pools(self, request: web.Request) -> web.Response:
-        return _reply(request, self.overlay.info(time.time()) if self.overlay is not None else [])
+        return _reply(request, self._pool_info(time.time()))
+
+    def _pool_info(self, now: float) -> list[PoolInfo]:
+        """The overlay's pools as `gridbot pools` shows them (none without a pools file)."""
+        return self.overlay.info(now) if self.overlay is not None else []
 
     async def levels(self, request: web.Request) -> web.Response:
         """The execution hierarchy's queues with their limits and load (`gridbot levels`)."""
