@@ -176,6 +176,7 @@ def test_run_retry_failed_makes_a_revision_that_keeps_good_results(tmp_path):
     (tmp_path / "limit.txt").write_text("5\n")
     first = gridbot("run", "rev.toml", "--workers", "2", cwd=tmp_path)
     assert first.returncode == 1, first.stdout + first.stderr
+    before = {r["index"]: r for r in map(json.loads, (tmp_path / "results/rev/jobs.jsonl").read_text().splitlines())}
     (tmp_path / "limit.txt").write_text("10\n")
     refused = gridbot("run", "rev.toml", cwd=tmp_path)
     assert refused.returncode == 2 and "--retry-failed" in refused.stderr
@@ -187,7 +188,9 @@ def test_run_retry_failed_makes_a_revision_that_keeps_good_results(tmp_path):
     assert [rows[i]["revision"] for i in range(8)] == [1] * 5 + [2] * 3
     assert (tmp_path / "results/rev/4/out.txt").read_text() == "5 5\n", "good results are kept, not rerun"
     assert (tmp_path / "results/rev/7/out.txt").read_text() == "8 10\n", "reruns got the new input"
-    assert rows[4]["attempts"] == 1
+    # not run again (on a loaded machine an answer may time out and its instance be sent again: count from
+    # what the first run left)
+    assert rows[4]["attempts"] == before[4]["attempts"]
     resumed = gridbot("run", "rev.toml", cwd=tmp_path)  # the revision is the bag's spec now
     assert resumed.returncode == 0 and "had already ended" in resumed.stdout
 
