@@ -11,6 +11,15 @@ pilots, job failures, black-hole hosts, a community grid's late reports (executi
 and hosts that come and go by themselves, network latency, pilot walltime and idle exit. A host paces its
 exchanges as the worker does (the same `model.pacing.Pacing`), and the server's long poll is modelled: an
 idle host's request is held until work is added or its backoff has passed (`model.pacing.server_hold`).
+A pilot's instances hold their bag's `cpus` slots each, as the worker's do.
+
+A cluster pool (`cluster_cpus`) is a batch cluster of that many CPUs with one first-come-first-served queue:
+each pilot is a batch job of the pool's `cpus` that joins the queue once its `queue_wait` (the submission)
+has passed and starts when it is at the head and the CPUs are free, as do other users' jobs (`external`);
+starts follow the events that free CPUs, so queue times are exact. A pool with a `monitor_interval` is read
+that often by a simulated monitor whose readings go to the dispatcher (`Dispatcher.monitor`), as the server's
+overlay gives it Slurm's: work that started less than `monitor_lag` before a reading is not in it (the RENCI
+report's MDS hysteresis, its Protocol 2), ended work leaves it at once.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import bisect
 import heapq
 import random
 from array import array
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -29,18 +39,21 @@ from gridbot.core.changes import BagCounts, BagSnapshot, Changes, QueuedJob
 from gridbot.core.dispatcher import Dispatcher
 from gridbot.core.strategy import LevelReport, QosReport
 from gridbot.core.view import BagView
-from gridbot.model.pacing import PaceConfig, Pacing, server_hold
+from gridbot.model.pacing import PaceConfig, Pacing, Step, server_hold
+from gridbot.model.pools import PoolMonitor
 from gridbot.model.records import Assignment, HostInfo, InstanceReport, Outcome
 from gridbot.model.spec import BagSpec, Parameter
 from gridbot.model.states import BagState, InstanceState, JobState
 from gridbot.schedulers import registry
 from gridbot.schedulers.overlay import bag_demands, host_slots, pilots_to_cancel, plan, pool_capacity
-from gridbot.sim.metrics import Recorder, Results
+from gridbot.sim.metrics import ClusterResult, Recorder, Results
 from gridbot.sim.scenario import BagModel, PoolModel, Scenario
 from gridbot.store.memory import MemoryStore
 
-# event kinds, in the order they run when due at the same moment
-_ARRIVE, _RESIZE, _REPAIR, _PILOT_UP, _INST_END, _DEATH, _EXCHANGE, _TICK, _OVERLAY, _SAMPLE = range(10)
+# event kinds, in the order they run when due at the same moment (a cluster frees CPUs before pilots queue for
+# them; a monitor reading is taken before the tick whose placements read it)
+(_ARRIVE, _RESIZE, _REPAIR, _EXT_END, _EXT_ARRIVE, _PILOT_UP, _INST_END, _DEATH, _EXCHANGE, _MONITOR, _TICK, _OVERLAY,
+ _SAMPLE) = range(13)
 _WALLTIME_SHARE = 0.9
 """A pilot's worker stops at this share of its walltime (the real pilot's --lifetime)."""
 _COMMUNITY_BACKOFF_CAP = 3600.0
@@ -81,6 +94,75 @@ class _Pilot:
     """When the oldest report of the outbox became ready."""
     held: int = 0
     """The `want` of the request of this idle host that the server holds (0: none held)."""
+    width: dict[int, int] = field(default_factory=dict)
+    """Instance id → slots it holds (its bag's `cpus`, at most the host's slots), running or waiting."""
+    busy: int = 0
+    """Slots the running instances hold."""
+    queued: int = 0
+    """Slots the waiting instances will hold."""
+    taken: int = 0
+    """Instances it was sent (a pool's `jobs_per_pilot` ends it after so many)."""
+
+
+@dataclass(eq=False)
+class _External:
+    """One batch job of another user on a cluster pool."""
+
+    cpus: int
+    runtime: float
+    submitted: float = 0.0
+    started: float | None = None
+
+
+@dataclass(eq=False)
+class _Cluster:
+    """A cluster pool's CPUs and its first-come-first-served queue, with what its `ClusterResult` reports."""
+
+    cpus: int
+    width: int
+    """CPUs of one of gridbot's pilots (the pool's `cpus`)."""
+    fifo: deque[int | _External] = field(default_factory=deque)
+    """Pilot tickets (of the pool's queue) and other users' jobs, in the order they were submitted."""
+    running: dict[_External, None] = field(default_factory=dict)
+    """Other users' jobs running."""
+    used: int = 0
+    ours: int = 0
+    """CPUs held by gridbot's pilots (of `used`)."""
+    last: float = 0.0
+    saturated_at: float | None = None
+    latency: float = 0.0
+    cpu_ours: float = 0.0
+    cpu_external: float = 0.0
+    external_started: int = 0
+    external_wait: float = 0.0
+    queued_max: int = 0
+    pilots: int = 0
+
+    def advance(self, now: float) -> None:
+        """Count the CPU-seconds since the last change (before `used` changes at `now`)."""
+        span = now - self.last
+        if span > 0:
+            self.cpu_ours += span * self.ours
+            self.cpu_external += span * (self.used - self.ours)
+            if self.saturated_at is None:
+                self.latency += span * (self.cpus - self.used)
+            self.last = now
+
+    def take(self, cpus: int, ours: bool, now: float) -> None:
+        """A batch job of `cpus` starts: the first time the cluster has no room for another pilot, it is saturated."""
+        self.advance(now)
+        self.used += cpus
+        if ours:
+            self.ours += cpus
+        if self.saturated_at is None and self.cpus - self.used < self.width:
+            self.saturated_at = now
+
+    def give(self, cpus: int, ours: bool, now: float) -> None:
+        """A batch job of `cpus` ends: its CPUs are free at once."""
+        self.advance(now)
+        self.used -= cpus
+        if ours:
+            self.ours -= cpus
 
 
 @dataclass
@@ -96,6 +178,8 @@ class _PoolRt:
     """Running pilots by a number of their own (insertion order keeps runs reproducible)."""
     free: list[_Machine] = field(default_factory=list)
     """Machines with no pilot on them."""
+    cluster: _Cluster | None = None
+    """Its CPUs and batch queue, when it is a cluster pool (`cluster_cpus`)."""
 
     @property
     def running(self) -> int:
@@ -175,7 +259,8 @@ class Simulation:
             # BOINC client, which never leaves for want of work and backs off on its own
             pace = PaceConfig(p.spec.cpus, p.prefetch, idle_timeout=0.0 if p.volunteer else p.spec.idle_timeout,
                               backoff_cap=_COMMUNITY_BACKOFF_CAP if p.volunteer else 0.0)
-            self.pools[p.name] = _PoolRt(p, machines, pace, free=list(machines))
+            cluster = _Cluster(p.cluster_cpus, p.spec.cpus) if p.cluster_cpus else None
+            self.pools[p.name] = _PoolRt(p, machines, pace, free=list(machines), cluster=cluster)
         self._pilot_ids = 0
         self._tickets = 0
         """Numbers queued pilots, so that a cancellation names the pilots it cancels, as the server does."""
@@ -196,6 +281,8 @@ class Simulation:
         """Idle hosts whose requests the server holds, in the order they came (the server's long poll)."""
         self._work_seen = 0
         """The dispatcher's `work_added` when the held requests were last woken (as the server keeps it)."""
+        self._monitor_rng = random.Random(f"{self.seed}:monitor")
+        """The monitors' lags are drawn apart, so that reading pools changes no other draw of a run."""
 
     # -- the event loop -------------------------------------------------------------------------------
 
@@ -215,13 +302,21 @@ class Simulation:
             else:
                 for step in m.size:
                     self._at(step.at, _RESIZE, pool, step.size)
+            if m.monitor_interval:
+                self._at(0.0, _MONITOR, pool)
+            rng = random.Random(f"{self.seed}:{m.name}:external")
+            for load in m.external:
+                for k in range(load.count):
+                    self._at(load.at + k * load.every, _EXT_ARRIVE, pool,
+                             _External(load.cpus, load.runtime.sample(rng)))
         self._at(sc.tick, _TICK)
         self._at(0.0, _OVERLAY)
         self._at(0.0, _SAMPLE)
         events = self._events
         handlers = {_ARRIVE: self._arrive, _RESIZE: self._resize, _REPAIR: self._repair, _PILOT_UP: self._pilot_up,
                     _INST_END: self._inst_end, _DEATH: self._death,
-                    _EXCHANGE: self._exchange, _TICK: self._tick, _OVERLAY: self._overlay, _SAMPLE: self._sample}
+                    _EXCHANGE: self._exchange, _TICK: self._tick, _OVERLAY: self._overlay, _SAMPLE: self._sample,
+                    _EXT_ARRIVE: self._ext_arrive, _EXT_END: self._ext_end, _MONITOR: self._monitor}
         d = self.dispatcher
         while events and not self._finished:
             t, kind, _, obj, arg = heapq.heappop(events)
@@ -236,6 +331,7 @@ class Simulation:
         self._record()
         results = self.recorder.results(self.now, self.bag_ids)
         results.seed = self.seed
+        results.clusters = [self._cluster_result(p) for p in self.pools.values() if p.cluster is not None]
         view = self.dispatcher.view
         for res in results.bags:
             if (bag_id := self.bag_ids.get(res.name)) is not None:
@@ -293,7 +389,7 @@ class Simulation:
                        parameters=[Parameter("i", start="0", stop=str(model.jobs - 1), step="1")],
                        max_failures=model.max_failures, instance_deadline=model.instance_deadline,
                        policy=model.policy, strategy=model.strategy, bag_deadline=model.bag_deadline,
-                       budget=model.budget)
+                       budget=model.budget, cpus=model.cpus)
         if self.memory is not None:
             row = self.memory.create_bag(spec, None, {}, self.now)
             bag_id, counts = row.bag_id, row.counts
@@ -309,6 +405,7 @@ class Simulation:
             draw = model.runtime.draw
             self.runtimes[bag_id] = array("d", (draw(rng) for _ in range(model.jobs)))
         self.dispatcher.add_bag(BagSnapshot(bag_id, spec, counts, self.now))
+        self._feed()  # as the server's submit reads the new bag's first jobs (a placement places them from there)
         self._views[bag_id] = self.dispatcher.view.bag(bag_id)
         self.recorder.bag_arrived(bag_id, model, self.now)
         self.pending_bags -= 1
@@ -336,10 +433,14 @@ class Simulation:
         if pool.model.volunteer:
             for _ in range(pool.size - pool.running - pool.queued):
                 self._submit(pool)
+        if pool.cluster is not None:
+            self._cluster_start(pool)
 
     def _repair(self, pool_obj: object, machine: object) -> None:
         assert isinstance(pool_obj, _PoolRt) and isinstance(machine, _Machine)
         pool_obj.free.append(machine)
+        if pool_obj.cluster is not None:
+            self._cluster_start(pool_obj)
 
     def _submit(self, pool: _PoolRt) -> None:
         self._enqueue(pool, pool.model.queue_wait.sample(self.rng))
@@ -348,6 +449,8 @@ class Simulation:
         """A pilot joins the pool's queue and tries to start after `wait`."""
         self._tickets += 1
         pool.queue[self._tickets] = self.now
+        if pool.cluster is not None:
+            pool.cluster.queued_max = max(pool.cluster.queued_max, len(pool.queue))
         self._at(self.now + wait, _PILOT_UP, pool, self._tickets)
 
     def _pilot_up(self, pool_obj: object, ticket: object) -> None:
@@ -355,13 +458,21 @@ class Simulation:
         assert isinstance(pool, _PoolRt) and isinstance(ticket, int)
         if ticket not in pool.queue:  # cancelled while it waited
             return
+        if pool.cluster is not None:  # submitted: it joins the cluster's queue
+            pool.cluster.fifo.append(ticket)
+            self._cluster_start(pool)
+            return
         if pool.running >= pool.size:  # no room yet: the pilot stays queued
             self._at(self.now + max(60.0, self.sc.overlay_interval), _PILOT_UP, pool, ticket)
             return
-        free = pool.free
-        if not free:
+        if not pool.free:
             self._at(self.now + max(60.0, self.sc.overlay_interval), _PILOT_UP, pool, ticket)
             return
+        self._launch(pool, ticket)
+
+    def _launch(self, pool: _PoolRt, ticket: int) -> None:
+        """The queued pilot `ticket` lands on a free machine of the pool and its worker starts."""
+        free = pool.free
         del pool.queue[ticket]
         i = int(self.rng.random() * len(free))
         machine = free[i]
@@ -382,6 +493,85 @@ class Simulation:
                 self._at(self.now + m.preemption.sample(self.rng), _DEATH, pilot, "preempted")
         self._exchange_at(pilot, self.now)
 
+    # -- cluster pools and their monitors ------------------------------------------------------------
+
+    def _cluster_start(self, pool: _PoolRt) -> None:
+        """Start the batch jobs at the head of the cluster's queue while its CPUs (and, for a pilot, the pool's
+        size and machines) allow: first come, first served, the head blocking those behind it."""
+        c = pool.cluster
+        assert c is not None
+        now = self.now
+        while c.fifo:
+            head = c.fifo[0]
+            if isinstance(head, int):
+                if head not in pool.queue:  # cancelled by the overlay while it queued
+                    c.fifo.popleft()
+                    continue
+                if c.cpus - c.used < c.width or pool.running >= pool.size or not pool.free:
+                    return
+                c.fifo.popleft()
+                c.take(c.width, True, now)
+                c.pilots += 1
+                self._launch(pool, head)
+                continue
+            if c.cpus - c.used < head.cpus:
+                return
+            c.fifo.popleft()
+            c.take(head.cpus, False, now)
+            head.started = now
+            c.running[head] = None
+            c.external_started += 1
+            c.external_wait += now - head.submitted
+            self._at(now + head.runtime, _EXT_END, pool, head)
+
+    def _ext_arrive(self, pool_obj: object, job: object) -> None:
+        """Another user's job is submitted to a cluster pool."""
+        assert isinstance(pool_obj, _PoolRt) and isinstance(job, _External) and pool_obj.cluster is not None
+        job.submitted = self.now
+        pool_obj.cluster.fifo.append(job)
+        self._cluster_start(pool_obj)
+
+    def _ext_end(self, pool_obj: object, job: object) -> None:
+        """Another user's job ends: its CPUs go to the head of the queue."""
+        assert isinstance(pool_obj, _PoolRt) and isinstance(job, _External) and pool_obj.cluster is not None
+        c = pool_obj.cluster
+        del c.running[job]
+        c.give(job.cpus, False, self.now)
+        self._cluster_start(pool_obj)
+
+    def _monitor(self, pool_obj: object, _: object) -> None:
+        """A reading of the pool's simulated monitor, given to the dispatcher as the server's overlay gives it a
+        real one: free CPUs count as busy only the work that started at least the lag before now."""
+        pool = pool_obj
+        assert isinstance(pool, _PoolRt)
+        m, now = pool.model, self.now
+        lag = max(0.0, m.monitor_lag.sample(self._monitor_rng)) if m.monitor_lag is not None else 0.0
+        seen = now - lag
+        width = m.spec.cpus
+        busy = width * sum(1 for p in pool.pilots.values() if p.started <= seen)
+        c = pool.cluster
+        if c is not None:
+            total = c.cpus
+            busy += sum(j.cpus for j in c.running if j.started is not None and j.started <= seen)
+            waiting = [width if isinstance(x, int) else x.cpus for x in c.fifo
+                       if not isinstance(x, int) or x in pool.queue]
+        else:
+            total = pool.size * width
+            waiting = [width] * len(pool.queue)
+        self.dispatcher.monitor(m.name, PoolMonitor(
+            free_cpus=max(0, total - busy), total_cpus=total, pending_jobs=len(waiting), pending_cpus=sum(waiting),
+            observed_at=now, lag=lag, source=f"simulated monitor, lag {lag:.0f} s"))
+        self._at(now + m.monitor_interval, _MONITOR, pool)
+
+    def _cluster_result(self, pool: _PoolRt) -> ClusterResult:
+        """What a cluster pool's CPUs did, counted up to the end of the run."""
+        c = pool.cluster
+        assert c is not None
+        c.advance(self.now)
+        return ClusterResult(pool.model.name, c.cpus, c.saturated_at, round(c.latency, 3), round(c.cpu_ours, 3),
+                             round(c.cpu_external, 3), c.external_started, round(c.external_wait, 3), c.queued_max,
+                             c.pilots)
+
     def _death(self, pilot_obj: object, why: object) -> None:
         pilot = pilot_obj
         assert isinstance(pilot, _Pilot)
@@ -395,6 +585,8 @@ class Simulation:
             pilot.outbox = []
             pilot.running.clear()
             pilot.waiting.clear()
+            pilot.width.clear()
+            pilot.busy = pilot.queued = 0
             _, changes = self.dispatcher.request_work(pilot.info, 0, [], self.now, reports)
             self._apply(changes)
         self._kill(pilot, repair=why == "failure")
@@ -420,6 +612,9 @@ class Simulation:
         if pool.model.volunteer and pool.running + pool.queued < pool.size:
             # the same kind of host comes back after being away
             self._enqueue(pool, pool.model.unavailability.sample(self.rng))
+        if pool.cluster is not None:  # its batch job ended: the CPUs go to the head of the queue
+            pool.cluster.give(pool.cluster.width, True, self.now)
+            self._cluster_start(pool)
 
     # -- a host's side of the protocol ------------------------------------------------------------------
 
@@ -442,8 +637,11 @@ class Simulation:
             del self._held[pilot]
             pilot.pacing.answered(now, pilot.held, 0, 0.0, self.sc.heartbeat, self.rng.uniform)
             pilot.held = 0
-        step = pilot.pacing.step(now, len(pilot.running), len(pilot.waiting),
-                                 pilot.reports_since if pilot.outbox else None)
+        done = self._done_taking(pilot)
+        if done and not pilot.running and not pilot.waiting and not pilot.outbox:
+            self._kill(pilot)  # its batch job ran its jobs: it exits
+            return
+        step = self._step(pilot, done)
         if step.leave:
             self._kill(pilot)  # the worker exits, as the real pilot does when it gets no work
             return
@@ -475,23 +673,41 @@ class Simulation:
         now = self.now
         for iid in cancel:
             if pilot.running.pop(iid, None) is not None:
+                pilot.busy -= pilot.width.pop(iid, 1)
                 self._stop(pilot, iid)
-            pilot.waiting.pop(iid, None)
+            if pilot.waiting.pop(iid, None) is not None:
+                pilot.queued -= pilot.width.pop(iid, 1)
         start = now + self._latency(pilot)
         slots = pilot.info.slots
+        pilot.taken += len(assignments)
         for a in assignments:
-            if len(pilot.running) < slots:
+            width = pilot.width[a.instance_id] = min(a.cpus, slots)
+            if pilot.busy + width <= slots:
                 self._start(pilot, a.instance_id, a.bag_id, a.index, start)
             else:
                 pilot.waiting[a.instance_id] = (a.bag_id, a.index)
+                pilot.queued += width
         self._fill(pilot, start)
         pilot.pacing.answered(now, want, len(assignments), backoff, self.sc.heartbeat, self.rng.uniform)
         self._pace(pilot, now + _AGAIN)
 
+    def _done_taking(self, pilot: _Pilot) -> bool:
+        """The pilot was sent its pool's `jobs_per_pilot` instances: it takes no more, and exits once they ended."""
+        limit = pilot.pool.model.jobs_per_pilot
+        return bool(limit) and pilot.taken >= limit
+
+    def _step(self, pilot: _Pilot, done: bool) -> Step:
+        """The host's pacing now; a pilot done taking work paces as a full one (it asks for none)."""
+        busy = pilot.info.slots if done else pilot.busy
+        return pilot.pacing.step(self.now, busy, pilot.queued, pilot.reports_since if pilot.outbox else None)
+
     def _pace(self, pilot: _Pilot, earliest: float) -> None:
         """Set the host's next exchange when its pacing says, not before `earliest`."""
-        step = pilot.pacing.step(self.now, len(pilot.running), len(pilot.waiting),
-                                 pilot.reports_since if pilot.outbox else None)
+        done = self._done_taking(pilot)
+        if done and not pilot.running and not pilot.waiting and not pilot.outbox:
+            self._exchange_at(pilot, earliest)  # (where it exits)
+            return
+        step = self._step(pilot, done)
         self._exchange_at(pilot, max(self.now if step.leave else step.at, earliest))
 
     def _wake_held(self) -> None:
@@ -510,6 +726,7 @@ class Simulation:
         assert isinstance(pilot, _Pilot) and isinstance(iid, int)
         if not pilot.alive or pilot.running.pop(iid, None) is None:
             return
+        pilot.busy -= pilot.width.pop(iid, 1)
         outcome, wall, bag_id, _ = pilot.outcome.pop(iid)
         self.recorder.cpu(bag_id, wall)
         pilot.pacing.ran(wall)
@@ -522,10 +739,14 @@ class Simulation:
         self._pace(pilot, self.now + self._latency(pilot))
 
     def _fill(self, pilot: _Pilot, at: float) -> None:
-        """Start prefetched instances on free slots, oldest first."""
-        while pilot.waiting and len(pilot.running) < pilot.info.slots:
+        """Start prefetched instances on free slots, oldest first (the oldest waits for room, as the worker's)."""
+        while pilot.waiting:
             iid = next(iter(pilot.waiting))
+            width = pilot.width.get(iid, 1)
+            if pilot.busy + width > pilot.info.slots:
+                return
             bag_id, index = pilot.waiting.pop(iid)
+            pilot.queued -= width
             self._start(pilot, iid, bag_id, index, at)
 
     def _start(self, pilot: _Pilot, iid: int, bag_id: int, index: int, at: float) -> None:
@@ -544,7 +765,9 @@ class Simulation:
             # back after execution time / ratio (GridBot section 7: the ratio varies from 0.01 to 1)
             turnaround = wall / min(1.0, max(1e-3, model.turnaround_ratio.sample(self.rng)))
         pilot.running[iid] = at + turnaround
+        pilot.busy += pilot.width.get(iid, 1)
         pilot.outcome[iid] = (outcome, wall, bag_id, at)
+        self.recorder.started(bag_id, at)
         self._at(at + turnaround, _INST_END, pilot, iid)
 
     # -- the server's periodic work ---------------------------------------------------------------------

@@ -62,6 +62,10 @@ class BagResult:
     """Its placement's last plan of deadline and budget (`QosReport`), when it plans one."""
     level: dict[str, Any] | None = None
     """Where the execution hierarchy last held it (`LevelReport`: queue, level, migrations), when it has levels."""
+    first_start: float | None = None
+    """When its first instance started on a host (None: none did)."""
+    queue_time: float | None = None
+    """From its arrival to its first instance's start (the RENCI report's time queued, for a one-job bag)."""
 
 
 @dataclass
@@ -75,6 +79,30 @@ class PoolResult:
     lost: int
     """Instances that went silent (host timeout or instance deadline)."""
     throughput_share_pct: float
+
+
+@dataclass
+class ClusterResult:
+    """A cluster pool (`cluster_cpus`): how its CPUs were used, by gridbot's pilots and by others' jobs."""
+
+    name: str
+    cpus: int
+    saturated_at: float | None
+    """When it first ran at full capacity: fewer free CPUs than one pilot needs (None: never)."""
+    initial_latency: float
+    """CPU-seconds unused from the start of the run until `saturated_at` (or the end): the RENCI report's
+    initial latency until saturation (Figure 3), capacity lost before the cluster was found and filled."""
+    cpu_seconds_ours: float
+    """CPU-seconds held by gridbot's pilots (busy or idle)."""
+    cpu_seconds_external: float
+    external_jobs: int
+    """Other users' jobs that started."""
+    external_wait: float
+    """Their total time in the cluster's queue."""
+    pilots_queued_max: int
+    """Most pilots waiting in its queue at once."""
+    pilots: int = 0
+    """gridbot's pilots (batch jobs) that started on it."""
 
 
 @dataclass
@@ -94,6 +122,8 @@ class Results:
     busy: dict[str, list[int]] = field(default_factory=dict)
     throughput: dict[str, list[float]] = field(default_factory=dict)
     """Per pool, results accepted per hour over each sample interval."""
+    clusters: list[ClusterResult] = field(default_factory=list)
+    """The cluster pools (`cluster_cpus`), in scenario order."""
 
     def bag(self, name: str) -> BagResult:
         return next(b for b in self.bags if b.name == name)
@@ -142,6 +172,7 @@ class Recorder:
         self.busy: dict[str, list[int]] = {p: [] for p in pools}
         self.throughput: dict[str, list[float]] = {p: [] for p in pools}
         self.done_by_deadline: dict[int, int] = {}
+        self.first_start: dict[int, float] = {}
 
     def bag_arrived(self, bag_id: int, model: BagModel, now: float) -> None:
         self.models[bag_id] = model
@@ -152,6 +183,11 @@ class Recorder:
 
     def sent(self, pool: str) -> None:
         self.pool[pool]["instances"] += 1
+
+    def started(self, bag_id: int, at: float) -> None:
+        """An instance of the bag starts on its host at `at` (its first one sets the bag's queue time)."""
+        if bag_id not in self.first_start:
+            self.first_start[bag_id] = at
 
     def cpu(self, bag_id: int, seconds: float) -> None:
         """A host spent `seconds` on an instance of the bag (whatever became of it)."""
@@ -222,7 +258,9 @@ class Recorder:
                 if self.useful[bag_id] else 0.0, round(self.used[bag_id] / 3600.0, 2),
                 dict(sorted(self.per_pool_jobs[bag_id].items())), dict(self.milestones[bag_id]),
                 self.tail_plans.get(bag_id), model.budget, model.bag_deadline,
-                done_by_deadline=self.done_by_deadline.get(bag_id, 0) if model.bag_deadline is not None else None))
+                done_by_deadline=self.done_by_deadline.get(bag_id, 0) if model.bag_deadline is not None else None,
+                first_start=(start := self.first_start.get(bag_id)),
+                queue_time=start - self.arrival[bag_id] if start is not None else None))
         for model in self.scenario.bags:  # bags that never arrived before the horizon
             if model.name not in bag_ids:
                 bags.append(BagResult(model.name, model.jobs, model.arrival, "not arrived", None, None, None, None,

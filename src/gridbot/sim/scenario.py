@@ -21,6 +21,7 @@ from gridbot.core.config import DispatchConfig, Knob, knobs
 from gridbot.model.hierarchy import QueueSpec, parse_queues
 from gridbot.model.pools import RELIABILITY, PoolSpec
 from gridbot.model.spec import (
+    MAX_CPUS,
     NAME_RE,
     BagSpec,
     Problem,
@@ -49,9 +50,10 @@ DEFAULT_RELIABILITY = {"grid": "unreliable", "cluster": "reliable", "cloud": "re
 POOL_KEYS = ("kind", "size", "hosts", "max_queued", "cpus", "prefetch", "queue_wait", "walltime", "idle_timeout",
              "speed", "preemption", "failure_rate", "black_holes", "turnaround_ratio", "availability", "unavailability",
              "price_per_cpu_hour", "price_per_pilot_hour", "charging_period", "reliability", "level", "attributes",
-             "latency")
+             "latency", "cluster_cpus", "external", "monitor_interval", "monitor_lag", "jobs_per_pilot")
+EXTERNAL_KEYS = ("at", "cpus", "runtime", "count", "every")
 BAG_KEYS = ("jobs", "runtime", "arrival", "instance_deadline", "max_failures", "copies", "policy", "strategy",
-            "bag_deadline", "budget")
+            "bag_deadline", "budget", "cpus")
 STORES = ("compact", "memory")
 
 
@@ -61,6 +63,20 @@ class SizeStep:
 
     at: float
     size: int
+
+
+@dataclass(frozen=True)
+class ExternalLoad:
+    """Batch jobs of other users on a cluster pool (`[[pools.NAME.external]]`): `count` jobs of `cpus` CPUs,
+    the first submitted at `at`, the next `every` seconds later, each running a draw of `runtime` seconds
+    once it starts. They queue first come, first served with gridbot's pilots (the RENCI report's external
+    load, "assigned statically to the cluster resources")."""
+
+    at: float
+    cpus: int
+    runtime: Dist
+    count: int = 1
+    every: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -91,6 +107,19 @@ class PoolModel:
     latency: float | None
     prefetch: int = 0
     """Instances a host asks for beyond its slots, run one after another (the worker's --prefetch)."""
+    cluster_cpus: int = 0
+    """A batch cluster of this many CPUs (0: not one): each pilot is a batch job of the pool's `cpus` that starts
+    once it is at the head of the cluster's first-come-first-served queue and the CPUs are free."""
+    external: tuple[ExternalLoad, ...] = ()
+    """Other users' batch jobs on the cluster."""
+    monitor_interval: float = 0.0
+    """Seconds between two readings of the pool's simulated monitor, given to the dispatcher (0: none)."""
+    monitor_lag: Dist | None = None
+    """The monitor's hysteresis, drawn at each reading: work that started less than this long before the
+    reading is not in it (the report's MDS, two to three minutes behind); ended work leaves it at once."""
+    jobs_per_pilot: int = 0
+    """A pilot takes this many instances and exits once they ended (0: as many as come): 1 makes each pilot one
+    job's own batch job. The real worker has no such limit (its pilots leave only after `idle_timeout`)."""
 
     @property
     def volunteer(self) -> bool:
@@ -121,6 +150,8 @@ class BagModel:
     bag_deadline: float | None = None
     """Its QoS deadline, seconds after it arrives (None: none)."""
     budget: float | None = None
+    cpus: int = 1
+    """CPUs (slots) one job needs (the spec's `cpus`): it runs on a pilot with that many free slots."""
 
 
 @dataclass(frozen=True)
@@ -230,6 +261,12 @@ class _Reader:
         bags.sort(key=lambda b: b.arrival)
         if not bags and "bags" not in data and "swf_bags" not in data:
             self.fail((), "the scenario defines no bag", '[bags.sweep]\njobs = 1000\nruntime = "10m"')
+        widest = max((m.spec.cpus for m in pools), default=0)
+        for b in bags:
+            if pools and b.cpus > widest:
+                self.fail(("bags", b.name, "cpus"),
+                          f"bag '{b.name}' needs {b.cpus} CPUs a job, but no pool's pilots have more than {widest}, "
+                          "so its jobs would never run", f"raise a pool's cpus to {b.cpus}, or lower the bag's")
         seen: set[str] = set()
         for b in bags:
             if b.name in seen:
@@ -266,8 +303,11 @@ class _Reader:
         before = len(self.problems)
         self.keys(t, POOL_KEYS, path, f"pool '{name}'")
         kind = self.get(t, "kind", path, "grid", _choice(POOL_KINDS))
-        size, fluctuate = self.get(t, "size", path, ([SizeStep(0.0, 0)], None), lambda v: _size(v, self.base))
-        if "size" not in t:
+        cpus = self.get(t, "cpus", path, 1, _int(1))
+        cluster_cpus = self.get(t, "cluster_cpus", path, 0, _int(1))
+        size, fluctuate = self.get(t, "size", path, ([SizeStep(0.0, cluster_cpus // cpus)], None),
+                                   lambda v: _size(v, self.base))
+        if "size" not in t and not cluster_cpus:
             self.fail(path, f"pool '{name}' has no size", "size = 100 (pilots at once), a list of [time, size] "
                       "steps, or { min = 10, max = 100, every = \"1h\" }")
         top = max([s.size for s in size] + ([fluctuate[1]] if fluctuate else []))
@@ -275,7 +315,7 @@ class _Reader:
         if hosts < top:
             self.fail((*path, "hosts"), f"pool '{name}' has {hosts} hosts but a size of up to {top}",
                       "a pilot needs a host of its own: raise hosts, or leave it out (it defaults to the size)")
-        cpus = self.get(t, "cpus", path, 1, _int(1))
+        self.cluster(name, t, path, kind, cpus, cluster_cpus)
         spec_values = {
             "max_running": top,
             "max_queued": self.get(t, "max_queued", path, max(1, top), _int(0)),
@@ -304,7 +344,15 @@ class _Reader:
             unavailability=self.get(t, "unavailability", path, constant(0.0), _dist(f"unavailability of {what}")),
             latency=self.get(t, "latency", path, None, _dur(True)),
             prefetch=self.get(t, "prefetch", path, 0, _int(0)),
+            cluster_cpus=cluster_cpus,
+            external=self.external(t, path, name, cluster_cpus),
+            monitor_interval=self.get(t, "monitor_interval", path, 0.0, _dur(True)),
+            monitor_lag=self.get(t, "monitor_lag", path, None, _dist(f"monitor_lag of {what}")),
+            jobs_per_pilot=self.get(t, "jobs_per_pilot", path, 0, _int(0)),
         )
+        if model.monitor_lag is not None and not model.monitor_interval:
+            self.fail((*path, "monitor_lag"), f"pool '{name}' has a monitor_lag but no monitor_interval, so it is "
+                      "never read", 'add monitor_interval = "60s" (how often the monitor is read)')
         ratio = model.turnaround_ratio
         if ratio.mean <= 0 or ratio.mean > 1:
             self.fail((*path, "turnaround_ratio"), f"turnaround_ratio of {what} must lie in (0, 1] "
@@ -313,6 +361,48 @@ class _Reader:
         if model.speed.mean <= 0:
             self.fail((*path, "speed"), f"speed of {what} must be positive (1 = the runtimes as written)")
         return model if len(self.problems) == before else None
+
+    def cluster(self, name: str, t: dict[str, Any], path: tuple[str, ...], kind: str, cpus: int,
+                cluster_cpus: int) -> None:
+        """A cluster pool's own rules: its pilots fit in it, and volunteers have no batch queue."""
+        if not cluster_cpus:
+            return
+        if kind == "community":
+            self.fail((*path, "cluster_cpus"), f"pool '{name}' is a community pool, whose hosts come by themselves: "
+                      "it has no batch queue for cluster_cpus", 'use kind = "cluster"')
+        if cpus > cluster_cpus:
+            self.fail((*path, "cpus"), f"pool '{name}': a pilot of {cpus} CPUs never fits in a cluster of "
+                      f"{cluster_cpus}", f"cpus = {cluster_cpus} at most")
+
+    def external(self, t: dict[str, Any], path: tuple[str, ...], name: str,
+                 cluster_cpus: int) -> tuple[ExternalLoad, ...]:
+        """`[[pools.NAME.external]]`: other users' batch jobs on a cluster pool."""
+        if "external" not in t:
+            return ()
+        entries = t["external"]
+        p = (*path, "external")
+        if not cluster_cpus:
+            self.fail(p, f"pool '{name}' has external load but no cluster_cpus: other users' jobs need a cluster "
+                      "to queue on", "add cluster_cpus = 16 (the cluster's CPUs)")
+            return ()
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            self.fail(p, f"the external load of pool '{name}' must be a list of tables",
+                      f'[[pools.{name}.external]]\nat = "0s"\ncpus = 2\nruntime = "200s"')
+            return ()
+        out = []
+        for e in entries:
+            self.keys(e, EXTERNAL_KEYS, p, f"the external load of pool '{name}'")
+            if "runtime" not in e:
+                self.fail(p, f"an external job of pool '{name}' has no runtime", 'runtime = "200s"')
+                continue
+            cpus = self.get(e, "cpus", p, 1, _int(1))
+            if cpus > cluster_cpus:
+                self.fail((*p, "cpus"), f"an external job of {cpus} CPUs never fits in pool '{name}' of "
+                          f"{cluster_cpus}", f"cpus = {cluster_cpus} at most")
+            out.append(ExternalLoad(self.get(e, "at", p, 0.0, _dur(True)), cpus,
+                                    self.get(e, "runtime", p, constant(0.0), _dist(f"external runtime of '{name}'")),
+                                    self.get(e, "count", p, 1, _int(1)), self.get(e, "every", p, 0.0, _dur(True))))
+        return tuple(out)
 
     def policies(self, written: dict[str, str], deadline: float, path: tuple[str, ...], what: str) -> bool:
         """Validate a bag's policies as a submitted spec's are, and refuse a constant Deadline that is not a
@@ -348,6 +438,7 @@ class _Reader:
         deadline = self.get(t, "instance_deadline", path, 24 * 3600.0, _dur(False))
         max_failures = self.get(t, "max_failures", path, 3, _int(1))
         copies = self.get(t, "copies", path, 1, _int(1))
+        cpus = self.get(t, "cpus", path, 1, _int(1, MAX_CPUS))
         policy = t.get("policy", {})
         if not isinstance(policy, dict) or not all(isinstance(v, str) for v in policy.values()):
             self.fail((*path, "policy"), f"the policy of bag '{name}' must be a table of ClassAd expressions in "
@@ -362,7 +453,7 @@ class _Reader:
             if not self.policies(written, deadline, path, f"bag '{bag_name}'"):
                 break
             out.append(BagModel(bag_name, jobs, runtime, arrival, deadline, max_failures, written, strategy=strategy,
-                                bag_deadline=qos.bag_deadline, budget=qos.budget))
+                                bag_deadline=qos.bag_deadline, budget=qos.budget, cpus=cpus))
         return out if len(self.problems) == before else []
 
     def qos(self, t: dict[str, Any], path: tuple[str, ...], name: str) -> BagSpec:
@@ -520,10 +611,12 @@ def _seconds(low: float) -> Callable[[Any], float]:
     return convert
 
 
-def _int(low: int) -> Callable[[Any], int]:
+def _int(low: int, high: int | None = None) -> Callable[[Any], int]:
     def convert(v: Any) -> int:
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
             raise ValueError(f"must be a whole number of at least {low}, not {v!r}")
+        if high is not None and v > high:
+            raise ValueError(f"must be a whole number of at most {high:,}, not {v!r}")
         return v
     return convert
 
