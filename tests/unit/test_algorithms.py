@@ -246,7 +246,7 @@ def test_a_bag_that_no_host_matches_says_why_with_the_closest_host_and_the_claus
     starve = {"Concurrency": "Host.Slots - Host.Slots"}
     sim.d.set_policy(b, msgspec.structs.replace(sim.store.bag(b).spec, policy=starve), 0.0)
     assert sim.ask(host("a"), 1, 22) == []
-    assert any("Concurrency evaluates to 0 or less" in m for m in sim.d.diagnostics(b, 23.0))
+    assert any("Concurrency evaluates to less than the 1 slot(s)" in m for m in sim.d.diagnostics(b, 23.0))
     sim.d.set_policy(b, msgspec.structs.replace(sim.store.bag(b).spec, policy={}), 0.0)
     assert len(sim.ask(host("a"), 1, 24)) == 1
     assert not [m for m in sim.d.diagnostics(b, 25.0) if "connected" in m or "Concurrency" in m]

@@ -28,14 +28,15 @@ from gridbot.policy.evaluator import HostAd
 class Room:
     """The slots of one request: asked for, taken by what was sent so far, and busy on the host."""
 
-    __slots__ = ("busy", "taken", "want")
+    __slots__ = ("busy", "size", "taken", "want")
 
-    def __init__(self, want: int, busy: int) -> None:
-        self.want, self.taken, self.busy = want, 0, busy
+    def __init__(self, want: int, busy: int, size: int) -> None:
+        self.want, self.taken, self.busy, self.size = want, 0, busy, size
 
     def fits(self, need: int, bound: int) -> bool:
-        """A job of `need` slots fits in what the host asked for and under `bound` busy slots."""
-        return self.taken + need <= self.want and self.busy + need <= bound
+        """A job of `need` slots fits in what the host asked for, under `bound` busy slots, and on the host at all
+        (it may ask for more than its slots, to prefetch: a job wider than the host never fits)."""
+        return need <= self.size and self.taken + need <= self.want and self.busy + need <= bound
 
     def take(self, need: int) -> None:
         self.taken += need
@@ -53,7 +54,7 @@ def assign(k: Kernel, host: HostRecord, want: int, now: float, changes: Changes)
         return out
     ad = host_ad_of(s, host, now)
     ranked = _ranked(k, ready, host, ad, now)
-    slots = Room(want, busy_slots(s, host))
+    slots = Room(want, busy_slots(s, host), host.info.slots)
     concurrency: int | None = None
     pool_ad = s.pool_ads.get(host.info.pool)
     for _, _, bag in ranked:

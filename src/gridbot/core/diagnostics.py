@@ -44,13 +44,20 @@ def stuck(s: State, bag: BagRecord, now: float) -> list[str]:
         elif not bag.policies.matches(ad):
             clause = bag.policies.failing_clause("JobRequirements", ad)
             refused.append((1, host.info.name, f"JobRequirements fails on `{clause}`"))
-        elif bag.policies.bundle(ad)[0] <= 0:
+        elif bag.policies.bundle(ad)[0] < cpus:  # Concurrency counts slots: below `cpus`, not one job fits
             starved += 1
     if len(refused) == len(hosts):
         _, name, why = max(refused)
         return [f"none of the {len(hosts)} connected hosts matches the bag's policies; the closest, {name}: "
                 f"{why}", *failing]
     if starved and starved + len(refused) == len(hosts):
-        return [f"Concurrency evaluates to 0 or less on every host the bag matches (policy Concurrency = "
-                f"{texts['Concurrency']!r}): no host may hold one of its jobs", *failing]
+        return [f"Concurrency evaluates to less than the {cpus} slot(s) one job holds on every host the bag matches "
+                f"(policy Concurrency = {texts['Concurrency']!r}; it counts slots): no host may hold one of its jobs",
+                *failing]
+    q = bag.spec.quorum
+    if q > 1:
+        accounts = {h.info.account or h.info.host_id for h in hosts}
+        if len(accounts) < q:
+            return [f"its quorum of {q} needs hosts of {q} distinct accounts and {len(accounts)} is connected: a job "
+                    "waits for results from other accounts", *failing]
     return failing

@@ -29,7 +29,7 @@ from gridbot.core.diagnostics import stuck
 from gridbot.core.feeder import FeedRequest
 from gridbot.core.hosts import QUICK_FAILURE_S
 from gridbot.core.kernel import Kernel
-from gridbot.core.records import BagRecord, Ended, HostRecord, Instance, Job, PoolRecord, State, guarded
+from gridbot.core.records import BagRecord, Ended, HostRecord, Instance, Job, PoolRecord, SplitMix, State, guarded
 from gridbot.core.strategy import Choice, LevelReport, Migration, QosReport, StrategyFactory
 from gridbot.core.view import BagView, DispatchView
 from gridbot.model.pools import PoolMonitor
@@ -100,6 +100,10 @@ class Dispatcher:
     @pool_errors.setter
     def pool_errors(self, errors: dict[str, str]) -> None:
         self._s.pool_errors = errors
+
+    def reseed(self, seed: int) -> None:
+        """Seed the draws hosts must not predict (the quorum's spot checks); the server gives a secret one."""
+        self._k.rng = SplitMix(seed)
 
     def monitor(self, pool: str, reading: PoolMonitor | None) -> None:
         """A new reading of a pool's own monitoring (None: it has none, or it failed): what the placements read
@@ -520,7 +524,10 @@ class Dispatcher:
             del self._s.instances[iid]  # overdue instances of the failed run: a late report of one is ignored
         changes.retired_jobs.extend(sorted(ids))  # and in the store, where a restart would find them
         for q in failed:
-            job = Job(q.job_id, bag.bag_id, q.index, q.line, JobState.FAILED, 0, q.attempts)
+            # a quorum's max_instances counts the instances of this try (a job that failed for want of a quorum
+            # would otherwise fail again at its first result)
+            attempts = 0 if held.spec.quorum > 1 else q.attempts
+            job = Job(q.job_id, bag.bag_id, q.index, q.line, JobState.FAILED, 0, attempts)
             check_transition(JOB_RETRY, job.state, JobState.QUEUED)
             held.counts.failed -= 1
             held.counts.queued += 1
@@ -549,6 +556,8 @@ class Dispatcher:
             k.detach(inst)
             changes.retired_jobs.append(inst.job.job_id)
         held = [j for j in self._s.jobs.values() if j.bag_id == bag_id]
+        for job in [*held, *bag.retry, *bag.failover]:
+            job.candidates, job.single = None, ""  # a quorum's votes were for the old command
         for job in held:
             k.withdraw(job, now, f"the bag was revised (revision {revision})", changes)
         if lines is not None:

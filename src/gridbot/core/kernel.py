@@ -36,6 +36,7 @@ from gridbot.core.records import (
     Instance,
     Job,
     PoolRecord,
+    SplitMix,
     State,
     guarded,
 )
@@ -59,6 +60,8 @@ class Kernel:
     def __init__(self, state: State) -> None:
         self.s = state
         self.view = DispatchView(state)
+        self.rng = SplitMix(state.config.seed * 7919 + 17)
+        """Draws the quorum's spot checks (the server reseeds it with a secret: a host must not predict them)."""
         self.next_instance_id = 1
         self.next_event_id = 1
         self.event_id = 0
@@ -198,12 +201,13 @@ class Kernel:
                 self.move(inst, InstanceState.WASTED, now, "a result already existed", r, changes)
                 bag.counts.wasted += 1
                 self.emit_bag(bag)
-            elif bag.spec.quorum > 1 and job.single != inst.host_id:
+            elif bag.spec.quorum > 1 and job.single != inst.host_id and not (host is not None and self._trusted(host)):
                 self._candidate(bag, job, inst, host, r, now, changes)
+                return
             else:
                 self.move(inst, InstanceState.DONE, now, "", r, changes)
                 self.finish_job(job, JobState.DONE, "", now, changes, result=inst.instance_id, winner=inst.host_id)
-            self._good_result(bag, inst, host, r, now)
+            self._good_result(bag, inst.host_id, host, inst.sent_at, r.cpu_s, now)
         elif r.outcome is Outcome.INTERRUPTED and was_running:
             self.move(inst, InstanceState.INTERRUPTED, now, r.reason or "interrupted by the worker", r, changes)
             self.requeue_if_idle(job, changes)
@@ -233,15 +237,12 @@ class Kernel:
 
     def _quorum_copies(self, bag: BagRecord, job: Job, host: HostRecord) -> None:
         """After an instance of a quorum job was sent: the first one to a trusted pool, or to a host with a long
-        streak of valid results (but for a `spot_check` share, drawn from the job id), goes alone; else the job
-        gets another copy queued until enough are out for a quorum."""
-        spec = bag.spec
-        if job.attempts == 1 and not job.candidates:
-            streak = host.stats.valid_streak
-            spot = (job.job_id * 2654435761 % 4294967296) / 4294967296 < spec.spot_check
-            if self._trusted(host) or (streak >= ADAPTIVE_STREAK and not spot):
-                job.single = host.info.host_id
-                return
+        streak of valid results (but for a `spot_check` share, drawn from a seed the server keeps secret), goes
+        alone; else the job gets another copy queued until enough are out for a quorum."""
+        if job.attempts == 1 and not job.candidates and (self._trusted(host) or (
+                host.stats.valid_streak >= ADAPTIVE_STREAK and self.rng.random() >= bag.spec.spot_check)):
+            job.single = host.info.host_id
+            return
         self.want_copies(bag, job)
 
     def want_copies(self, bag: BagRecord, job: Job) -> None:
@@ -262,8 +263,9 @@ class Kernel:
         q = bag.spec.quorum
         digest = _digest(r)
         account = self.account(inst.host_id)
-        cands = [c for c in job.candidates or () if c.account != account]  # one vote an account: its newest
-        cands.append(Candidate(inst.instance_id, inst.host_id, account, digest))
+        # one vote an account, and a host: its newest (a host may not vote again under another account)
+        cands = [c for c in job.candidates or () if c.account != account and c.host_id != inst.host_id]
+        cands.append(Candidate(inst.instance_id, inst.host_id, account, digest, inst.sent_at, r.cpu_s, now))
         job.candidates = cands
         agree = [c for c in cands if c.digest == digest]
         self.move(inst, InstanceState.DONE, now, f"a result for the quorum: {len(agree)} of {q} agree", r, changes)
@@ -272,8 +274,12 @@ class Kernel:
             for c in cands:
                 ok = c.digest == digest
                 judged = self.s.hosts.get(c.host_id)
+                if ok:  # a good result once the quorum says so (an invalid one never counts as done)
+                    self._good_result(bag, c.host_id, judged, c.sent_at, c.cpu_s, c.reported_at)
                 if judged is not None:
                     judged.stats.validated(ok)
+                    if not ok:  # an invalid result is a failed job to its host's record (Host.ErrorRate)
+                        judged.stats.bad(now, False)
                     self.emit_host(judged, changes)
                 self.decide(changes, job, "quorum", "valid" if ok else "invalid",
                             f"instance {c.instance_id} on {judged.info.name if judged else c.host_id}: "
@@ -290,18 +296,18 @@ class Kernel:
         self.requeue_if_idle(job, changes)
         self.want_copies(bag, job)
 
-    def _good_result(self, bag: BagRecord, inst: Instance, host: HostRecord | None, r: InstanceReport,
+    def _good_result(self, bag: BagRecord, host_id: str, host: HostRecord | None, sent_at: float, cpu_s: float,
                      now: float) -> None:
-        turnaround = now - inst.sent_at
+        turnaround = now - sent_at
         bag.run_time_sum += turnaround
         bag.good_results += 1
         good = self.s.good
-        if good and good[0][1] == inst.host_id:
-            good[0] = (now, inst.host_id)
+        if good and good[0][1] == host_id:
+            good[0] = (now, host_id)
         else:
-            self.s.good = [(now, inst.host_id), *[g for g in good if g[1] != inst.host_id][:1]]
+            self.s.good = [(now, host_id), *[g for g in good if g[1] != host_id][:1]]
         if host is not None:
-            host.stats.good(now, r.cpu_s, turnaround)
+            host.stats.good(now, cpu_s, turnaround)
             pool = self._pool(host)
             pool.done += 1
             pool.turnaround_sum += turnaround
@@ -523,7 +529,9 @@ ADAPTIVE_STREAK = 10
 
 def _digest(r: InstanceReport) -> bytes:
     """What a quorum compares of a result: its stdout and its declared outputs, by name, byte for byte."""
-    h = hashlib.sha256(r.stdout_tail.encode("utf-8", "surrogatepass"))
+    stdout = r.stdout_tail.encode("utf-8", "surrogatepass")
+    h = hashlib.sha256(f"{len(stdout)}\0".encode())
+    h.update(stdout)
     for name in sorted(r.outputs):
         data = r.outputs[name]
         h.update(f"\0{name}\0{len(data)}\0".encode("utf-8", "surrogatepass"))

@@ -66,6 +66,9 @@ class Candidate(NamedTuple):
     host_id: str
     account: str
     digest: bytes
+    sent_at: float
+    cpu_s: float
+    reported_at: float
 
 
 @dataclass(slots=True)

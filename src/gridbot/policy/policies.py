@@ -40,7 +40,8 @@ POLICIES: dict[str, PolicyDef] = {p.name: p for p in (
               "Priority of the bag on this host; the highest-ranked matching bag is served first. Default 0 "
               "(equal ranks: oldest bag first)."),
     PolicyDef("Concurrency", "Host.Slots + (Host.Prefetch > Host.Slots ? Host.Prefetch : Host.Slots)", int,
-              "Most instances a host may hold at once (running and prefetched); the value of the "
+              "Most slots a host's instances may hold at once (running and prefetched; a job of a bag with "
+              "`cpus = 4` holds four, any other one); the value of the "
               "highest-ranked matching bag bounds every bag served in that request. Default: two per slot, or "
               "the slots and the worker's prefetch when it asks for more (it does for short jobs, from their "
               "run time: a bundle of many per round trip). Below 1 on a host, the bag is no match there (its "

@@ -323,6 +323,8 @@ class Server:
                               f"{req.host.host_id[:100]!r}", "forbidden")
             if req.host.pool != principal.name:  # the pool is the key's, whatever the worker says
                 req = msgspec.structs.replace(req, host=msgspec.structs.replace(req.host, pool=principal.name))
+        if req.host.account:  # a worker is its own account: only a door that knows whose host it is sets one
+            req = msgspec.structs.replace(req, host=msgspec.structs.replace(req.host, account=""))
         started = time.perf_counter()
         resp = await self._answer(req)
         self.metrics.counters.exchanged(time.perf_counter() - started)

@@ -11,6 +11,7 @@ import concurrent.futures
 import contextlib
 import logging
 import re
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -152,6 +153,7 @@ class Service:
         exchange whose changes the store refuses fails alone instead of taking its batch with it)."""
         self.factory = registry.factory(self.config.dispatch.seed, self.config.queues)
         self.dispatcher = Dispatcher(self.config.dispatch, self.factory)
+        self.dispatcher.reseed(secrets.randbits(62))
         self._bag_views: dict[int, BagView] = {}
         self._estimators: dict[int, int] = {}
         """A hierarchy bag's estimator (a companion bag) -> the bag it estimates (`_estimate`)."""
@@ -170,6 +172,7 @@ class Service:
         Hosts could not be heard while the server was away or its store down: they get a grace period."""
         factory = registry.factory(self.config.dispatch.seed, self.config.queues)
         fresh = Dispatcher(self.config.dispatch, factory)
+        fresh.reseed(secrets.randbits(62))
         fresh.pool_ads = self.dispatcher.pool_ads  # the pools file survives a reload from the store
         snapshot = self.store.snapshot()
         if self.only is not None:

@@ -308,7 +308,9 @@ class MemoryStore(Store):
                 continue
             iid = job.result_instance
             if iid is None and (mine := self.d.by_job.get(job.job_id)):
-                iid = mine[-1]
+                # a failed job shows its last failure: never a result no quorum accepted (a bag with `quorum`)
+                iid = next((i for i in reversed(mine) if self.d.instances[i].row.state is not InstanceState.DONE),
+                           None)
             inst = self.d.instances[iid].row if iid is not None else None
             out.append(ResultRow(job, inst, dict(self.d.outputs.get(iid, {})) if iid is not None else {}))
             if len(out) >= limit:
