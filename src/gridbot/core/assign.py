@@ -88,6 +88,10 @@ def assign(k: Kernel, host: HostRecord, want: int, now: float, changes: Changes)
             job.in_buffer = False
             if job.state is not JobState.QUEUED:
                 continue
+            if bag.places_jobs and job.pools is None and s.pool_ads:  # not routed yet: it waits for its placement
+                job.in_buffer = True
+                buffer.appendleft(job)
+                break
             if job.pools is not None and host.info.pool not in job.pools:
                 job.in_buffer = True  # moved elsewhere by its placement: it waits for a host of its pools
                 bag.retry.append(job)
@@ -145,7 +149,8 @@ def _queue(k: Kernel, queue: deque[Job], bag: BagRecord, host: HostRecord, slots
         avoid = failed_on.get(host.info.host_id, -math.inf) > horizon and len(failed_on) < live
         elsewhere = job.pools is not None and host.info.pool not in job.pools
         voted = bag.spec.quorum > 1 and job.candidates is not None and _same_account(k, job, host)
-        if not slots.fits(bag.spec.cpus, concurrency) or avoid or elsewhere or voted:
+        unrouted = bag.places_jobs and job.pools is None and bool(k.s.pool_ads)
+        if not slots.fits(bag.spec.cpus, concurrency) or avoid or elsewhere or voted or unrouted:
             keep.append(job)
             continue
         job.in_buffer = False

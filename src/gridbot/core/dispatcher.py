@@ -228,6 +228,7 @@ class Dispatcher:
         bag = self._s.bags[bag_id]
         bag.tail_strategy, bag.placement = self._strategies(bag_id, spec)
         bag.ranks_hosts = bag.placement.host_dependent
+        bag.places_jobs = bag.placement.places_jobs
         self.set_policy(bag_id, spec, now)
 
     def diagnostics(self, bag_id: int, now: float) -> list[str]:

@@ -134,6 +134,8 @@ class BagRecord:
     request, one attribute nearer)."""
     ranks_hosts: bool = field(init=False)
     """`placement.host_dependent`, read as often."""
+    places_jobs: bool = field(init=False)
+    """`placement.places_jobs`: its jobs wait for their route before they are sent."""
     strategy_error: str = ""
     """The last error one of the bag's strategies raised (shown with its diagnostics)."""
     on_pool: dict[str, list[int]] = field(default_factory=dict)
@@ -145,6 +147,7 @@ class BagRecord:
     def __post_init__(self) -> None:
         self.buffer = self.window.buffer
         self.ranks_hosts = self.placement.host_dependent
+        self.places_jobs = self.placement.places_jobs
 
 
 HISTORY = 20_000

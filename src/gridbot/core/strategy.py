@@ -160,6 +160,9 @@ class PlacementStrategy(Protocol):
     name: ClassVar[str]
     host_dependent: ClassVar[bool]
     """`rank` depends on more than the policies' rank (the kernel then calls it for every request)."""
+    places_jobs: ClassVar[bool]
+    """It routes every job to a pool (`migrate`) before the job may be sent: a queued job it has not routed yet
+    waits (stateful selection places each job as it arrives)."""
 
     def rank(self, view: DispatchView, bag: BagView, host: HostView, rank: float, now: float) -> float | None:
         """The bag's rank on a host asking for work, higher served first, given its policies' `rank`; None

@@ -121,6 +121,25 @@ class BagView:
         counts = self._b.on_pool.get(pool)
         return (counts[0], counts[1]) if counts else (0, 0)
 
+    def queued_ids(self) -> set[int]:
+        """The ids of the bag's queued jobs the dispatcher holds (queued again, and its window)."""
+        return {j.job_id for queue in (self._b.retry, self._b.window.buffer) for j in queue
+                if j.state is JobState.QUEUED}
+
+    def unplaced(self, limit: int, placed: Mapping[int, object], pools: Sequence[str]) -> list[JobView]:
+        """Up to `limit` of the bag's queued jobs, in the order they would be sent, that are not in `placed` and are
+        new, queued again after an instance, or routed to none of `pools` (a stateful placement's work: where the
+        bag no longer goes). It stops at `limit`, so placing a few jobs of a big window stays cheap."""
+        out: list[JobView] = []
+        for queue in (self._b.retry, self._b.window.buffer):
+            for j in queue:
+                if len(out) >= limit:
+                    return out
+                if j.state is JobState.QUEUED and j.job_id not in placed and (
+                        j.pools is None or j.attempts > 0 or not j.pools & set(pools)):
+                    out.append(_job_view(j))
+        return out
+
     def queued_jobs(self, limit: int) -> list[JobView]:
         """Up to `limit` of the bag's queued jobs the dispatcher holds, in the order they will be sent: those
         queued again first, then its window (jobs still in the store are not here until read)."""
@@ -334,6 +353,11 @@ class DispatchView:
     def known_hosts(self) -> list[HostView]:
         """Every host heard from since the server started (or restored from the store)."""
         return [HostView(h) for h in self._s.hosts.values()]
+
+    def busy_slots(self, host_id: str) -> int:
+        """Slots the host's running instances hold (each its bag's `cpus`)."""
+        h = self._s.hosts.get(host_id)
+        return busy_slots(self._s, h) if h is not None else 0
 
     def host(self, host_id: str) -> HostView | None:
         h = self._s.hosts.get(host_id)

@@ -88,6 +88,9 @@ class Placement(Strategy):
     host_dependent: ClassVar[bool] = False
     """Set when `rank` is overridden (the kernel then calls it for every request)."""
 
+    places_jobs: ClassVar[bool] = False
+    """Set when `migrate` routes every job before it may be sent (a job not routed yet waits for it)."""
+
     def rank(self, view: DispatchView, bag: BagView, host: HostView, rank: float, now: float) -> float | None:
         return rank
 

@@ -33,6 +33,7 @@ from gridbot.core.ledger import ad_number
 from gridbot.core.records import SplitMix
 from gridbot.core.strategy import Migration
 from gridbot.core.view import BagView, DispatchView
+from gridbot.model.pools import KINDS
 from gridbot.model.spec import StrategyOption
 from gridbot.model.states import JobState
 from gridbot.schedulers.base import Placement, StrategyError
@@ -51,6 +52,9 @@ class Placed:
     at: float
     started: float | None = None
     """When its first instance was sent (None: not yet)."""
+    shown_from: float | None = None
+    """From when a monitor shows its CPUs busy: its start, or earlier when it started on a pilot that was already
+    there (the monitor counted that pilot's CPUs as busy from the pilot's start)."""
 
 
 class Site(NamedTuple):
@@ -76,9 +80,11 @@ class Selector:
     def __init__(self) -> None:
         self.placed: dict[int, Placed] = {}
         self._refreshed: float | None = None
+        self._idle: dict[str, int] = {}
 
     def refresh(self, view: DispatchView, now: float) -> None:
-        """Forget placed work the monitors show by now, and work that ended (once per instant)."""
+        """Forget placed work the monitors show by now, and work that ended; count the idle slots of our hosts
+        that each monitor shows busy (once per instant: every bag of the stream shares it)."""
         if self._refreshed == now:
             return
         self._refreshed = now
@@ -91,25 +97,42 @@ class Selector:
             if p.started is None:
                 job = view.job(job_id)
                 if job is not None and job.live:
-                    p.started = min(i.sent_at for i in view.instances(job_id))
+                    first = min(view.instances(job_id), key=lambda i: i.sent_at)
+                    host = view.host(first.host_id)
+                    p.started = first.sent_at
+                    p.shown_from = min(first.sent_at, host.first_seen) if host is not None else first.sent_at
                 elif job is None or job.state is not JobState.QUEUED:
                     ids = queued.get(p.bag_id)
                     if ids is None:
-                        ids = queued[p.bag_id] = {j.job_id for j in bag.queued_jobs(1 << 30)}
+                        ids = queued[p.bag_id] = bag.queued_ids()
                     if job_id not in ids:  # it ended (done, failed, cancelled) without us seeing it start
                         del self.placed[job_id]
                         continue
             if p.started is not None and self.visible(view, p):
                 del self.placed[job_id]
+        self._idle = {}
+        for h in view.hosts():
+            reading = view.monitor(h.pool)
+            if reading is None or h.first_seen <= reading.observed_at - reading.lag:  # (a younger one: free in it)
+                self._idle[h.pool] = self._idle.get(h.pool, 0) + max(0, h.slots - view.busy_slots(h.host_id))
 
     @staticmethod
     def visible(view: DispatchView, p: Placed) -> bool:
         """Whether the site's monitor shows the started job `p` (with no monitor: it shows once started)."""
         reading = view.monitor(p.pool)
-        return p.started is not None and (reading is None or p.started <= reading.observed_at - reading.lag)
+        return p.shown_from is not None and (reading is None or p.shown_from <= reading.observed_at - reading.lag)
 
     def unseen(self, pool: str) -> int:
         return sum(p.cpus for p in self.placed.values() if p.pool == pool)
+
+    def idle(self, pool: str) -> int:
+        """Slots of our hosts in the pool that run nothing and that its monitor counts as busy (pilots older than
+        the reading): free for a job all the same."""
+        return self._idle.get(pool, 0)
+
+    def waiting(self, bag_id: int) -> int:
+        """The bag's jobs placed and not started yet."""
+        return sum(1 for p in self.placed.values() if p.bag_id == bag_id and p.started is None)
 
 
 class StatefulPlacement(Placement):
@@ -118,6 +141,7 @@ class StatefulPlacement(Placement):
 
     name: ClassVar[str] = "stateful"
     stateful: ClassVar[bool] = True
+    places_jobs: ClassVar[bool] = True
     options: ClassVar[Mapping[str, StrategyOption]] = {
         "fallback": "best",
         "stream": "",
@@ -128,8 +152,8 @@ class StatefulPlacement(Placement):
     """`fallback`: where a job goes when no site has enough free CPUs: "best" (the site with the most, even
     if negative) or "random". `stream`: bags naming the same stream share one record of placed work.
     `runtime`: seconds one job takes on a speed-1 CPU (0: the bag's measured mean, else 1). `input_mb`: the
-    inputs a job moves to its site, over the site's `Bandwidth` attribute (MB/s). `ahead`: jobs of the bag
-    placed per scheduling event at most."""
+    inputs a job moves to its site, over the site's bandwidth (MB/s). `ahead`: the bag's jobs placed and not
+    started yet, at most (a big bag is placed as it runs, not all at once)."""
 
     def __init__(self, bag_id: int, seed: int, options: Mapping[str, StrategyOption],
                  selector: Selector | None = None) -> None:
@@ -166,12 +190,14 @@ class StatefulPlacement(Placement):
             if not view.accepts_pool(bag.bag_id, name) or ad_number(ad, "Cpus", 1) < cpus:
                 continue
             own = pools.get(name)
-            idle = own.slots - own.busy if own is not None else 0
             reading = view.monitor(name)
             if reading is not None:
-                monitored, age = reading.free_cpus + idle, now - reading.observed_at
+                monitored, age = reading.free_cpus + self.selector.idle(name), now - reading.observed_at
             else:
-                size = int(ad_number(ad, "MaxRunning", 0) * ad_number(ad, "Cpus", 1))
+                kind = KINDS.get(str(ad.get("Kind", ""))) if ad is not None else None
+                # a pool whose hosts come by themselves (static, volunteers) has what is connected, nothing more
+                size = 0 if kind is not None and not kind.pilots else \
+                    int(ad_number(ad, "MaxRunning", 0) * ad_number(ad, "Cpus", 1))
                 monitored, age = max(size, own.slots if own is not None else 0) - (own.busy if own else 0), None
             unseen = self.selector.unseen(name)
             free = monitored - unseen if self.stateful else monitored
@@ -196,16 +222,23 @@ class StatefulPlacement(Placement):
         return site, f"no site has {cpus} CPU(s) free: fallback best (most free CPUs)"
 
     def migrate(self, view: DispatchView, bag: BagView, now: float) -> Sequence[Migration]:
-        """Place the bag's queued jobs not placed yet, each on one pool."""
+        """Place the bag's queued jobs not placed yet (new, queued again, or routed where the bag no longer goes),
+        each on one pool, while fewer than `ahead` of its placed jobs wait to start."""
         self.selector.refresh(view, now)
-        todo = [j for j in bag.queued_jobs(1 << 30)
-                if j.pools is None and j.job_id not in self.selector.placed][: int(self.number("ahead"))]
-        if not todo:
-            return ()
-        cpus = bag.spec.cpus
         sites = self.sites(view, bag, now)
         if not sites:
             return ()
+        usable = {s.pool for s in sites}
+        for job_id in [j for j, p in self.selector.placed.items()
+                       if p.bag_id == bag.bag_id and p.started is None and p.pool not in usable]:
+            del self.selector.placed[job_id]  # its pool no longer takes the bag (GridPolicy): placed again below
+        room = int(self.number("ahead")) - self.selector.waiting(bag.bag_id)
+        if room <= 0:
+            return ()
+        todo = bag.unplaced(room, self.selector.placed, list(usable))
+        if not todo:
+            return ()
+        cpus = bag.spec.cpus
         moves = []
         for job in todo:
             site, why = self.choose(sites, cpus)
@@ -224,11 +257,9 @@ class StatefulPlacement(Placement):
         """Slots for the bag's placed jobs that have not started, on their pools (jobs not placed yet ask for
         none: they are placed at the next scheduling event)."""
         want: dict[str, int] = {}
-        cpus = bag.spec.cpus
-        for job in bag.queued_jobs(1 << 30):
-            pool = next(iter(job.pools)) if job.pools is not None and len(job.pools) == 1 else None
-            if pool is not None and pool in pools:
-                want[pool] = want.get(pool, 0) + cpus
+        for p in self.selector.placed.values():
+            if p.bag_id == bag.bag_id and p.started is None and p.pool in pools:
+                want[p.pool] = want.get(p.pool, 0) + p.cpus
         return want
 
     def notes(self, view: DispatchView, bag: BagView, now: float) -> list[str]:
