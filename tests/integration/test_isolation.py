@@ -105,7 +105,7 @@ def test_a_job_sees_only_the_environment_it_is_given(cluster, tmp_path, monkeypa
     assert env["PATH"] == os.environ["PATH"] and env["GRIDBOT_BAG"] == "e"
     assert set(env) - {"MINE", "GRIDBOT_TEST_PASSED", "PWD", "SHLVL", "_"} <= {
         "PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "USER", "LOGNAME", "TZ", "SHELL", "GRIDBOT_RUN",
-        "GRIDBOT_JOB_INDEX", "GRIDBOT_JOB_ID", "GRIDBOT_INSTANCE", "GRIDBOT_BAG"}, sorted(env)
+        "GRIDBOT_JOB_INDEX", "GRIDBOT_JOB_ID", "GRIDBOT_INSTANCE", "GRIDBOT_BAG", "GRIDBOT_CPUS"}, sorted(env)
 
 
 def test_the_base_environment_is_an_allow_list():
