@@ -87,3 +87,34 @@ def test_workers_report_what_their_input_downloads_took_and_gridbot_pools_shows_
         assert pool["bandwidth"] > 0, pool
     finally:
         cluster.stop()
+
+
+ONE_JOB_PILOTS = """\
+[pools.here]
+kind = "local"
+max_running = 2
+cpus = 2
+jobs_per_pilot = 1           # each pilot one job's own batch job
+idle_timeout = 30
+min_cpu = 0
+allow_root = true
+"""
+
+
+def test_a_pool_of_one_job_pilots_starts_a_pilot_per_job(tmp_path):
+    from tests.integration.harness import Cluster, gridbot_json
+
+    (tmp_path / "pools.toml").write_text(ONE_JOB_PILOTS)
+    (tmp_path / "w.toml").write_text('name = "w"\ncpus = 2\ncommand = "sleep 0.5"\n'
+                                     '[parameters]\ni = { from = 1, to = 4 }\n')
+    cluster = Cluster(tmp_path, server_args=("--pools", str(tmp_path / "pools.toml"), "--state-dir",
+                                             str(tmp_path / "state")))
+    cluster.start_server()
+    try:
+        assert gridbot("submit", str(tmp_path / "w.toml"), "--server", cluster.url).returncode == 0
+        assert cluster.wait_bag("w", timeout=120).counts.done == 4
+        (pool,) = gridbot_json("pools", "--json", "--server", cluster.url)
+        # two pilots at most at once, idle for 30 s before they would leave: reused, they would have been 2
+        assert pool["pilots_submitted"] >= 4, pool
+    finally:
+        cluster.stop()

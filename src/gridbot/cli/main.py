@@ -292,6 +292,9 @@ def server(db: str, host: str, port: int, dispatch: DispatchConfig, max_jobs: in
 @click.option("--run-as", metavar="USER", help="Run jobs as this user (the worker must start as root).")
 @click.option("--allow-root", is_flag=True,
               help="Run jobs as root when the worker is root and --run-as is not given (refused otherwise).")
+@click.option("--max-jobs", type=click.IntRange(0), default=0, show_default=True,
+              help="Ask for no more after this many jobs and leave once they are done (0: no limit): a pilot that "
+                   "is one job's own batch job.")
 @click.option("--drop", type=click.FloatRange(0, 1), default=0.0, hidden=True,
               help="Testing: hold this fraction of instances without running them until their deadline, and never "
                    "report them (a host of an unreliable pool that loses work silently).")
@@ -299,7 +302,7 @@ def server(db: str, host: str, port: int, dispatch: DispatchConfig, max_jobs: in
 def worker(server: str | None, access: Path | None, slots: int, prefetch: int, slot_name: str, workdir: Path,
            idle_timeout: float, give_up_after: float, pool: str, keep_dirs: bool, lifetime: float, min_cpu: float,
            cpu_window: float, exit_with_parent: bool, prefetch_seconds: float, executor: str,
-           pass_env: tuple[str, ...], run_as: str | None, allow_root: bool, drop: float) -> None:
+           pass_env: tuple[str, ...], run_as: str | None, allow_root: bool, max_jobs: int, drop: float) -> None:
     """Pull jobs from a server and run them (connects out only).
 
     The worker key comes from GRIDBOT_WORKER_KEY (how pilots get it) or from the access file's key for
@@ -319,7 +322,7 @@ def worker(server: str | None, access: Path | None, slots: int, prefetch: int, s
                                      lifetime=lifetime, min_cpu=min_cpu, cpu_window=cpu_window,
                                      prefetch_seconds=prefetch_seconds, key=key, fingerprint=grants.fingerprint,
                                      executor=executor, pass_env=pass_env, run_as=run_as, allow_root=allow_root,
-                                     drop=drop)))
+                                     drop=drop, max_jobs=max_jobs)))
 
 
 @cli.command()

@@ -42,7 +42,7 @@ RESERVED_ATTRIBUTES = {"Name": "the table's name", "Kind": "kind", "Reliability"
 COMMON_KEYS = ("kind", "max_running", "max_queued", "cpus", "memory_mb", "walltime", "price_per_cpu_hour",
                "price_per_pilot_hour",
                "charging_period", "reliability", "level", "attributes", "idle_timeout", "min_cpu", "cpu_window",
-               "run_as", "allow_root", "monitor_interval", "trusted")
+               "run_as", "allow_root", "monitor_interval", "trusted", "jobs_per_pilot")
 
 
 @dataclass(frozen=True)
@@ -149,6 +149,8 @@ class PoolSpec(msgspec.Struct, frozen=True):
     run_as: str = ""
     """The user a pilot's worker runs jobs as when it starts as root ("": its own user)."""
     allow_root: bool = False
+    jobs_per_pilot: int = 0
+    """Jobs a pilot runs before it leaves (0: as many as come): 1 makes each pilot one job's own batch job."""
     trusted: bool = False
     """Its hosts' results count as a quorum alone (bags with `quorum`: your own cluster's, not volunteers')."""
     """Let a pilot's worker started as root run jobs as root (else it refuses to start without run_as)."""
@@ -230,7 +232,8 @@ def _pool(name: str, table: object, fail: Any) -> PoolSpec | None:
             fail((*path, key), f"unknown key '{key}' in pool '{name}' (kind {kind})", _key_hint(key, kind, allowed))
             ok = False
     values: dict[str, Any] = {}
-    for key, low in (("max_running", 0), ("max_queued", 0), ("cpus", 1), ("memory_mb", 0), ("level", 0)):
+    for key, low in (("max_running", 0), ("max_queued", 0), ("cpus", 1), ("memory_mb", 0), ("level", 0),
+                     ("jobs_per_pilot", 0)):
         if key in table:
             v = table[key]
             if isinstance(v, bool) or not isinstance(v, int) or v < low:

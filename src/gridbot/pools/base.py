@@ -65,6 +65,8 @@ class PilotRequest:
             args += ["--run-as", pool.run_as]
         if pool.allow_root:
             args.append("--allow-root")
+        if pool.jobs_per_pilot:
+            args += ["--max-jobs", str(pool.jobs_per_pilot)]
         return args
 
     def command(self, pool: PoolSpec) -> str:

@@ -92,6 +92,9 @@ class WorkerConfig:
     drop: float = 0.0
     """Testing: this fraction of the instances, drawn at random, is held without running until its deadline
     and never reported, as a machine of an unreliable pool loses work silently (`--drop`, hidden)."""
+    max_jobs: int = 0
+    """Ask for no more once this many instances were received, and leave when they are done (0: no limit): a
+    pilot that is one job's own batch job (`jobs_per_pilot` of a pool), as a site may want."""
 
 
 EXECUTORS = ("shell", "noop")
@@ -128,6 +131,8 @@ class Worker:
         self.workdir = config.workdir.resolve()
         """Absolute: the executor changes the worker's directory around each spawn."""
         self.free_slots = list(range(config.slots - 1, -1, -1))
+        self.received = 0
+        """Instances the server sent this worker (`max_jobs`)."""
         self.fetched: tuple[int, float] = (0, 0.0)
         """Input bytes downloaded and the seconds it took, not yet told to the server."""
         self.busy = 0
@@ -273,6 +278,12 @@ class Worker:
                 break
             step = self.pacing.step(now, self.busy, sum(a.cpus for a in self.waiting),
                                     self.reports_since if self.reports else None)
+            if self.config.max_jobs and self.received >= self.config.max_jobs:
+                if not self.running and not self.waiting and not self.reports:
+                    log.info("ran the %d job(s) it was for; exiting", self.received)
+                    return 0
+                # no more work: talk to report results and at heartbeats only
+                step = step._replace(want=0, at=step.at if self.reports else max(step.at, self.pacing.next_heartbeat))
             if step.leave:
                 log.info("no work for %.0f s; exiting", self.config.idle_timeout)
                 return 0
@@ -453,6 +464,7 @@ class Worker:
                 self.kill[iid].set()
             self.waiting = deque(a for a in self.waiting if a.instance_id != iid)
         self.waiting.extend(resp.assignments)
+        self.received += len(resp.assignments)
         self._start_ready()
 
     def _start_ready(self) -> None:
