@@ -102,7 +102,8 @@ def test_the_console_watches_and_steers_a_live_bag(cluster, browser, tmp_path):
                    ).returncode == 0
     with cluster.client() as alice:
         alice.submit_file(spec(tmp_path, "sweep", 'description = "forty jobs, one fails"\nmax_failures = 1\n'
-                               'command = "sleep 0.5; echo job {i}; test {i} -ne 3"\n'
+                               'command = "sleep 0.5; echo job {i}; echo out{i} > o.txt; test {i} -ne 3"\n'
+                               'outputs = ["o.txt"]\n'
                                "[parameters]\ni = { from = 0, to = 39 }\n"))
     assert gridbot("submit", str(spec(tmp_path, "bob-bag", 'command = "true"\n[parameters]\ni = [1]\n')),
                    "--access", str(bob)).returncode == 0
@@ -150,6 +151,8 @@ def test_the_console_watches_and_steers_a_live_bag(cluster, browser, tmp_path):
     page.click('#jobs tr[data-job="5"]')
     until(page, lambda: text(page, "#job-detail h3").startswith("Job 5: done"))
     assert "job 5" in page.text_content("#job-detail pre.stdout")
+    until(page, lambda: text(page, "#job-outputs a") == "o.txt")  # its output file, to download
+    assert page.get_attribute("#job-outputs a", "href") == "data:application/octet-stream;base64,b3V0NQo="
     shot(page, "bag")
 
     # a policy: the API's own message for a bad one, and a good one taken

@@ -468,6 +468,11 @@ class BagPage {
     try {
       const [story, logs] = await Promise.all([api("GET", `/v1/bags/${enc(this.name)}/story/${index}`),
         api("GET", `/v1/bags/${enc(this.name)}/logs/${index}`)]);
+      // the files the kept result declared (outputs), as the API gives them: the one result of this job
+      const results = story.result_instance === null ? [] :
+        await api("GET", `/v1/bags/${enc(this.name)}/results?after=${story.job.job_id - 1}&limit=1`);
+      const kept = results.find(r => r.job.job_id === story.job.job_id);
+      const files = kept ? Object.entries(kept.outputs) : [];
       const events = Object.fromEntries(story.events.map(e => [e.event_id, e]));
       const ev = id => id !== null && events[id] ? `${events[id].kind} #${id}` : "";
       fill(this.detail, 
@@ -484,6 +489,11 @@ class BagPage {
           h("td", {}, ev(i.sent_event)), h("td", {}, ev(i.end_event)), h("td", {}, i.reason || "")))))),
         story.decisions.length ? h("div", {}, h("h4", {}, "Decisions"), h("ul", {}, story.decisions.map(d =>
           h("li", {}, `${d.strategy}: ${d.action} — ${d.why}`)))) : null,
+        h("h4", {}, "Output files"),
+        files.length ? h("ul", {id: "job-outputs"}, files.map(([name, data]) => h("li", {},
+          h("a", {href: `data:application/octet-stream;base64,${data}`, download: name}, name),
+          ` (${Math.floor(data.length * 3 / 4 - (data.endsWith("==") ? 2 : data.endsWith("=") ? 1 : 0)).toLocaleString()} bytes)`)))
+          : h("p", {id: "job-outputs", class: "hint"}, story.result_instance === null ? "no result yet" : "none declared"),
         h("h4", {}, "Output"),
         ...logs.instances.map(i => h("details", {open: i.kept}, h("summary", {},
           `instance ${i.instance_id} (${i.state}${i.exit_code !== null ? `, exit ${i.exit_code}` : ""})${i.kept ? " — kept" : ""}`),
