@@ -23,6 +23,7 @@ lint: $(STAMP)
 
 test: $(STAMP) lint
 	scripts/slurm.sh install
+	scripts/boinc.sh install
 	scripts/chromium.sh
 	. scripts/ensure-postgres.sh && $(PY) -m pytest -q -p no:cacheprovider tests
 

@@ -244,6 +244,11 @@ def server(db: str, host: str, port: int, dispatch: DispatchConfig, max_jobs: in
         overlay = Overlay(service, pool_specs, security.url, state_dir.resolve(), access=security.access,
                           fingerprint=security.fingerprint, cancel_on_exit=cancel_pilots_on_exit)
     srv = Server(service, overlay=overlay, access=security.access, max_hosts_per_key=max_hosts_per_key)
+    if any(p.kind == "volunteer" for p in pool_specs):  # stock BOINC clients, each pool on its own port
+        from gridbot.volunteer.server import serve_volunteers
+
+        serve_volunteers(srv, [p for p in pool_specs if p.kind == "volunteer"], state_dir.resolve(), host,
+                         security.access.registry_path if security.access is not None else None)
     scheme = "https" if security.ssl is not None else "http"
     click.echo(f"gridbot server on {scheme}://{host}:{port} with {db}", err=True)
     if security.access is not None and security.access.access_path is not None:
@@ -841,6 +846,12 @@ def _access_commands() -> None:
         assert command.callback is not None
         command.callback = friendly(command.callback)
     cli.add_command(access)
+    from gridbot.cli.volunteers import volunteers
+
+    for command in volunteers.commands.values():
+        assert command.callback is not None
+        command.callback = friendly(command.callback)
+    cli.add_command(volunteers)
 
 
 _access_commands()

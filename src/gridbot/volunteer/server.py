@@ -1,0 +1,537 @@
+"""The BOINC side of a volunteer pool: master page, scheduler RPC, downloads and the upload handler.
+
+One aiohttp application per volunteer pool, on the pool's own port, in the server's event loop. Its
+scheduler hands every request to `Server.answer`, the path `POST /v1/exchange` takes, so a BOINC host is a
+gridbot host of the pool like any other: same policies, replication, deadlines and statistics.
+
+Doors and who may use them (docs/volunteers.md):
+- `GET PATH` (master page) and `GET PATH/get_project_config.php`: public, by BOINC's design; they hold only
+  the scheduler's URL and the project's name.
+- `POST PATH/scheduler`: authenticated by the account's authenticator inside the request's XML.
+- `GET PATH/download/TOKEN/NAME`: public but unguessable: TOKEN is an HMAC of NAME under the server's
+  secret, handed out only in a scheduler reply (BOINC's downloads are plain GETs the client cannot sign).
+- `POST PATH/file_upload_handler`: each upload carries the token its result's reply gave for exactly that
+  file name and size limit (`<xml_signature>`); anything else is refused with 403/413 before a byte is kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from xml.sax.saxutils import escape
+
+import msgspec
+from aiohttp import web
+
+from gridbot.errors import GridbotError, ServerUnavailable
+from gridbot.model.pools import PoolSpec
+from gridbot.model.records import Assignment, HostInfo, InstanceReport, Outcome
+from gridbot.model.volunteer import VolunteerSettings
+from gridbot.protocol import ExchangeRequest
+from gridbot.server.app import Server
+from gridbot.volunteer.accounts import ACCOUNTS_NAME, HOSTS_NAME, AccountBook, AccountError, Hosts
+from gridbot.volunteer.jobs import (
+    JOB_META,
+    OUTPUT_SUFFIX,
+    InputFile,
+    input_file_name,
+    instance_of,
+    job_file,
+    report_of,
+    result_name,
+)
+from gridbot.volunteer.reply import FileInfo, Reply, Work
+from gridbot.volunteer.request import RequestError, SchedulerRequest, parse_request
+from gridbot.volunteer.signing import CodeSigner, Tokens, load_or_make_signer
+from gridbot.volunteer.wrapper import APP_NAME, TAIL_BYTES, WRAPPER_BYTES, WRAPPER_NAME, WRAPPER_VERSION
+
+log = logging.getLogger("gridbot.volunteer")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+MAX_REQUEST_BYTES = 16 << 20
+"""Largest scheduler request read (a client reporting hundreds of results with their stderr)."""
+MAX_HEADER_BYTES = 64 << 10
+AUTH_DELAY = 3600.0
+"""Seconds a client with a refused account key is asked to wait before it tries again."""
+DOWN_DELAY = 60.0
+SWEEP_EVERY = 300.0
+PREFETCH_PER_CPU = 4
+NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,200}\Z")
+_exchange = msgspec.msgpack.Decoder(ExchangeRequest)
+_encode = msgspec.msgpack.Encoder()
+_LABEL_BAD = re.compile(r"[\x00-\x1f\x7f]")
+NOT_POSIX = ("windows",)
+
+
+def _label(text: str, fallback: str) -> str:
+    """A name fit for `HostInfo` (no control characters, at most 255 characters)."""
+    return _LABEL_BAD.sub(" ", text).strip()[:255] or fallback
+
+
+def _xml_response(body: bytes, status: int = 200) -> web.Response:
+    return web.Response(body=body, status=status, content_type="text/xml")
+
+
+def _upload_reply(status: int, message: str = "", http: int = 200, size: int | None = None) -> web.Response:
+    """A `<data_server_reply>`: 0 done, 1 try again, -1 refused for good (the client gives the file up)."""
+    body = f"<data_server_reply>\n    <status>{status}</status>\n"
+    if size is not None:
+        body += f"    <file_size>{size}</file_size>\n"
+    if message:
+        body += f"    <message>{escape(message)}</message>\n"
+    return _xml_response((body + "</data_server_reply>\n").encode(), http)
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """No traceback to a client: a bug of ours is logged and answered 500, aiohttp's own 4xx pass through."""
+    try:
+        return await handler(request)
+    except web.HTTPException:
+        raise
+    except Exception:
+        log.exception("volunteer side: internal error on %s %s", request.method, request.path[:200])
+        return web.Response(status=500, text="internal server error; the server log has the details")
+
+
+@dataclass
+class _Staged:
+    """A bag's inputs as BOINC files, by input name (made once per bag revision)."""
+
+    files: dict[str, InputFile]
+
+
+class VolunteerPool:
+    """One volunteer pool's BOINC project."""
+
+    def __init__(self, server: Server, spec: PoolSpec, folder: Path, book: AccountBook, hosts: Hosts,
+                 signer: CodeSigner, tokens: Tokens, listen: str) -> None:
+        self.server = server
+        self.spec = spec
+        self.settings = VolunteerSettings.of(spec.options)
+        self.book, self.hosts, self.signer, self.tokens = book, hosts, signer, tokens
+        self.listen = self.settings.listen or listen
+        self.port = self.settings.port
+        self.folder = folder
+        self.downloads, self.uploads = folder / "download", folder / "upload"
+        for d in (self.downloads, self.uploads):
+            d.mkdir(parents=True, exist_ok=True)
+        (self.downloads / WRAPPER_NAME).write_bytes(WRAPPER_BYTES)
+        self.wrapper = FileInfo(WRAPPER_NAME, nbytes=len(WRAPPER_BYTES), md5=hashlib.md5(WRAPPER_BYTES).hexdigest(),
+                                executable=True, signature=signer.sign(WRAPPER_BYTES))
+        self._inputs: dict[tuple[int, int], _Staged] = {}
+        self._last_sweep = time.monotonic()
+        path = self.settings.path
+        self.app = web.Application(middlewares=[_errors], client_max_size=MAX_REQUEST_BYTES)
+        self.app.add_routes([
+            web.get(path, self.master),
+            web.get(f"{path}get_project_config.php", self.project_config),
+            web.post(f"{path}scheduler", self.scheduler),
+            web.get(f"{path}download/{{token}}/{{name}}", self.download),
+            web.post(f"{path}file_upload_handler", self.upload),
+        ])
+        self._runner: web.AppRunner | None = None
+
+    # -- addresses ------------------------------------------------------------------------------------
+
+    @property
+    def master_url(self) -> str:
+        """The URL volunteers attach to (`boinccmd --project_attach URL KEY`)."""
+        if self.settings.url:
+            return self.settings.url
+        host = "127.0.0.1" if self.listen in ("", "0.0.0.0", "::", "localhost") else self.listen
+        return f"http://{host}:{self.port}{self.settings.path}"
+
+    def _url(self, tail: str) -> str:
+        return self.master_url + tail
+
+    def download_url(self, name: str) -> str:
+        return self._url(f"download/{self.tokens.make('download', name, length=24)}/{name}")
+
+    async def start(self) -> None:
+        """Listen on the pool's port (0: a free one, then known as `port`)."""
+        self._runner = web.AppRunner(self.app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.listen or "127.0.0.1", self.port)
+        try:
+            await site.start()
+        except OSError as e:
+            raise GridbotError(f"volunteer pool '{self.spec.name}' cannot listen on {self.listen}:{self.port}: "
+                               f"{e.strerror}; change its port in the pools file") from e
+        if self.port == 0:
+            self.port = self._runner.addresses[0][1]
+        if not self.settings.url and self.listen in ("0.0.0.0", "::"):
+            log.warning("volunteer pool %s listens on all addresses but its master URL says 127.0.0.1: set its "
+                        "url to the address volunteers reach (a TLS proxy's, docs/volunteers.md)", self.spec.name)
+        log.info("volunteer pool %s: attach BOINC clients to %s", self.spec.name, self.master_url)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    # -- public pages ---------------------------------------------------------------------------------
+
+    async def master(self, request: web.Request) -> web.Response:
+        """The master page: the scheduler's URL in both forms the client looks for, each on its own line."""
+        url = escape(self._url("scheduler"))
+        name = escape(self.settings.project_name)
+        page = (f"<html>\n<head>\n<title>{name}</title>\n<link rel=\"boinc_scheduler\" href=\"{url}\">\n</head>\n"
+                f"<body>\n<!--\n<scheduler>{url}</scheduler>\n-->\n<h1>{name}</h1>\n<p>A gridbot volunteer pool: "
+                "attach a BOINC client to this URL with the account key the project's operator gave you.</p>\n"
+                "</body>\n</html>\n")
+        return web.Response(text=page, content_type="text/html")
+
+    async def project_config(self, request: web.Request) -> web.Response:
+        """What the BOINC Manager's "add project" asks first (accounts are made by the operator only)."""
+        body = (f"<project_config>\n<name>{escape(self.settings.project_name)}</name>\n"
+                f"<master_url>{escape(self.master_url)}</master_url>\n<account_creation_disabled/>\n"
+                "<client_account_creation_disabled/>\n<min_passwd_length>1</min_passwd_length>\n</project_config>\n")
+        return _xml_response(body.encode())
+
+    # -- the scheduler --------------------------------------------------------------------------------
+
+    async def scheduler(self, request: web.Request) -> web.Response:
+        """One scheduler RPC: authenticate, take the reports, ask the dispatcher for work, answer in XML."""
+        if (request.content_length or 0) > MAX_REQUEST_BYTES:
+            return self._refuse(413, f"a scheduler request of over {MAX_REQUEST_BYTES:,} bytes")
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return self._refuse(413, f"a scheduler request of over {MAX_REQUEST_BYTES:,} bytes")
+        try:
+            req = parse_request(body)
+        except RequestError as e:
+            return self._refuse(400, str(e))
+        reply = Reply(self.settings.project_name, next_rpc_delay=self._rpc_delay())
+        account = self.book.authenticate(req.authenticator)
+        if account is None:
+            reply.request_delay = AUTH_DELAY
+            reply.messages.append(("high", "Invalid or revoked account key for this gridbot project: ask its "
+                                           "operator for one (`gridbot volunteers add NAME`), then detach and "
+                                           "attach again with it."))
+            return _xml_response(reply.xml())
+        now = time.time()
+        try:
+            vhost, new = self.hosts.resolve(account, req.hostid, req.cpid, self.spec.name, now)
+        except AccountError as e:
+            reply.request_delay = AUTH_DELAY
+            reply.messages.append(("high", str(e)))
+            return _xml_response(reply.xml())
+        if new:
+            reply.hostid = vhost.hostid
+        self.hosts.note(vhost, _label(req.domain_name, ""), req.ncpus, req.fpops)
+        if not req.has_code_sign_key:
+            reply.code_sign_key = self.signer.public_text
+        posix = not req.platform.lower().startswith(NOT_POSIX) and bool(req.platform)
+        try:
+            exchange, foreign = self._exchange(req, vhost.hostid, account.account_id, posix)
+        except msgspec.ValidationError as e:
+            return self._refuse(400, f"a value of the request is out of range: {str(e)[:200]}")
+        try:
+            answer = await self.server.answer(exchange)
+        except ServerUnavailable as e:
+            reply.request_delay = DOWN_DELAY
+            reply.messages.append(("low", f"the gridbot server is busy or its store is down ({e}); trying later"))
+            return _xml_response(reply.xml())  # no acks: the reports were not kept, the client sends them again
+        except GridbotError as e:
+            log.warning("volunteer host boinc-%d: its exchange was refused (%s)", vhost.hostid, e)
+            reply.request_delay = DOWN_DELAY
+            reply.messages.append(("high", f"the gridbot server refused this request: {str(e)[:300]}"))
+            return _xml_response(reply.xml(), 400)
+        reply.acks = [r.name for r in req.results]
+        for report in exchange.reports:
+            if report.instance_id not in foreign:
+                self._forget(report.instance_id)
+        reply.aborts = [result_name(self.tokens, iid) for iid in answer.cancel]
+        if not posix and exchange.want == 0 and (req.work_req_seconds > 0 or req.cpu_req_secs > 0):
+            reply.messages.append(("notice", f"gridbot's application is a POSIX shell script; platform "
+                                             f"{req.platform[:60]!r} gets no work (Linux, macOS and BSD do)"))
+        if answer.assignments:
+            self._add_work(reply, answer.assignments, req)
+        elif exchange.want:
+            reply.request_delay = max(1.0, answer.backoff)
+        self._sweep()
+        return _xml_response(reply.xml())
+
+    def _refuse(self, status: int, why: str) -> web.Response:
+        """A request that is not one: the client backs off, anyone else reads why."""
+        reply = Reply(self.settings.project_name, request_delay=DOWN_DELAY)
+        reply.messages.append(("high", f"bad scheduler request: {why}"))
+        return _xml_response(reply.xml(), status)
+
+    def _rpc_delay(self) -> float:
+        """Seconds between a client's contacts: its heartbeat, well inside the server's host timeout."""
+        return min(self.settings.next_rpc_delay, self.server.service.config.dispatch.host_timeout / 3)
+
+    def _exchange(self, req: SchedulerRequest, hostid: int, account: str,
+                  posix: bool) -> tuple[ExchangeRequest, set[int]]:
+        """The scheduler request as the worker protocol's exchange, validated as a worker's would be, and the
+        instances it reports that another host holds (their files are left alone)."""
+        reports = []
+        foreign: set[int] = set()
+        view = self.server.service.dispatcher.view
+        for r in req.results:
+            iid = instance_of(self.tokens, r.name)
+            if iid is None:
+                continue
+            held = view.instance(iid)
+            if held is not None and held.host_id != f"boinc-{hostid}":
+                # another host's result: the dispatcher refuses it (and counts it against this host); its
+                # upload is neither read nor removed
+                reports.append(InstanceReport(iid, Outcome.FAILURE, reason="reported by another host"))
+                foreign.add(iid)
+                continue
+            reports.append(self._report(iid, r.name, r.state, r.exit_status, r.cpu_time, r.elapsed_time,
+                                        r.stderr_out))
+        running = [iid for name in req.other_results if (iid := instance_of(self.tokens, name)) is not None]
+        want = self._want(req) if posix else 0
+        ncpus = max(1, min(req.ncpus, 100_000))
+        info = HostInfo(f"boinc-{hostid}", _label(req.domain_name, f"boinc-{hostid}"),
+                        _label(req.platform, ""), ncpus, int(req.memory_bytes // (1 << 20)), ncpus, self.spec.name,
+                        min(max(0, want - ncpus), PREFETCH_PER_CPU * ncpus), _label(req.cpid, "boinc")[:64],
+                        account=f"volunteer:{account}")  # a quorum never counts two results of one account
+        exchange = ExchangeRequest(info, want, running, reports)
+        return _exchange.decode(_encode.encode(exchange)), foreign  # the limits a worker's message is held to
+
+    def _want(self, req: SchedulerRequest) -> int:
+        """Instances for a request of so many seconds of work: by the active bags' mean run time (the pool's
+        `runtime_estimate` before any job has ended), at least one per idle CPU the client names."""
+        seconds = max(req.work_req_seconds, req.cpu_req_secs)
+        if seconds <= 0:
+            return 0
+        est = self._runtime()
+        want = max(math.ceil(seconds / est), math.ceil(req.cpu_req_instances))
+        return max(1, min(want, self.server.service.config.dispatch.max_assign))
+
+    def _runtime(self) -> float:
+        """The mean run time of the active bags' jobs so far (the pool's estimate without one)."""
+        means = [b.mean_run_time for b in self.server.service.dispatcher.view.bags() if b.mean_run_time > 0]
+        return max(1.0, sum(means) / len(means)) if means else self.settings.runtime_estimate
+
+    def _report(self, iid: int, name: str, state: int, exit_status: int, cpu: float, wall: float,
+                stderr_out: str) -> InstanceReport:
+        """A reported result as an instance report, with the file its client uploaded."""
+        meta = self._meta(name)
+        uploaded: bytes | None = None
+        path = self.uploads / f"{name}{OUTPUT_SUFFIX}"
+        with contextlib.suppress(OSError):
+            uploaded = path.read_bytes()
+        limit = self.server.service.config.dispatch.max_result_bytes + 2 * TAIL_BYTES
+        return report_of(iid, state, exit_status, cpu, wall, stderr_out, uploaded, meta, limit)
+
+    def _meta(self, name: str) -> list[str]:
+        """The declared outputs of the instance behind result `name`, from its job file's first line."""
+        try:
+            with open(self.downloads / f"{name}_job", "rb") as f:
+                first = f.readline()
+            return [str(o) for o in json.loads(first.removeprefix(JOB_META))["outputs"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            return []
+
+    def _forget(self, iid: int) -> None:
+        """Remove what was kept for a reported instance: its job file (with its declared outputs) and upload."""
+        name = result_name(self.tokens, iid)
+        for path in (self.downloads / f"{name}_job", self.uploads / f"{name}{OUTPUT_SUFFIX}",
+                     self.uploads / f"{name}{OUTPUT_SUFFIX}.part"):
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+    def _add_work(self, reply: Reply, assignments: Sequence[Assignment], req: SchedulerRequest) -> None:
+        """Each instance as a workunit, its files, and the app that runs it."""
+        flops = req.fpops
+        est = self._runtime()
+        main = dataclasses.replace(self.wrapper, url=self.download_url(WRAPPER_NAME))
+        reply.app = (APP_NAME, WRAPPER_VERSION, req.platform, main, flops)
+        max_nbytes = self.server.service.config.dispatch.max_result_bytes + 2 * TAIL_BYTES + (64 << 10)
+        now = time.time()
+        seen: set[str] = set()
+        for a in assignments:
+            name = result_name(self.tokens, a.instance_id)
+            try:
+                staged = self._stage_inputs(a)
+                job = job_file(a, [f"gridbot_in_{k}" for k in range(len(staged))])
+                (self.downloads / f"{name}_job").write_bytes(job)  # its first line keeps the declared outputs
+            except (OSError, GridbotError) as e:
+                # left out of the reply: the client never lists it, and the next contact gives it back
+                log.warning("instance %d cannot be served (%s); it is given back at the host's next contact",
+                            a.instance_id, e)
+                continue
+            job_info = FileInfo(f"{name}_job", self.download_url(f"{name}_job"), len(job),
+                                hashlib.md5(job).hexdigest())
+            files = [job_info, *staged]
+            for f in files:
+                if f.name not in seen:
+                    seen.add(f.name)
+                    reply.files.append(f)
+            output = f"{name}{OUTPUT_SUFFIX}"
+            reply.files.append(FileInfo(output, upload_url=self._url("file_upload_handler"), max_nbytes=max_nbytes,
+                                        upload_token=self.tokens.make("upload", output, max_nbytes)))
+            span = max(60.0, a.instance_deadline - now)
+            seconds = min(est, span)
+            reply.work.append(Work(
+                name, f"{name}_wu", [(job_info.name, "gridbot_job"),
+                                     *((f.name, f"gridbot_in_{k}") for k, f in enumerate(staged))],
+                output, int(a.instance_deadline), seconds * flops, 2 * max(span, a.timeout or 0.0) * flops,
+                float(a.limits.memory) if a.limits is not None and a.limits.memory else 1e8, 4e9))
+
+    def _stage_inputs(self, a: Assignment) -> list[FileInfo]:
+        """The instance's inputs as download files (written to the download folder once per bag revision)."""
+        key = (a.bag_id, a.revision)
+        staged = self._inputs.get(key)
+        if staged is None:
+            staged = self._inputs[key] = _Staged({})
+        out = []
+        store = self.server.service.store
+        for position, input_name in enumerate(a.inputs):
+            f = staged.files.get(input_name)
+            if f is None:
+                data = store.input_file(a.bag_id, input_name)
+                if data is None:
+                    raise GridbotError(f"bag {a.bag_id} has no input '{input_name[:100]}'")
+                f = InputFile(input_file_name(a.bag_id, position, data), len(data), hashlib.md5(data).hexdigest())
+                path = self.downloads / f.name
+                if not path.exists():
+                    tmp = path.with_name(f".{f.name}.tmp")
+                    tmp.write_bytes(data)
+                    os.replace(tmp, path)
+                staged.files[input_name] = f
+            out.append(FileInfo(f.name, self.download_url(f.name), f.nbytes, f.md5))
+        return out
+
+    def _sweep(self) -> None:
+        """Every few minutes: drop the files of instances and bags the dispatcher no longer holds."""
+        if time.monotonic() - self._last_sweep < SWEEP_EVERY:
+            return
+        self._last_sweep = time.monotonic()
+        view = self.server.service.dispatcher.view
+        for folder in (self.downloads, self.uploads):
+            for path in folder.iterdir():
+                m = re.match(r"gb([0-9]+)_", path.name)
+                bag = re.match(r"gbi([0-9]+)_", path.name)
+                gone = (m is not None and view.instance(int(m.group(1))) is None) or (
+                    bag is not None and int(bag.group(1)) not in view)
+                if gone and time.time() - path.stat().st_mtime > SWEEP_EVERY:
+                    with contextlib.suppress(OSError):
+                        path.unlink()
+        self._inputs = {k: v for k, v in self._inputs.items() if k[0] in view}
+
+    # -- files ----------------------------------------------------------------------------------------
+
+    async def download(self, request: web.Request) -> web.StreamResponse:
+        """A file offered in a scheduler reply, by its token (Range honoured: the client resumes with it)."""
+        name, token = request.match_info["name"], request.match_info["token"]
+        if not NAME_RE.match(name) or not self.tokens.check(token, "download", name, length=24):
+            raise web.HTTPNotFound(text="no such file")
+        path = self.downloads / name
+        if not path.is_file():
+            raise web.HTTPNotFound(text="no such file (its job may have ended)")
+        return web.FileResponse(path, headers={"Content-Type": "application/octet-stream"})
+
+    async def upload(self, request: web.Request) -> web.Response:
+        """BOINC's file upload exchange: a size query, or a header then the file's bytes from an offset."""
+        head = b""
+        while b"<data>\n" not in head and len(head) < MAX_HEADER_BYTES:
+            chunk = await request.content.read(8192)
+            if not chunk:
+                break
+            head += chunk
+        if b"<data>\n" not in head:
+            query = re.search(rb"<get_file_size>([^<]{1,200})</get_file_size>", head)
+            if query is None:
+                return _upload_reply(-1, "not a BOINC upload request", 400)
+            name = query.group(1).decode(errors="replace").strip()
+            if not self._output_name(name):
+                return _upload_reply(-1, "no such upload", 404)
+            part = self.uploads / f"{name}.part"
+            done = self.uploads / name
+            size = done.stat().st_size if done.exists() else part.stat().st_size if part.exists() else 0
+            return _upload_reply(0, size=size)
+        at = head.index(b"<data>\n")
+        header, rest = head[:at].decode(errors="replace"), head[at + len(b"<data>\n"):]
+        fields = {k: (found.group(1).strip() if (found := re.search(f"<{k}>(.*?)</{k}>", header, re.S)) else "")
+                  for k in ("name", "xml_signature", "max_nbytes", "nbytes", "md5_cksum", "offset")}
+        name = fields["name"]
+        try:
+            max_nbytes, nbytes, offset = (int(float(fields[k])) for k in ("max_nbytes", "nbytes", "offset"))
+        except ValueError:
+            return _upload_reply(-1, "the upload header's sizes are not numbers", 400)
+        if not self._output_name(name):
+            return _upload_reply(-1, f"no upload was asked for a file named {name[:80]!r}", 403)
+        if not self.tokens.check(fields["xml_signature"], "upload", name, max_nbytes):
+            return _upload_reply(-1, "bad upload token", 403)
+        if not 0 <= nbytes <= max_nbytes:
+            return _upload_reply(-1, f"a file of {nbytes:,} bytes is over its limit of {max_nbytes:,}", 413)
+        part, done = self.uploads / f"{name}.part", self.uploads / name
+        if done.exists():
+            return _upload_reply(0)  # sent again after a lost answer
+        have = part.stat().st_size if part.exists() else 0
+        if not 0 <= offset <= have:
+            return _upload_reply(-1, f"offset {offset} is past the {have} bytes received", 400)
+        return await self._receive(request, part, done, rest, offset, nbytes, fields["md5_cksum"])
+
+    async def _receive(self, request: web.Request, part: Path, done: Path, rest: bytes, offset: int, nbytes: int,
+                       md5: str) -> web.Response:
+        """Write the upload's bytes from `offset`, never beyond `nbytes`; check the MD5 once it is whole."""
+        received = offset
+        with open(part, "r+b" if part.exists() else "wb") as f:
+            f.truncate(offset)
+            f.seek(offset)
+            chunk = rest
+            while True:
+                received += len(chunk)
+                if received > nbytes:
+                    f.truncate(offset)
+                    return _upload_reply(-1, "more bytes than the header's nbytes", 413)
+                f.write(chunk)
+                chunk = await request.content.read(1 << 16)
+                if not chunk:
+                    break
+        if received < nbytes:
+            return _upload_reply(1, f"upload cut at {received:,} of {nbytes:,} bytes; resume")
+        digest = hashlib.md5(part.read_bytes()).hexdigest()
+        if md5 and digest != md5.lower():
+            part.unlink()
+            return _upload_reply(-1, "the file's MD5 does not match the header's", 400)
+        os.replace(part, done)
+        return _upload_reply(0)
+
+    def _output_name(self, name: str) -> bool:
+        """Whether `name` is the output file of a result this server made."""
+        return name.endswith(OUTPUT_SUFFIX) and instance_of(self.tokens, name[:-len(OUTPUT_SUFFIX)]) is not None
+
+
+def accounts_path(registry_path: Path | None, state_dir: Path) -> Path:
+    """Where the volunteer accounts live: beside the server's key registry (or in its state folder)."""
+    return (registry_path.parent if registry_path is not None else state_dir) / ACCOUNTS_NAME
+
+
+def serve_volunteers(server: Server, pools: Sequence[PoolSpec], state_dir: Path, listen: str,
+                     registry_path: Path | None) -> list[VolunteerPool]:
+    """Make the BOINC side of each volunteer pool and start it with `server`'s application (stopped with it).
+    The code-signing key and the token secret are made in `state_dir/volunteer` on the first start."""
+    folder = state_dir / "volunteer"
+    folder.mkdir(parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)
+    signer, tokens = load_or_make_signer(folder), Tokens.load_or_make(folder)
+    book = AccountBook(accounts_path(registry_path, state_dir))
+    hosts = Hosts(folder / HOSTS_NAME)
+    out = [VolunteerPool(server, spec, folder / spec.name, book, hosts, signer, tokens, listen) for spec in pools]
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        for pool in out:
+            await pool.start()
+        yield
+        for pool in out:
+            await pool.stop()
+
+    server.app.cleanup_ctx.append(lifecycle)
+    return out
