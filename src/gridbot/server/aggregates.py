@@ -14,6 +14,7 @@ import sqlite3
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -181,7 +182,8 @@ class SqlAggregates(Aggregates):
     def _connect(self) -> Any:
         """A connection of the console's own: read-only for SQLite, autocommit for PostgreSQL."""
         if isinstance(self.store, SQLiteStore):
-            conn = sqlite3.connect(f"file:{self.store.path}?mode=ro", uri=True, check_same_thread=False, timeout=30)
+            uri = Path(self.store.path).resolve().as_uri() + "?mode=ro"  # (a path with # or ? would cut it short)
+            conn = sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=30)
             conn.execute("PRAGMA query_only=ON")
             with contextlib.suppress(sqlite3.Error):  # built with its math functions (3.35 on)
                 conn.execute("SELECT log10(10.0)")

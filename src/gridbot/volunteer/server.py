@@ -51,13 +51,15 @@ from gridbot.volunteer.jobs import (
     result_name,
 )
 from gridbot.volunteer.reply import FileInfo, Reply, Work
-from gridbot.volunteer.request import RequestError, SchedulerRequest, parse_request
+from gridbot.volunteer.request import RequestError, SchedulerRequest, first_block, parse_request
 from gridbot.volunteer.signing import CodeSigner, Tokens, load_or_make_signer
 from gridbot.volunteer.wrapper import APP_NAME, TAIL_BYTES, WRAPPER_BYTES, WRAPPER_NAME, WRAPPER_VERSION
 
 log = logging.getLogger("gridbot.volunteer")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MAX_REQUEST_BYTES = 16 << 20
+AUTH_HEAD_BYTES = 64 << 10
+"""Where the account key must be found, from the start of a scheduler request (the client writes it near the top)."""
 """Largest scheduler request read (a client reporting hundreds of results with their stderr)."""
 MAX_HEADER_BYTES = 64 << 10
 AUTH_DELAY = 3600.0
@@ -207,18 +209,24 @@ class VolunteerPool:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return self._refuse(413, f"a scheduler request of over {MAX_REQUEST_BYTES:,} bytes")
-        try:
-            req = parse_request(body)
-        except RequestError as e:
-            return self._refuse(400, str(e))
+        # the account key first, from the head of the body, before the whole of it is parsed: a stranger's
+        # request of megabytes costs a search of a few kilobytes (the client writes it near the top)
+        key = first_block(body[:AUTH_HEAD_BYTES].decode("utf-8", "replace"), "authenticator")
+        if key is None:
+            return self._refuse(400, "a scheduler request must carry its account key (<authenticator>) near "
+                                     "its start")
         reply = Reply(self.settings.project_name, next_rpc_delay=self._rpc_delay())
-        account = self.book.authenticate(req.authenticator)
+        account = self.book.authenticate(key.strip())
         if account is None:
             reply.request_delay = AUTH_DELAY
             reply.messages.append(("high", "Invalid or revoked account key for this gridbot project: ask its "
                                            "operator for one (`gridbot volunteers add NAME`), then detach and "
                                            "attach again with it."))
             return _xml_response(reply.xml())
+        try:
+            req = parse_request(body)
+        except RequestError as e:
+            return self._refuse(400, str(e))
         now = time.time()
         try:
             vhost, new = self.hosts.resolve(account, req.hostid, req.cpid, self.spec.name, now)
@@ -457,12 +465,12 @@ class VolunteerPool:
             return _upload_reply(0, size=size)
         at = head.index(b"<data>\n")
         header, rest = head[:at].decode(errors="replace"), head[at + len(b"<data>\n"):]
-        fields = {k: (found.group(1).strip() if (found := re.search(f"<{k}>(.*?)</{k}>", header, re.S)) else "")
+        fields = {k: ((found or "").strip()[:1000] if (found := first_block(header, k)) is not None else "")
                   for k in ("name", "xml_signature", "max_nbytes", "nbytes", "md5_cksum", "offset")}
         name = fields["name"]
         try:
             max_nbytes, nbytes, offset = (int(float(fields[k])) for k in ("max_nbytes", "nbytes", "offset"))
-        except ValueError:
+        except (ValueError, OverflowError):
             return _upload_reply(-1, "the upload header's sizes are not numbers", 400)
         if not self._output_name(name):
             return _upload_reply(-1, f"no upload was asked for a file named {name[:80]!r}", 403)
@@ -505,8 +513,15 @@ class VolunteerPool:
         return _upload_reply(0)
 
     def _output_name(self, name: str) -> bool:
-        """Whether `name` is the output file of a result this server made."""
-        return name.endswith(OUTPUT_SUFFIX) and instance_of(self.tokens, name[:-len(OUTPUT_SUFFIX)]) is not None
+        """Whether `name` is the output file of a result this server made and still waits for (an instance still
+        out, or overdue, whose late result is still taken: an upload for one that ended would only fill the disk
+        until the next sweep)."""
+        if not name.endswith(OUTPUT_SUFFIX):
+            return False
+        iid = instance_of(self.tokens, name[:-len(OUTPUT_SUFFIX)])
+        if iid is None:
+            return False
+        return self.server.service.dispatcher.view.instance(iid) is not None
 
 
 def accounts_path(registry_path: Path | None, state_dir: Path) -> Path:
