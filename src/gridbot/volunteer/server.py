@@ -513,15 +513,8 @@ class VolunteerPool:
         return _upload_reply(0)
 
     def _output_name(self, name: str) -> bool:
-        """Whether `name` is the output file of a result this server made and still waits for (an instance still
-        out, or overdue, whose late result is still taken: an upload for one that ended would only fill the disk
-        until the next sweep)."""
-        if not name.endswith(OUTPUT_SUFFIX):
-            return False
-        iid = instance_of(self.tokens, name[:-len(OUTPUT_SUFFIX)])
-        if iid is None:
-            return False
-        return self.server.service.dispatcher.view.instance(iid) is not None
+        """Whether `name` is the output file of a result this server made."""
+        return name.endswith(OUTPUT_SUFFIX) and instance_of(self.tokens, name[:-len(OUTPUT_SUFFIX)]) is not None
 
 
 def accounts_path(registry_path: Path | None, state_dir: Path) -> Path:
