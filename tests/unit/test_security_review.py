@@ -58,7 +58,7 @@ def test_a_malformed_scheduler_request_is_read_in_linear_time():
     started = time.perf_counter()
     with pytest.raises(RequestError):  # no authenticator: refused, as it should be, but only after the scans
         parse_request(body)
-    assert time.perf_counter() - started < 0.3
+    assert time.perf_counter() - started < 1.0  # (linear: milliseconds; the quadratic scans took seconds)
 
 
 def test_an_upload_header_of_unclosed_tags_is_refused_quickly(tmp_path):
@@ -74,23 +74,27 @@ def test_an_upload_header_of_unclosed_tags_is_refused_quickly(tmp_path):
 
     status, seconds = _run(go())
     assert 400 <= status < 500
-    assert seconds < 0.3, f"one 54 KB upload header held the event loop for {seconds:.1f} s"
+    assert seconds < 1.0, f"one 54 KB upload header held the event loop for {seconds:.1f} s"  # (was 2 s and more)
 
 
-def test_a_large_request_with_a_bad_account_key_is_refused_cheaply(tmp_path):
+def test_a_large_request_with_a_bad_account_key_is_refused_cheaply(tmp_path, monkeypatch):
+    """(Checked by what runs, not by time: the whole body is never parsed for a stranger.)"""
+    from gridbot.volunteer import server as door
+
     _, pool, _ = _pool(tmp_path)
     body = _request("0" * 52, extra="<x/>" * (2 << 20))  # 8 MB: half of what a request may be
+    parsed: list[int] = []
+    real = door.parse_request
+    monkeypatch.setattr(door, "parse_request", lambda b: parsed.append(len(b)) or real(b))
 
-    async def go() -> tuple[int, str, float]:
+    async def go() -> tuple[int, str]:
         async with TestClient(TestServer(pool.app)) as c:
-            started = time.perf_counter()
             r = await c.post("/scheduler", data=body)
-            text = await r.text()
-            return r.status, text, time.perf_counter() - started
+            return r.status, await r.text()
 
-    status, text, seconds = _run(go())
+    status, text = _run(go())
     assert "Invalid or revoked account key" in text or status in (400, 401, 403, 413)
-    assert seconds < 0.5, f"an unauthenticated 8 MB scheduler request took {seconds:.1f} s of the event loop"
+    assert parsed == [], "an 8 MB scheduler request with a bad account key was parsed whole before the check"
 
 
 # -- 2. a 500 from an unauthenticated request ----------------------------------------------------------------
@@ -177,11 +181,6 @@ def test_a_doctype_after_four_kilobytes_is_refused():
 # -- 5. one BOINC client attached to two volunteer pools of one server -------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="accounts.py:372-391 `Hosts.resolve` finds a host by the account's CPID "
-                   "whatever its pool, and server.py:296 makes it the gridbot host `boinc-N` of the pool that asked: "
-                   "a client attached to two volunteer pools (two BOINC projects: each request lists only its own "
-                   "project's results) is one gridbot host whose every RPC to one pool loses the instances it runs "
-                   "for the other (dispatcher.request_work: held but neither running nor reported)")
 def test_a_client_attached_to_two_volunteer_pools_keeps_the_jobs_of_both(tmp_path):
     service = Service(MemoryStore())
     server = Server(service)

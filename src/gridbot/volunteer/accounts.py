@@ -169,13 +169,15 @@ class Hosts:
     def resolve(self, account: Account, hostid: int, cpid: str, pool: str, now: float) -> tuple[VolunteerHost, bool]:
         """The host a request comes from, and whether it is new (its id must then go in the reply).
 
-        The id the client sent counts if it is this account's; else the account's host with the same CPID;
-        else a new host (AccountError past MAX_HOSTS_PER_ACCOUNT)."""
+        The id the client sent counts if it is this account's in this pool; else the account's host in this pool
+        with the same CPID; else a new host (AccountError past MAX_HOSTS_PER_ACCOUNT). A client attached to two
+        volunteer pools is two hosts, as it is two hosts to two BOINC projects: each pool's requests list only
+        that pool's results, and one host would lose the other pool's instances at every request."""
         known = self._by_id.get(hostid)
-        if known is not None and known.account_id == account.account_id:
+        if known is not None and known.account_id == account.account_id and known.pool == pool:
             return known, False
         mine = [h for h in self.table.hosts if h.account_id == account.account_id]
-        same = next((h for h in mine if cpid and h.cpid == cpid), None)
+        same = next((h for h in mine if cpid and h.cpid == cpid and h.pool == pool), None)
         if same is not None:
             return same, True
         if len(mine) >= MAX_HOSTS_PER_ACCOUNT:
