@@ -16,16 +16,14 @@ import os
 import statistics
 import sys
 import threading
-import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import harness
-from suite import idle_workers, sweep, wait_registered, wait_until
-
-from gridbot.client import Client
+from suite import gridbot_end_to_end
 
 PAGES = ("/v1/console/bags", "/v1/console/bags/e2e", "/v1/console/pools",
          "/v1/console/hosts?size=50&sort=error_rate&desc=1")
@@ -45,28 +43,30 @@ def poll(url: str, token: str | None, every: float, stop: threading.Event, count
         stop.wait(every)
 
 
+@contextmanager
+def consoles(url: str, pollers: int, every: float, count: list[int]) -> Iterator[None]:
+    """`pollers` consoles polling the server at `url` while the block runs (the requests answered go in `count`)."""
+    access = os.environ.get("GRIDBOT_ACCESS")
+    token = json.loads(Path(access).read_text())["admin"] if access else None
+    stop = threading.Event()
+    threads = [threading.Thread(target=poll, args=(url, token, every, stop, count), daemon=True)
+               for _ in range(pollers)]
+    for th in threads:
+        th.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for th in threads:
+            th.join()
+
+
 def run(jobs: int, pollers: int, every: float) -> tuple[float, int]:
-    """(jobs/s from the submission to the client seeing every job done, console requests answered)."""
-    with harness.workdir() as t:
-        tmp = Path(t)
-        db = f"sqlite:///{tmp}/gridbot.db"
-        with harness.server(db, tmp) as srv, Client(srv.url) as client, \
-                idle_workers(srv.url, 2, tmp, "--slots", "1", "--prefetch", "1", "--prefetch-seconds", "1") as procs:
-            wait_registered(client, 2, procs)
-            access = os.environ.get("GRIDBOT_ACCESS")
-            token = json.loads(Path(access).read_text())["admin"] if access else None
-            stop, count = threading.Event(), [0]
-            threads = [threading.Thread(target=poll, args=(srv.url, token, every, stop, count), daemon=True)
-                       for _ in range(pollers)]
-            for th in threads:
-                th.start()
-            start = time.time()
-            client.submit(sweep("e2e", jobs, "sh -c true"))
-            end = wait_until(client, "e2e")
-            stop.set()
-            for th in threads:
-                th.join()
-    return jobs / (end - start), count[0]
+    """(jobs/s from the submission to the client seeing every job done, console requests answered): scenario 1's
+    own run (suite.gridbot_end_to_end), with the consoles polling while it is timed."""
+    count = [0]
+    rate, _ = gridbot_end_to_end(jobs, "sh -c true", lambda url: consoles(url, pollers, every, count))
+    return rate, count[0]
 
 
 def main() -> None:

@@ -38,6 +38,7 @@ PostgreSQL commits (fsync, synchronous_commit).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -124,17 +125,20 @@ def started(fleet: Fleet, client: Client, url: str, tmp: Path) -> Iterator[None]
 
 # -- scenario 1 -----------------------------------------------------------------------------------
 
-def gridbot_end_to_end(jobs: int, command: str = "sh -c true") -> tuple[float, float]:
-    """(jobs/s from the submission to the client seeing every job done, seconds to the first result)."""
+def gridbot_end_to_end(jobs: int, command: str = "sh -c true",
+                       during: Callable[[str], AbstractContextManager[object]] | None = None) -> tuple[float, float]:
+    """(jobs/s from the submission to the client seeing every job done, seconds to the first result); `during`
+    (given the server's URL) is entered once the workers wait and left when the bag is done (console_cost.py)."""
     with harness.workdir() as t:
         tmp = Path(t)
         db = f"sqlite:///{tmp}/gridbot.db"
         with harness.server(db, tmp) as srv, Client(srv.url) as client, \
                 idle_workers(srv.url, 2, tmp, "--slots", "1", "--prefetch", "1", "--prefetch-seconds", "1") as procs:
             wait_registered(client, 2, procs)
-            start = time.time()
-            client.submit(sweep("e2e", jobs, command))
-            end = wait_until(client, "e2e")
+            with during(srv.url) if during is not None else contextlib.nullcontext():
+                start = time.time()
+                client.submit(sweep("e2e", jobs, command))
+                end = wait_until(client, "e2e")
         first = min(e for _, e in harness.instance_times(db))
     return jobs / (end - start), first - start
 
