@@ -541,3 +541,76 @@ def test_a_restarted_dispatcher_bills_what_the_bags_spent_before(store):
     again.restore(snap)
     again.pool_ads = d.pool_ads
     assert again.view.bill(row.bag_id) == before
+
+
+def test_a_restart_keeps_a_quorums_votes_in_every_store(store):
+    """Issue 19: results of quorum jobs waiting for their quorum are stored as votes; a restarted server counts
+    them (job 0: alice's vote then bob's agreeing result ends it; job 1: alice's vote, bob failed, so it is queued
+    again with the vote and carol's agreeing result ends it)."""
+    spec = parse_spec('command = "echo {i}"\nquorum = 2\nmax_failures = 5\n[parameters]\ni = [1, 2]\n', "t", "q")
+    row = store.create_bag(spec, None, {}, 0.0)
+
+    def who(name: str) -> HostInfo:
+        return HostInfo(name, name, "Linux", 1, 0, 1, "local", account=f"volunteer:{name}")
+
+    def fresh() -> Dispatcher:
+        d = Dispatcher(DispatchConfig(check_invariants=True, host_timeout=1e9), factory())
+        d.restore(store.snapshot())
+        return d
+
+    def ask(d: Dispatcher, host: str, now: float, reports=(), want: int = 2) -> list:
+        for req in d.needs_feed():
+            d.feed(req.bag_id, store.queued_jobs(req.bag_id, req.after, req.limit), req.limit)
+        answer, changes = d.request_work(who(host), want, [], now, list(reports))
+        store.apply(changes)
+        return answer.assignments
+
+    def done(a, out: str = "same") -> InstanceReport:
+        return InstanceReport(a.instance_id, Outcome.SUCCESS, 0, 1.0, 1.0, stdout_tail=out)
+
+    d = fresh()
+    at_a = {x.job_id: x for x in ask(d, "a", 1.0)}
+    at_b = {x.job_id: x for x in ask(d, "b", 2.0)}
+    assert sorted(at_a) == sorted(at_b) and len(at_a) == 2, "each job's second copy goes to another account"
+    first, second = sorted(at_a)
+    ask(d, "a", 3.0, [done(at_a[first]), done(at_a[second])])
+    ask(d, "b", 4.0, [InstanceReport(at_b[second].instance_id, Outcome.FAILURE, 1, 1.0, 1.0)], want=0)
+    assert len(store.snapshot().votes) == 2
+
+    d = fresh()
+    ask(d, "b", 5.0, [done(at_b[first])], want=0)
+    assert store.jobs(row.bag_id, JobState.DONE)[0].job_id == first, "alice's vote and bob's agree"
+    again = ask(d, "c", 6.0)
+    assert [x.job_id for x in again] == [second], "the job bob failed is queued with alice's vote"
+    ask(d, "c", 7.0, [done(again[0])])
+    assert store.bag(row.bag_id).counts.done == 2, "carol's result and alice's stored vote make the quorum"
+    assert ask(fresh(), "a", 8.0) == [], "nothing runs again"
+    assert store.snapshot().votes == []
+
+
+def test_a_retried_quorum_job_forgets_its_old_votes(store):
+    """A quorum job that failed (two results that disagree, `max_instances = 2`) and is retried starts its quorum
+    anew: the old votes are not taken up by a restart."""
+    spec = parse_spec('command = "true"\nquorum = 2\nmax_instances = 2\n', "t", "q1")
+    row = store.create_bag(spec, None, {}, 0.0)
+    d = Dispatcher(DispatchConfig(check_invariants=True, host_timeout=1e9), factory())
+    d.restore(store.snapshot())
+    for req in d.needs_feed():
+        d.feed(req.bag_id, store.queued_jobs(req.bag_id, req.after, req.limit), req.limit)
+    sent = {}
+    for t, name in enumerate("ab"):
+        answer, changes = d.request_work(HostInfo(name, name, "Linux", 1, 0, 1, "local", account=name), 1, [], t)
+        store.apply(changes)
+        sent[name] = answer.assignments[0]
+    for t, name in enumerate("ab"):
+        report = InstanceReport(sent[name].instance_id, Outcome.SUCCESS, 0, 1.0, 1.0, stdout_tail=name)
+        _, changes = d.request_work(HostInfo(name, name, "Linux", 1, 0, 1, "local", account=name), 0, [], 5 + t,
+                                    [report])
+        store.apply(changes)
+    bag = store.bag(row.bag_id)
+    assert bag.state is BagState.FAILED and store.snapshot().votes == []
+    failed = [QueuedJob(j.job_id, j.index, j.line, j.failures, j.attempts)
+              for j in store.jobs(row.bag_id, JobState.FAILED)]
+    store.apply(d.retry(BagSnapshot(bag.bag_id, bag.spec, bag.counts, bag.created_at), bag.state, failed, 30.0))
+    assert store.bag(row.bag_id).state is BagState.ACTIVE
+    assert store.snapshot().votes == [], "the retried job's votes are forgotten"

@@ -302,9 +302,6 @@ def test_a_job_routed_to_a_pool_its_bag_no_longer_accepts_can_still_run():
     assert len(got) == 2, "the only pool the bag accepts now has a host asking"
 
 
-@pytest.mark.xfail(strict=True, reason="Dispatcher.restore rebuilds neither job.candidates (the stored results "
-                   "waiting for their quorum) nor job.single nor the queued copies: after a restart a vote already "
-                   "in is forgotten, the job needs another instance, and the forgotten host is never judged")
 def test_a_restart_keeps_the_quorum_votes_already_in():
     from gridbot.core.config import DispatchConfig
     from gridbot.core.dispatcher import Dispatcher

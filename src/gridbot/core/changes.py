@@ -70,6 +70,9 @@ class InstanceUpdate(msgspec.Struct, frozen=True):
     report: InstanceReport | None = None
     event_id: int = 0
     """The event that moved it (a report, a tick that found it late, a cancel, ...)."""
+    vote: bytes | None = None
+    """A quorum job's result waiting for its quorum: what it says (the digest the quorum compares), kept so that
+    a restarted server counts it still (`Snapshot.votes`)."""
 
 
 class JobUpdate(msgspec.Struct, frozen=True):
@@ -208,6 +211,24 @@ class LiveInstance(msgspec.Struct, frozen=True):
     job_attempts: int
 
 
+class VoteRow(msgspec.Struct, frozen=True):
+    """A result of a queued or running quorum job of an active bag, stored while its quorum is not in."""
+
+    instance_id: int
+    job_id: int
+    bag_id: int
+    host_id: str
+    sent_at: float
+    ended_at: float
+    cpu_s: float
+    vote: bytes
+    job_index: int
+    job_line: str | None
+    job_state: JobState
+    job_failures: int
+    job_attempts: int
+
+
 class BagSnapshot(msgspec.Struct, frozen=True):
     """An active bag as the store holds it."""
 
@@ -243,6 +264,8 @@ class Snapshot(msgspec.Struct, frozen=True):
     history: list[EndedRow] = msgspec.field(default_factory=list)
     """The active bags' last instances that ended or were lost (at most `HISTORY_ROWS` each), oldest first:
     what their strategies characterize the pools and the bags' work from (BagRecord.history)."""
+    votes: list[VoteRow] = msgspec.field(default_factory=list)
+    """The quorum jobs' results still waiting for their quorum, oldest first."""
 
 
 HISTORY_ROWS = 2_000

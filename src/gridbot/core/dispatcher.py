@@ -29,7 +29,18 @@ from gridbot.core.diagnostics import stuck
 from gridbot.core.feeder import FeedRequest
 from gridbot.core.hosts import QUICK_FAILURE_S
 from gridbot.core.kernel import Kernel
-from gridbot.core.records import BagRecord, Ended, HostRecord, Instance, Job, PoolRecord, SplitMix, State, guarded
+from gridbot.core.records import (
+    BagRecord,
+    Candidate,
+    Ended,
+    HostRecord,
+    Instance,
+    Job,
+    PoolRecord,
+    SplitMix,
+    State,
+    guarded,
+)
 from gridbot.core.strategy import Choice, LevelReport, Migration, QosReport, StrategyFactory
 from gridbot.core.view import BagView, DispatchView
 from gridbot.model.pools import PoolMonitor
@@ -166,7 +177,35 @@ class Dispatcher:
                     host.unconfirmed.add(li.instance_id)  # the answer sending it may have died with the server
             else:
                 job.overdue = (job.overdue or set()) | {li.instance_id}
+        self._restore_votes(snapshot)
         k.check()
+
+    def _restore_votes(self, snapshot: Snapshot) -> None:
+        """The quorum jobs' results still waiting for their quorum count again, and each running quorum job gets
+        the copies it lacks queued again (those queued and not sent died with the server). A job sent alone to a
+        host of a trusted pool stays alone; one sent alone for its host's record (adaptive replication) gets a
+        copy: whether its spot check applied is not stored, and a copy too many is the safe side."""
+        k, s = self._k, self._s
+        for v in snapshot.votes:
+            if v.bag_id not in s.bags:
+                continue
+            job = s.jobs.get(v.job_id)
+            if job is None:
+                job = s.jobs[v.job_id] = Job(v.job_id, v.bag_id, v.job_index, v.job_line, v.job_state,
+                                             v.job_failures, v.job_attempts)
+            job.candidates = [*(job.candidates or ()),
+                              Candidate(v.instance_id, v.host_id, k.account(v.host_id), v.vote, v.sent_at, v.cpu_s,
+                                        v.ended_at)]
+        for job in s.jobs.values():
+            bag = s.bags.get(job.bag_id)
+            if bag is None or bag.spec.quorum <= 1 or job.state is not JobState.RUNNING:
+                continue
+            if not job.candidates and len(job.live) == 1:
+                host = s.hosts.get(s.instances[next(iter(job.live))].host_id)
+                if host is not None and k.trusted(host):
+                    job.single = host.info.host_id
+                    continue
+            k.want_copies(bag, job)
 
     def holds(self, host_id: str, bag_id: int) -> bool:
         """Whether the host runs (or holds) an instance of the bag now: it may then read the bag's inputs."""

@@ -201,7 +201,7 @@ class Kernel:
                 self.move(inst, InstanceState.WASTED, now, "a result already existed", r, changes)
                 bag.counts.wasted += 1
                 self.emit_bag(bag)
-            elif bag.spec.quorum > 1 and job.single != inst.host_id and not (host is not None and self._trusted(host)):
+            elif bag.spec.quorum > 1 and job.single != inst.host_id and not (host is not None and self.trusted(host)):
                 self._candidate(bag, job, inst, host, r, now, changes)
                 return
             else:
@@ -232,14 +232,15 @@ class Kernel:
         host = self.s.hosts.get(host_id)
         return (host.info.account or host_id) if host is not None else host_id
 
-    def _trusted(self, host: HostRecord) -> bool:
+    def trusted(self, host: HostRecord) -> bool:
+        """Whether the host's pool is trusted: its results count as a quorum alone."""
         return (self.s.pool_ads.get(host.info.pool) or {}).get("Trusted") is True
 
     def _quorum_copies(self, bag: BagRecord, job: Job, host: HostRecord) -> None:
         """After an instance of a quorum job was sent: the first one to a trusted pool, or to a host with a long
         streak of valid results (but for a `spot_check` share, drawn from a seed the server keeps secret), goes
         alone; else the job gets another copy queued until enough are out for a quorum."""
-        if job.attempts == 1 and not job.candidates and (self._trusted(host) or (
+        if job.attempts == 1 and not job.candidates and (self.trusted(host) or (
                 host.stats.valid_streak >= ADAPTIVE_STREAK and self.rng.random() >= bag.spec.spot_check)):
             job.single = host.info.host_id
             return
@@ -268,7 +269,8 @@ class Kernel:
         cands.append(Candidate(inst.instance_id, inst.host_id, account, digest, inst.sent_at, r.cpu_s, now))
         job.candidates = cands
         agree = [c for c in cands if c.digest == digest]
-        self.move(inst, InstanceState.DONE, now, f"a result for the quorum: {len(agree)} of {q} agree", r, changes)
+        self.move(inst, InstanceState.DONE, now, f"a result for the quorum: {len(agree)} of {q} agree", r, changes,
+                  vote=digest)
         if len(agree) >= q:
             winner = agree[0]
             for c in cands:
@@ -380,12 +382,12 @@ class Kernel:
         return inst.state is InstanceState.RUNNING
 
     def move(self, inst: Instance, state: InstanceState, now: float, reason: str,
-             report: InstanceReport | None, changes: Changes) -> None:
+             report: InstanceReport | None, changes: Changes, vote: bytes | None = None) -> None:
         check_transition(INSTANCE_TRANSITIONS, inst.state, state)
         inst.state = state
         if state is not InstanceState.OVERDUE:
             self.s.instances.pop(inst.instance_id, None)
-        changes.instances.append(InstanceUpdate(inst.instance_id, state, now, reason, report, self.event_id))
+        changes.instances.append(InstanceUpdate(inst.instance_id, state, now, reason, report, self.event_id, vote))
 
     # -- jobs -----------------------------------------------------------------------------------------
 

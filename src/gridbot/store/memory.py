@@ -21,6 +21,7 @@ from gridbot.core.changes import (
     LiveInstance,
     QueuedJob,
     Snapshot,
+    VoteRow,
 )
 from gridbot.core.ledger import Ledger, Usage
 from gridbot.model.spec import BagSpec
@@ -50,6 +51,7 @@ class _Inst:
     sent_event: int | None = None
     end_event: int | None = None
     overdue_event: int | None = None
+    vote: bytes | None = None
 
 
 @dataclass
@@ -199,8 +201,17 @@ class MemoryStore(Store):
                     inst.bag_id, iid, inst.row.sent_at, inst.row.ended_at, inst.row.state,
                     pools.get(inst.row.host_id, "")))
         history = [row for rows in ended.values() for row in rows[-HISTORY_ROWS:]]
+        votes = []
+        for iid in sorted(self.d.instances):
+            inst = self.d.instances[iid]
+            job = self.d.jobs[inst.row.job_id]
+            if (inst.vote is not None and inst.bag_id in active and inst.row.state is InstanceState.DONE
+                    and job.state in (JobState.QUEUED, JobState.RUNNING)):
+                votes.append(VoteRow(iid, job.job_id, inst.bag_id, inst.row.host_id, inst.row.sent_at,
+                                     inst.row.ended_at or 0.0, inst.row.cpu_s or 0.0, inst.vote, job.index, job.line,
+                                     job.state, job.failures, job.attempts))
         return Snapshot(bags, live, list(self.d.hosts.values()), max(self.d.instances, default=0) + 1,
-                        max(self.d.events, default=0) + 1, usage, history)
+                        max(self.d.events, default=0) + 1, usage, history, votes)
 
     def queued_jobs(self, bag_id: int, after: int, limit: int) -> list[QueuedJob]:
         ids = self.d.job_ids.get(bag_id, [])
@@ -234,6 +245,8 @@ class MemoryStore(Store):
                 inst.overdue_event = u.event_id
             if u.state is InstanceState.DONE and r is not None and r.outputs:
                 d.outputs[u.instance_id] = dict(r.outputs)
+            if u.vote is not None:
+                inst.vote = u.vote
         for bag_id in changes.cancelled_bags:
             for job_id in d.job_ids.get(bag_id, []):
                 job = d.jobs[job_id]
@@ -249,6 +262,7 @@ class MemoryStore(Store):
         for job_id in dict.fromkeys(changes.retired_jobs):
             for iid in d.by_job.get(job_id, []):
                 inst = d.instances[iid]
+                inst.vote = None
                 if inst.row.state is InstanceState.OVERDUE:
                     inst.row = msgspec.structs.replace(inst.row, state=InstanceState.CANCELLED, reason=RETIRED)
                     inst.end_event, retired = retiring or inst.end_event, True

@@ -166,6 +166,13 @@ ALTER TABLE instances ADD COLUMN end_event BIGINT;
 ALTER TABLE instances ADD COLUMN overdue_event BIGINT;
 """,
     ),
+    (
+        8,
+        """
+ALTER TABLE instances ADD COLUMN vote {blob};
+CREATE INDEX instances_votes ON instances (job_id) WHERE vote IS NOT NULL;
+""",
+    ),
 ]
 """Version 3: a job's state was in an index, so each of its moves (queued, running, done) rewrote an index
 entry; now only entering or leaving 'queued' (the feeder's query) or 'failed' (the listing people ask
@@ -181,6 +188,8 @@ that sent it, found it overdue and ended it, and whether it was a replica, for `
 --story`. Each of these columns is written once, in the batch of its event, so an event's `refs` (the rows
 that cite it) is known when it is written, and deleting a bag takes its rows' share off: the events left
 with none are pruned. Indexes of the instances by their event columns would have told the same, at the
-price of two index entries per instance (about a tenth more time per batch on SQLite)."""
+price of two index entries per instance (about a tenth more time per batch on SQLite). Version 8 (issue 19):
+the results of quorum jobs waiting for their quorum, as the digest the quorum compares, so that a restart
+keeps the votes already in; only those rows are in the index, and a job retried or revised forgets them."""
 
 LATEST = MIGRATIONS[-1][0]

@@ -30,6 +30,7 @@ from gridbot.core.changes import (
     LiveInstance,
     QueuedJob,
     Snapshot,
+    VoteRow,
 )
 from gridbot.core.hosts import HostStats
 from gridbot.core.ledger import Usage
@@ -111,6 +112,12 @@ SQL = {
                       "FROM instances i "
                       "JOIN jobs j ON j.id = i.job_id JOIN bags b ON b.id = i.bag_id "
                       "WHERE i.state IN ('running', 'overdue') AND b.state = 'active' ORDER BY i.id",
+    "votes": "SELECT i.id, i.job_id, i.bag_id, i.host_id, i.sent_at, i.ended_at, i.cpu_s, i.vote, j.idx, j.line, "
+             "j.state, j.failures, j.attempts FROM instances i JOIN jobs j ON j.id = i.job_id "
+             "JOIN bags b ON b.id = i.bag_id WHERE i.vote IS NOT NULL AND i.state = 'done' "
+             "AND j.state IN ('queued', 'running') AND b.state = 'active' ORDER BY i.id",
+    "set_vote": "UPDATE instances SET vote = ? WHERE id = ?",
+    "forget_votes": "UPDATE instances SET vote = NULL WHERE job_id = ? AND vote IS NOT NULL",
     "max_instance": "SELECT COALESCE(MAX(id), 0) FROM instances",
     "max_event": "SELECT COALESCE(MAX(event_id), 0) FROM events",
     "usage": "SELECT bag_id, host_id, COUNT(*), SUM(wall_s), MAX(ended_at) FROM instances WHERE wall_s IS NOT NULL "
@@ -197,6 +204,7 @@ class _Rows:
         self.marked: list[tuple[Any, ...]] = []
         self.overdue: list[tuple[Any, ...]] = []
         self.outputs: list[tuple[Any, ...]] = []
+        self.votes = [(u.vote, u.instance_id) for u in changes.instances if u.vote is not None]
         updates = changes.instances
         if len({u.instance_id for u in updates}) != len(updates):
             last = {u.instance_id: u for u in updates}
@@ -470,6 +478,10 @@ class SqlStore(Store):
             cur.execute(self._sql("live_instances"))
             live = [LiveInstance(r[0], r[1], r[2], r[3], InstanceState(r[4]), r[5], r[6], r[7], r[8], JobState(r[9]),
                                  r[10], r[11]) for r in cur.fetchall()]
+            cur.execute(self._sql("votes"))
+            votes = [VoteRow(int(r[0]), int(r[1]), int(r[2]), r[3], float(r[4]), float(r[5]), float(r[6] or 0.0),
+                             bytes(r[7]), int(r[8]), r[9], JobState(r[10]), int(r[11]), int(r[12]))
+                     for r in cur.fetchall()]
             cur.execute(self._sql("max_instance"))
             next_id = cur.fetchone()[0] + 1
             cur.execute(self._sql("max_event"))
@@ -489,7 +501,7 @@ class SqlStore(Store):
                 history.extend(reversed([EndedRow(int(r[0]), int(r[1]), float(r[2]),
                                                   None if r[3] is None else float(r[3]), InstanceState(r[4]), r[5])
                                          for r in cur.fetchall()]))
-        return Snapshot(active, live, hosts, next_id, next_event, usage, history)
+        return Snapshot(active, live, hosts, next_id, next_event, usage, history, votes)
 
     def queued_jobs(self, bag_id: int, after: int, limit: int) -> list[QueuedJob]:
         with self._tx(write=False) as cur:
@@ -507,6 +519,8 @@ class SqlStore(Store):
             self._write(cur, "note_overdue", rows.overdue)
             if rows.outputs:
                 self._write_many(cur, "insert_output", rows.outputs)
+            if rows.votes:
+                self._write_many(cur, "set_vote", rows.votes)
             for bag_id in changes.cancelled_bags:
                 cur.execute(self._sql("cancel_queued"), (bag_id,))
             self._write(cur, "update_job", rows.jobs)
@@ -516,6 +530,7 @@ class SqlStore(Store):
                 cur.execute(self._sql("retire_overdue"), (RETIRED, rows.retire_event, job_id))
                 if rows.retire_event is not None:
                     rows.refs[rows.retire_event] += max(0, cur.rowcount)
+                cur.execute(self._sql("forget_votes"), (job_id,))
             if rows.decisions:
                 self._write_many(cur, "insert_decision", rows.decisions)
             self._write(cur, "insert_event", rows.events(changes))
