@@ -224,6 +224,15 @@ class HostInfoRow(msgspec.Struct, frozen=True):
     """The host keeps failing jobs right after starting them: the default policy gives it no work."""
     refused: int = 0
     """Reports this host sent for instances it was not running (another host's, or forged): ignored."""
+    valid: int = 0
+    """Its results a quorum judged valid (bags with `quorum`)."""
+    invalid: int = 0
+    """Its results a quorum judged invalid: never returned to the bag's owner."""
+    invalid_rate: float = 0.0
+    speed: float = 0.0
+    """GFLOPS of one of its CPUs where measured (a volunteer's BOINC benchmark); 0: unknown."""
+    account: str = ""
+    """Whose host it is, where its pool knows (a volunteer's account)."""
 
 
 class PoolInfo(msgspec.Struct, frozen=True):

@@ -576,6 +576,8 @@ def test_a_restart_keeps_a_quorums_votes_in_every_store(store):
     ask(d, "a", 3.0, [done(at_a[first]), done(at_a[second])])
     ask(d, "b", 4.0, [InstanceReport(at_b[second].instance_id, Outcome.FAILURE, 1, 1.0, 1.0)], want=0)
     assert len(store.snapshot().votes) == 2
+    assert {h.info.host_id: h.info.account for h in store.snapshot().hosts} == {
+        n: f"volunteer:{n}" for n in "ab"}, "a restored vote stays its account's"
 
     d = fresh()
     ask(d, "b", 5.0, [done(at_b[first])], want=0)

@@ -386,7 +386,7 @@ def test_a_host_that_cheats_only_where_it_is_not_checked_is_caught():
 
 
 def test_two_different_results_never_have_the_same_quorum_digest():
-    from gridbot.core.kernel import _digest
+    from gridbot.model.records import result_digest as _digest
 
     with_file = InstanceReport(1, Outcome.SUCCESS, 0, 1.0, 1.0, "", "A", "", {"o": b"B"})
     spelled = InstanceReport(2, Outcome.SUCCESS, 0, 1.0, 1.0, "", "A\0o\0" + "1\0B", "", {})

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import click
 import msgspec
+from rich.markup import escape
 
 from gridbot.cli import render
 from gridbot.cli.options import KNOBS, DispatchCommand, dispatch_options, knob_option
@@ -88,18 +89,20 @@ def friendly(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except SpecError as e:
-            render.err_console.print(f"[bold red]error:[/] {e.source} has {len(e.problems)} problem(s):", markup=True,
+            render.err_console.print(f"[bold red]error:[/] {escape(e.source)} has {len(e.problems)} problem(s):",
+                                     markup=True,
                                      soft_wrap=True)
             render.err_console.print(str(e), markup=False, soft_wrap=True)
             sys.exit(2)
         except ApiError as e:
-            render.err_console.print(f"[bold red]error:[/] {e}", markup=True, soft_wrap=True)
+            # the message is the server's words, with TOML tables like [validators.x] in its hints: not markup
+            render.err_console.print(f"[bold red]error:[/] {escape(str(e))}", markup=True, soft_wrap=True)
             sys.exit(2)
         except ServerUnavailable as e:
-            render.err_console.print(f"[bold red]error:[/] {e}", soft_wrap=True)
+            render.err_console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
             sys.exit(1)
         except GridbotError as e:
-            render.err_console.print(f"[bold red]error:[/] {e}", soft_wrap=True)
+            render.err_console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
             sys.exit(2)
 
     return wrapper  # type: ignore[return-value]
@@ -209,7 +212,8 @@ def server(db: str, host: str, port: int, dispatch: DispatchConfig, max_jobs: in
     from aiohttp import web
 
     from gridbot.model.hierarchy import QueueSpec
-    from gridbot.model.pools import PoolSpec, parse_pools_file
+    from gridbot.model.pools import PoolSpec, parse_server_file
+    from gridbot.model.validators import ValidatorSpec
     from gridbot.server import secure
     from gridbot.server.app import Server
     from gridbot.server.service import Service, ServiceConfig
@@ -218,12 +222,13 @@ def server(db: str, host: str, port: int, dispatch: DispatchConfig, max_jobs: in
     logging.getLogger("gridbot").setLevel(min(logging.INFO, logging.getLogger().level))
     pool_specs: list[PoolSpec] = []
     queues: list[QueueSpec] = []
+    validators: list[ValidatorSpec] = []
     if pools_file is not None:
         try:
             text = pools_file.read_text()
         except OSError as e:
             raise GridbotError(f"cannot read pools file {pools_file}: {e.strerror}") from e
-        pool_specs, queues = parse_pools_file(text, str(pools_file))
+        pool_specs, queues, validators = parse_server_file(text, str(pools_file))
     secure.check_options(host, no_auth, tls_mode, tls_cert, tls_key)
     store = open_store(db)  # a wrong --db is refused before any key or certificate is made
     try:
@@ -235,10 +240,11 @@ def server(db: str, host: str, port: int, dispatch: DispatchConfig, max_jobs: in
     if dispatch.failover_after and not dispatch.reliable_pools:
         raise click.UsageError("--failover-after needs at least one --reliable-pool to send the jobs to")
     config = ServiceConfig(dispatch, max_jobs=max_jobs, heartbeat=heartbeat,
-                           max_bags_per_submitter=max_bags_per_submitter, queues=tuple(queues))
+                           max_bags_per_submitter=max_bags_per_submitter, queues=tuple(queues),
+                           validators=tuple(validators))
     service = Service(store, config)
     overlay = None
-    if pools_file is not None:
+    if pool_specs:
         from gridbot.server.overlay import Overlay
 
         overlay = Overlay(service, pool_specs, security.url, state_dir.resolve(), access=security.access,

@@ -215,9 +215,14 @@ def pools_table(pools: Sequence[PoolInfo]) -> Table:
 
 
 def hosts_table(hosts: Sequence[HostInfoRow]) -> Table:
-    t = _table("HOST", "NAME", "POOL", "CPUS", "DONE", "FAILED", "ERROR RATE", "BLACK HOLE", "REFUSED", "LAST SEEN")
+    judged = any(h.valid or h.invalid for h in hosts)
+    speeds = any(h.speed for h in hosts)
+    t = _table("HOST", "NAME", "POOL", "CPUS", *(["GFLOPS"] if speeds else []), "DONE", "FAILED", "ERROR RATE",
+               *(["INVALID"] if judged else []), "BLACK HOLE", "REFUSED", "LAST SEEN")
     for h in hosts:
-        t.add_row(h.host_id, h.name, h.pool, str(h.ncpus), f"{h.done:,}", f"{h.failed:,}", f"{h.error_rate:.1%}",
+        invalid = [f"{h.invalid:,} of {h.valid + h.invalid:,} ({h.invalid_rate:.0%})" if h.valid + h.invalid else ""]
+        t.add_row(h.host_id, h.name, h.pool, str(h.ncpus), *([f"{h.speed:.2f}" if h.speed else ""] if speeds else []),
+                  f"{h.done:,}", f"{h.failed:,}", f"{h.error_rate:.1%}", *(invalid if judged else []),
                   "yes" if h.black_hole else "", f"{h.refused:,}" if h.refused else "", ago(h.last_seen) + " ago")
     return t
 

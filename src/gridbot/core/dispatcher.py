@@ -16,7 +16,7 @@ them durable. The core is split by what changes together:
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -318,9 +318,11 @@ class Dispatcher:
 
     def request_work(self, info: HostInfo, want: int, running: Iterable[int], now: float,
                      reports: Sequence[InstanceReport] = (), fetched: tuple[int, float] = (0, 0.0),
-                     ) -> tuple[WorkAnswer, Changes]:
+                     votes: Mapping[int, bytes] | None = None) -> tuple[WorkAnswer, Changes]:
         """A host's exchange: its reports, the instances it still runs, and a request for `want` more; with the
         input bytes it downloaded since its last exchange and the seconds that took (its pool's bandwidth).
+        `votes`: for reported results of quorum jobs whose bag names a validator, the vote (`JobView.votes`) of
+        the results the server's validator found each equivalent to (none: a vote of its own).
 
         Instances the server believes run on this host but that the host neither runs nor reports
         were lost: they count as failures when the worker restarted (another session), and not when the
@@ -336,7 +338,7 @@ class Dispatcher:
             pool = self._s.pools.setdefault(info.pool, PoolRecord())
             pool.fetched_bytes += nbytes
             pool.fetch_s += seconds
-        self._report(info.host_id, reports, now, changes)
+        self._report(info.host_id, reports, now, changes, votes)
         still = set(running)
         for iid in sorted(host.running - still):
             if same_run and iid in host.unconfirmed:
@@ -370,7 +372,8 @@ class Dispatcher:
         self._report(host_id, reports, now, changes)
         return self._k.seal(changes)
 
-    def _report(self, host_id: str, reports: Sequence[InstanceReport], now: float, changes: Changes) -> None:
+    def _report(self, host_id: str, reports: Sequence[InstanceReport], now: float, changes: Changes,
+                votes: Mapping[int, bytes] | None = None) -> None:
         """Apply reports; those of unknown instances are ignored, those of another host's refused.
 
         A report may arrive twice (the host retried after a lost answer): the second is ignored, since
@@ -390,7 +393,7 @@ class Dispatcher:
             elif len(r.reason) > MAX_REASON or len(r.stdout_tail) > MAX_TAIL or len(r.stderr_tail) > MAX_TAIL:
                 r = msgspec.structs.replace(r, reason=r.reason[:MAX_REASON], stdout_tail=r.stdout_tail[-MAX_TAIL:],
                                             stderr_tail=r.stderr_tail[-MAX_TAIL:])
-            self._k.end(inst, r, now, changes)
+            self._k.end(inst, r, now, changes, votes.get(r.instance_id) if votes and not problem else None)
 
     def _report_problem(self, inst: Instance, r: InstanceReport) -> str:
         """Why a successful report cannot be kept as it is (too large, or outputs the bag did not declare)."""

@@ -125,5 +125,5 @@ class HostStats(msgspec.Struct):
             "RecentGoodCpuTime": self.cpu_at(now),
             "AvgTurnaround": self.turnaround_sum / self.turnarounds if self.turnarounds else 0.0,
             "BlackHole": self.black_hole(now, others_good_at, others_busy),
-            "InvalidRate": self.invalid_rate, "ValidStreak": self.valid_streak,
+            "InvalidRate": self.invalid_rate, "ValidStreak": self.valid_streak, "Speed": info.speed,
         }

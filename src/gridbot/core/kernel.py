@@ -9,7 +9,6 @@ here decides what to run where: Algorithm 1 (core/assign.py) and the bags' strat
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 from collections import Counter
 
@@ -41,7 +40,7 @@ from gridbot.core.records import (
     guarded,
 )
 from gridbot.core.view import BagView, DispatchView
-from gridbot.model.records import Assignment, HostInfo, InstanceReport, Outcome
+from gridbot.model.records import Assignment, HostInfo, InstanceReport, Outcome, result_digest
 from gridbot.model.states import (
     BAG_TRANSITIONS,
     INSTANCE_TRANSITIONS,
@@ -188,8 +187,9 @@ class Kernel:
         return Assignment(iid, job.job_id, bag.bag_id, bag.spec.name, job.index, command, env, bag.input_names,
                           outputs, deadline, bag.spec.timeout, bag.limits, bag.revision, bag.spec.cpus)
 
-    def end(self, inst: Instance, r: InstanceReport, now: float, changes: Changes) -> None:
-        """Apply a host's report about `inst`, which may be running or overdue (a late report)."""
+    def end(self, inst: Instance, r: InstanceReport, now: float, changes: Changes, vote: bytes | None = None) -> None:
+        """Apply a host's report about `inst`, which may be running or overdue (a late report); `vote` is, for a
+        quorum job's result, the vote of the results the server's validator found it equivalent to."""
         job, bag = inst.job, self.s.bags[inst.job.bag_id]
         self.s.ledger.charge(bag.bag_id, inst.host_id, r.wall_s, now)
         was_running = self.detach(inst)
@@ -202,7 +202,7 @@ class Kernel:
                 bag.counts.wasted += 1
                 self.emit_bag(bag)
             elif bag.spec.quorum > 1 and job.single != inst.host_id and not (host is not None and self.trusted(host)):
-                self._candidate(bag, job, inst, host, r, now, changes)
+                self._candidate(bag, job, inst, host, r, now, changes, vote)
                 return
             else:
                 self.move(inst, InstanceState.DONE, now, "", r, changes)
@@ -257,12 +257,12 @@ class Kernel:
             self.work_added += 1
 
     def _candidate(self, bag: BagRecord, job: Job, inst: Instance, host: HostRecord | None, r: InstanceReport,
-                   now: float, changes: Changes) -> None:
-        """A good result of a quorum job: kept until `quorum` results of distinct accounts agree, byte for byte;
-        the agreeing ones are valid and the first of them the job's result, the others invalid, counted against
-        their hosts and never returned."""
+                   now: float, changes: Changes, vote: bytes | None) -> None:
+        """A good result of a quorum job: kept until `quorum` results of distinct accounts agree (byte for byte, or
+        as the bag's validator says: `vote`); the agreeing ones are valid and the first of them the job's result,
+        the others invalid, counted against their hosts and never returned."""
         q = bag.spec.quorum
-        digest = _digest(r)
+        digest = vote or result_digest(r)
         account = self.account(inst.host_id)
         # one vote an account, and a host: its newest (a host may not vote again under another account)
         cands = [c for c in job.candidates or () if c.account != account and c.host_id != inst.host_id]
@@ -527,16 +527,4 @@ def _copy(counts: BagCounts) -> BagCounts:
 
 ADAPTIVE_STREAK = 10
 """Valid results in a row after which a host gets quorum jobs unreplicated (BOINC's adaptive replication)."""
-
-
-def _digest(r: InstanceReport) -> bytes:
-    """What a quorum compares of a result: its stdout and its declared outputs, by name, byte for byte."""
-    stdout = r.stdout_tail.encode("utf-8", "surrogatepass")
-    h = hashlib.sha256(f"{len(stdout)}\0".encode())
-    h.update(stdout)
-    for name in sorted(r.outputs):
-        data = r.outputs[name]
-        h.update(f"\0{name}\0{len(data)}\0".encode("utf-8", "surrogatepass"))
-        h.update(data)
-    return h.digest()
 

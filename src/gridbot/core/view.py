@@ -233,6 +233,9 @@ class JobView:
     """Its running instances, oldest first."""
     replica_pending: bool
     pools: frozenset[str] | None
+    votes: tuple[tuple[int, bytes], ...] = ()
+    """A quorum job's results waiting for their quorum: (instance, vote), in the order they came; results with
+    one vote agree."""
 
 
 class InstanceView(NamedTuple):
@@ -460,7 +463,7 @@ class DispatchView:
 
 def _job_view(j: Job) -> JobView:
     return JobView(j.job_id, j.bag_id, j.index, j.state, j.failures, j.attempts, tuple(sorted(j.live)),
-                   j.replica_pending, j.pools)
+                   j.replica_pending, j.pools, tuple((c.instance_id, c.digest) for c in j.candidates or ()))
 
 
 def accepts(bag: BagRecord, pool: str, pool_ad: dict[str, object]) -> bool:

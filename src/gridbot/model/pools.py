@@ -29,6 +29,7 @@ import msgspec
 
 from gridbot.model.hierarchy import QueueSpec, parse_queues
 from gridbot.model.spec import Problem, SpecError, closest, key_lines, parse_duration
+from gridbot.model.validators import ValidatorSpec, parse_validators
 from gridbot.model.volunteer import KEYS as VOLUNTEER_KEYS
 from gridbot.model.volunteer import volunteer_problems
 
@@ -186,6 +187,14 @@ def parse_pools(text: str, source: str) -> list[PoolSpec]:
 def parse_pools_file(text: str, source: str) -> tuple[list[PoolSpec], list[QueueSpec]]:
     """Validate a pools file into its pools and the hierarchy's queues (docs/hierarchy.md), or raise SpecError
     with every problem."""
+    pools, queues, _ = parse_server_file(text, source)
+    return pools, queues
+
+
+def parse_server_file(text: str, source: str) -> tuple[list[PoolSpec], list[QueueSpec], list[ValidatorSpec]]:
+    """Validate a pools file into its pools, the hierarchy's queues (docs/hierarchy.md) and the quorums'
+    validators (docs/volunteers.md), or raise SpecError with every problem. A file of validators only has no
+    pools: the server then starts no pilots."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -199,18 +208,19 @@ def parse_pools_file(text: str, source: str) -> tuple[list[PoolSpec], list[Queue
         problems.append(Problem(message, line, hint))
 
     for key in data:
-        if key not in ("pools", "queues"):
-            fail((key,), f"unknown key '{key}'", "a pools file has one table per pool, [pools.NAME], and the "
-                 "hierarchy's queues, [queues.NAME]")
+        if key not in ("pools", "queues", "validators"):
+            fail((key,), f"unknown key '{key}'", "a pools file has one table per pool, [pools.NAME], the "
+                 "hierarchy's queues, [queues.NAME], and the quorums' validators, [validators.NAME]")
+    validators = parse_validators(data["validators"], fail) if "validators" in data else []
     pools = data.get("pools", {})
-    if not isinstance(pools, dict) or not pools:
+    if not isinstance(pools, dict) or (not pools and not validators) or ("pools" in data and not pools):
         fail(("pools",), "no pools are defined", '[pools.here]\nkind = "local"')
         raise SpecError(source, problems)
     out = [p for name, table in pools.items() if (p := _pool(name, table, fail)) is not None]
     queues = parse_queues(data["queues"], list(pools), fail) if "queues" in data else []
     if problems:
         raise SpecError(source, problems)
-    return out, queues
+    return out, queues, validators
 
 
 def _pool(name: str, table: object, fail: Any) -> PoolSpec | None:

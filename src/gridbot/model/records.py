@@ -6,6 +6,7 @@ conversion on the hot path.
 
 from __future__ import annotations
 
+import hashlib
 from enum import StrEnum
 from typing import Annotated
 
@@ -52,6 +53,9 @@ class HostInfo(msgspec.Struct, frozen=True):
     account: Label = ""
     """Whose machine it is, where the pool knows (a volunteer's account): a quorum never counts two results of
     one account ("": the host is its own account)."""
+    speed: Annotated[float, msgspec.Meta(ge=0.0, le=1e9)] = 0.0
+    """Floating-point speed of one of its CPUs in GFLOPS, where measured (a BOINC client's benchmark,
+    `p_fpops`); 0: unknown. `Host.Speed` in policies."""
 
 
 class Limits(msgspec.Struct, frozen=True):
@@ -117,3 +121,16 @@ class InstanceReport(msgspec.Struct, frozen=True):
     def result_bytes(self) -> int:
         """Size of what the result would store: outputs and both tails."""
         return sum(len(v) for v in self.outputs.values()) + len(self.stdout_tail) + len(self.stderr_tail)
+
+
+def result_digest(r: InstanceReport) -> bytes:
+    """What a quorum compares of a result: its stdout and its declared outputs, by name, byte for byte (the
+    server's validators see the same parts: gridbot/model/validators.py)."""
+    stdout = r.stdout_tail.encode("utf-8", "surrogatepass")
+    h = hashlib.sha256(f"{len(stdout)}\0".encode())
+    h.update(stdout)
+    for name in sorted(r.outputs):
+        data = r.outputs[name]
+        h.update(f"\0{name}\0{len(data)}\0".encode("utf-8", "surrogatepass"))
+        h.update(data)
+    return h.digest()

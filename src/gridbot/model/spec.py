@@ -56,6 +56,7 @@ TOP_KEYS = (
     "quorum",
     "max_instances",
     "spot_check",
+    "compare",
 )
 RANGE_KEYS = ("from", "to", "step")
 MAX_CPUS = 4_096
@@ -246,6 +247,9 @@ class BagSpec(msgspec.Struct, frozen=True):
     spot_check: float = 0.1
     """Of the jobs sent unreplicated to a host with a long record of valid results, the share replicated all the
     same to check it (adaptive replication)."""
+    compare: str = ""
+    """How a quorum compares two results: "" byte for byte, else the name of a validator the server's admin
+    registered (`[validators.NAME]` in the pools file: a command that says whether two results are equivalent)."""
 
     def instance_cap(self) -> int:
         """Instances of one job sent at most (`max_instances`, or its default)."""
@@ -600,12 +604,18 @@ class _Validator:
             quorum=self.quorum(data),
             max_instances=self.positive_int(data, "max_instances", 1) if "max_instances" in data else None,
             spot_check=self.fraction(data, "spot_check", 0.1),
+            compare=self.string(data, "compare", ""),
             bag_deadline=deadline.get("bag_deadline"),
             bag_deadline_at=deadline.get("bag_deadline_at"),
         )
         if len(spec.description) > MAX_DESCRIPTION:
             self.fail(("description",), f"the description has {len(spec.description):,} characters, over the "
                       f"limit of {MAX_DESCRIPTION:,}")
+        if spec.compare and (problem := validator_name_problem(spec.compare)):
+            self.fail(("compare",), problem, 'e.g. compare = "fuzzy", a validator of the server\'s pools file')
+        elif spec.compare and spec.quorum < 2:
+            self.fail(("compare",), f"'compare' = {_show(spec.compare)} needs a quorum of two or more results to "
+                      "compare", "add quorum = 2")
         if spec.max_instances is not None and spec.max_instances < spec.quorum:
             self.fail(("max_instances",), f"'max_instances' = {spec.max_instances} is less than the quorum "
                       f"({spec.quorum}): no job could ever be accepted; e.g. max_instances = {2 * spec.quorum + 1}")
@@ -1102,6 +1112,11 @@ def _number_issues(spec: BagSpec) -> list[tuple[str, Issue]]:
                                       f"not {spec.max_instances}", "")))
     if not 0 <= spec.spot_check <= 1:
         out.append(("spot_check", (f"'spot_check' must be a fraction from 0 to 1, not {spec.spot_check}", "")))
+    if spec.compare and (problem := validator_name_problem(spec.compare)):
+        out.append(("compare", (problem, 'e.g. compare = "fuzzy", a validator of the server\'s pools file')))
+    elif spec.compare and spec.quorum < 2:
+        out.append(("compare", (f"'compare' needs a quorum of two or more results to compare, not {spec.quorum}",
+                                "add quorum = 2")))
     if not 1 <= spec.cpus <= MAX_CPUS:
         out.append(("cpus", (f"'cpus' must be from 1 to {MAX_CPUS:,}, not {spec.cpus}", "")))
     for key, count, low in (("max_failures", spec.max_failures, 1), ("max_processes", spec.max_processes, 1)):
@@ -1155,3 +1170,15 @@ def key_lines(text: str) -> dict[tuple[str, ...], int]:
                 else (m.group(1).strip('"'),)
             lines.setdefault(table + key, n)
     return lines
+
+
+VALIDATOR_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
+"""A validator's name, as `[validators.NAME]` and a spec's `compare` give it."""
+
+
+def validator_name_problem(name: str) -> str:
+    """Why `name` cannot name a validator ("": it can)."""
+    if VALIDATOR_NAME.fullmatch(name):
+        return ""
+    return (f"'compare' must name a validator: a letter, then up to 63 letters, digits, '-' or '_', not "
+            f"{_show(name)}")

@@ -81,6 +81,7 @@ HOST_ATTRS: dict[str, str] = {
     "BlackHole": "true when the host keeps failing jobs right after starting them",
     "InvalidRate": "share of its results a quorum judged invalid, of those judged (bags with `quorum`); 0 before",
     "ValidStreak": "its results a quorum accepted in a row since its last invalid one",
+    "Speed": "GFLOPS of one of its CPUs where measured (a volunteer's BOINC benchmark); 0 where unknown",
     "Reliable": "the host's pool is marked reliable (server option --reliable-pool): the fail-over pool",
 }
 BAG_ATTRS: dict[str, str] = {
@@ -231,7 +232,8 @@ def representative_context() -> ClassAd:
     host = {"Name": "node01.example/worker", "HostId": "0123456789abcdef0123", "Pool": "local",
             "Platform": "Linux-x86_64", "NumCpus": 8, "Slots": 8, "Prefetch": 0, "Memory": 16384, "RunningJobs": 4,
             "JobsDone": 120, "JobsFailed": 3, "ErrorRate": 0.025, "JobsToday": 40, "RecentGoodCpuTime": 3600.0,
-            "AvgTurnaround": 300.0, "BlackHole": False, "Reliable": False, "InvalidRate": 0.0, "ValidStreak": 0}
+            "AvgTurnaround": 300.0, "BlackHole": False, "Reliable": False, "InvalidRate": 0.0, "ValidStreak": 0,
+            "Speed": 0.0}
     bag = {"Name": "sweep", "Tail": False, "JobsTotal": 1000, "JobsLeft": 600, "JobsDone": 400, "JobsFailed": 0,
            "JobsRunning": 100, "JobsQueued": 500, "Replicas": 0, "ElapsedTime": 3600.0, "MeanRunTime": 600.0}
     replica = {"Name": "sweep.42.1", "SentTime": 0.0, "RunTime": 120.0, "Host": host}

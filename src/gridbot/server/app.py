@@ -42,6 +42,7 @@ from gridbot.server.console import PUBLIC, Console
 from gridbot.server.metrics import Metrics
 from gridbot.server.overlay import Overlay
 from gridbot.server.service import BadRequest, Conflict, NotFound, Service, job_state, whole_number
+from gridbot.server.validate import Validation
 from gridbot.store.base import BagExists, BagRow
 
 log = logging.getLogger("gridbot.server")
@@ -241,6 +242,7 @@ class Server:
         self._work = asyncio.Event()
         self._seen_work = 0
         self._closing = False
+        self.validation = Validation(service, service.config.validators)
         limit = max_request_bytes or max(64 << 20, 2 * service.config.dispatch.max_result_bytes + (1 << 20),
                                          service.config.max_input_bytes + (1 << 20))
         self.app = web.Application(middlewares=[_errors, _authenticate(access)], client_max_size=limit)
@@ -366,8 +368,17 @@ class Server:
         return await self._answer(req)
 
     async def _answer(self, req: ExchangeRequest) -> ExchangeResponse:
-        """Decide an exchange and wait until its changes are durable (group commit)."""
-        resp, changes = self.service.decide(req, time.time())
+        """Decide an exchange and wait until its changes are durable (group commit). Results that a bag's
+        validator must compare are compared first, under their jobs' locks (server/validate.py)."""
+        pending = self.validation.pending(req)
+        if not pending:
+            return await self._decided(req, None)
+        async with self.validation.holding(job for job, _ in pending.values()):
+            votes = await self.validation.votes(req, pending)
+            return await self._decided(req, votes)
+
+    async def _decided(self, req: ExchangeRequest, votes: dict[int, bytes] | None) -> ExchangeResponse:
+        resp, changes = self.service.decide(req, time.time(), votes)
         self._check_work()
         if time.monotonic() < self.service.solo_until:
             self.service.commit(changes)  # after a failed batch: alone, so a bad exchange fails alone

@@ -13,7 +13,7 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -39,6 +39,7 @@ from gridbot.model.spec import (
     with_qos_placement,
 )
 from gridbot.model.states import BAG_TERMINAL, BagState, InstanceState, JobState
+from gridbot.model.validators import ValidatorSpec
 from gridbot.policy.policies import PolicyError, PolicySet, compile_policies, validate_policies
 from gridbot.protocol import (
     BagHistory,
@@ -93,6 +94,8 @@ class ServiceConfig:
     queues: tuple[QueueSpec, ...] = ()
     """The grid execution hierarchy's queues, from the pools file (docs/hierarchy.md): with them, a bag that
     names GridBot's default placement is placed by "hierarchy"."""
+    validators: tuple[ValidatorSpec, ...] = ()
+    """The quorums' validators, from the pools file (`[validators.NAME]`): what a bag's `compare` may name."""
 
 
 Waiter = Callable[[BaseException | None], None]
@@ -355,13 +358,15 @@ class Service:
         self.commit(changes)
         return resp
 
-    def decide(self, req: ExchangeRequest, now: float) -> tuple[ExchangeResponse, Changes]:
+    def decide(self, req: ExchangeRequest, now: float,
+               votes: Mapping[int, bytes] | None = None) -> tuple[ExchangeResponse, Changes]:
         """A worker's round trip without the commit: the answer may be sent only once `changes` are
-        durable (through `stage` and `flush`, or `commit`)."""
+        durable (through `stage` and `flush`, or `commit`). `votes`: the validators' say on its reported
+        results of quorum jobs (server/validate.py)."""
         self.ready()
         self.feed()
         answer, changes = self.dispatcher.request_work(req.host, max(0, req.want), req.running, now, req.reports,
-                                                       req.fetched)
+                                                       req.fetched, votes)
         cfg = self.config.dispatch
         return ExchangeResponse(answer.assignments, answer.cancel, answer.backoff, heartbeat=self.config.heartbeat,
                                 max_result_bytes=cfg.max_result_bytes), changes
@@ -484,6 +489,12 @@ class Service:
             raise BadRequest("; ".join(problems))
         total = len(lines) if lines is not None else spec.sweep_size
         self.compile(spec.policy, spec)
+        names = sorted(v.name for v in self.config.validators)
+        if spec.compare and spec.compare not in names:
+            raise BadRequest(f"compare = {spec.compare!r}: this server has no such validator "
+                             + (f"(it has {', '.join(names)})" if names else "(it has none)")
+                             + "; leave 'compare' out to compare results byte for byte, or ask the server's admin to "
+                             f"add [validators.{spec.compare}] to its pools file")
         try:
             registry.check_bag(spec, bool(self.config.queues))
         except StrategyError as e:
@@ -694,8 +705,10 @@ class Service:
             live = self.dispatcher.view.host(h.info.host_id)
             stats = live.stats if live is not None else h.stats
             black = bool(live is not None and self.dispatcher.view.host_attrs(h.info.host_id, now)["BlackHole"])
+            info = live.info if live is not None else h.info
             rows.append(HostInfoRow(h.info.host_id, h.info.name, h.info.pool, h.info.ncpus, h.first_seen,
-                                    h.last_seen, stats.done, stats.failed, stats.error_rate, black, stats.refused))
+                                    h.last_seen, stats.done, stats.failed, stats.error_rate, black, stats.refused,
+                                    stats.valid, stats.invalid, stats.invalid_rate, info.speed, info.account))
         return rows
 
     def bag(self, ref: str | int, owner: str | None = None) -> BagRow:

@@ -151,7 +151,7 @@ RETIRED = "the job was retried or revised: a late result of this run is not want
 """The reason the stores give the overdue instances of a retried or revised job (`Changes.retired_jobs`)."""
 LATER_FIELDS: dict[str, object] = {"memory": None, "cpu_time": None, "max_file_size": None, "max_processes": None,
                                    "strategy": msgspec.to_builtins(StrategyChoice()), "cpus": 1, "quorum": 1,
-                                   "max_instances": None, "spot_check": 0.1}
+                                   "max_instances": None, "spot_check": 0.1, "compare": ""}
 """Spec fields added since the first stores were made (issue 11's limits, issue 13's strategies, issue 18's
 cpus, issue 19's quorum), with their defaults."""
 
@@ -261,6 +261,10 @@ class Store(ABC):
     @abstractmethod
     def instances_of(self, job_id: int) -> list[InstanceRow]:
         """Every instance of a job, oldest first (the job's story)."""
+
+    @abstractmethod
+    def outputs_of(self, instance_id: int) -> dict[str, bytes]:
+        """The output files an instance's report brought, by name (a quorum's validator compares them)."""
 
     @abstractmethod
     def story(self, job_id: int) -> JobStoryRow | None:

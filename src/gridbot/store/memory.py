@@ -296,6 +296,9 @@ class MemoryStore(Store):
     def instances_of(self, job_id: int) -> list[InstanceRow]:
         return [self.d.instances[i].row for i in self.d.by_job.get(job_id, [])]
 
+    def outputs_of(self, instance_id: int) -> dict[str, bytes]:
+        return dict(self.d.outputs.get(instance_id, {}))
+
     def story(self, job_id: int) -> JobStoryRow | None:
         d = self.d
         job = d.jobs.get(job_id)

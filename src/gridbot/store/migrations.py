@@ -171,6 +171,7 @@ ALTER TABLE instances ADD COLUMN overdue_event BIGINT;
         """
 ALTER TABLE instances ADD COLUMN vote {blob};
 CREATE INDEX instances_votes ON instances (job_id) WHERE vote IS NOT NULL;
+ALTER TABLE hosts ADD COLUMN account TEXT NOT NULL DEFAULT '';
 """,
     ),
 ]
@@ -190,6 +191,7 @@ that cite it) is known when it is written, and deleting a bag takes its rows' sh
 with none are pruned. Indexes of the instances by their event columns would have told the same, at the
 price of two index entries per instance (about a tenth more time per batch on SQLite). Version 8 (issue 19):
 the results of quorum jobs waiting for their quorum, as the digest the quorum compares, so that a restart
-keeps the votes already in; only those rows are in the index, and a job retried or revised forgets them."""
+keeps the votes already in; only those rows are in the index, and a job retried or revised forgets them; and
+each host's account (a volunteer's), so that a restored vote is still its account's."""
 
 LATEST = MIGRATIONS[-1][0]

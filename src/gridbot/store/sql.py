@@ -117,6 +117,7 @@ SQL = {
              "JOIN bags b ON b.id = i.bag_id WHERE i.vote IS NOT NULL AND i.state = 'done' "
              "AND j.state IN ('queued', 'running') AND b.state = 'active' ORDER BY i.id",
     "set_vote": "UPDATE instances SET vote = ? WHERE id = ?",
+    "instance_outputs": "SELECT name, data FROM outputs WHERE instance_id = ? ORDER BY name",
     "forget_votes": "UPDATE instances SET vote = NULL WHERE job_id = ? AND vote IS NOT NULL",
     "max_instance": "SELECT COALESCE(MAX(id), 0) FROM instances",
     "max_event": "SELECT COALESCE(MAX(event_id), 0) FROM events",
@@ -126,7 +127,7 @@ SQL = {
     "history": "SELECT i.bag_id, i.id, i.sent_at, i.ended_at, i.state, COALESCE(h.pool, '') FROM instances i "
                "LEFT JOIN hosts h ON h.id = i.host_id WHERE i.job_id BETWEEN ? AND ? AND i.state IN ('done', "
                "'wasted', 'failed', 'overdue') ORDER BY i.id DESC LIMIT ?",
-    "hosts": "SELECT id, name, platform, ncpus, memory_mb, slots, pool, first_seen, last_seen, stats "
+    "hosts": "SELECT id, name, platform, ncpus, memory_mb, slots, pool, first_seen, last_seen, stats, account "
              "FROM hosts ORDER BY first_seen, id",
     "queued_jobs": "SELECT id, idx, line, failures, attempts FROM jobs "
                    "WHERE bag_id = ? AND state = 'queued' AND id > ? ORDER BY id LIMIT ?",
@@ -149,7 +150,8 @@ SQL = {
                   "instances = ?, wasted = ?, overdue = ?, reruns = ?, replicas = ?, "
                   "finished_at = COALESCE(?, finished_at) WHERE id = ?",
     "upsert_host": "INSERT INTO hosts (id, name, platform, ncpus, memory_mb, slots, pool, first_seen, last_seen, "
-                   "done, failed, stats) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+                   "done, failed, stats, account) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                   "ON CONFLICT (id) DO UPDATE SET account = excluded.account, "
                    "name = excluded.name, platform = excluded.platform, ncpus = excluded.ncpus, "
                    "memory_mb = excluded.memory_mb, slots = excluded.slots, pool = excluded.pool, "
                    "last_seen = excluded.last_seen, done = excluded.done, failed = excluded.failed, "
@@ -566,8 +568,8 @@ class SqlStore(Store):
         if changes.hosts:
             self._write_many(cur, "upsert_host", [
                 (h.info.host_id, h.info.name, h.info.platform, h.info.ncpus, h.info.memory_mb, h.info.slots,
-                 h.info.pool, h.first_seen, h.last_seen, h.stats.done, h.stats.failed, _stats_enc.encode(h.stats))
-                for h in changes.hosts.values()])
+                 h.info.pool, h.first_seen, h.last_seen, h.stats.done, h.stats.failed, _stats_enc.encode(h.stats),
+                 h.info.account) for h in changes.hosts.values()])
 
     # -- listings -------------------------------------------------------------------------------------
 
@@ -585,6 +587,11 @@ class SqlStore(Store):
         with self._tx(write=False) as cur:
             cur.execute(self._sql("instances_of"), (job_id,))
             return [_instance(r) for r in cur.fetchall()]
+
+    def outputs_of(self, instance_id: int) -> dict[str, bytes]:
+        with self._tx(write=False) as cur:
+            cur.execute(self._sql("instance_outputs"), (instance_id,))
+            return {r[0]: bytes(r[1]) for r in cur.fetchall()}
 
     def story(self, job_id: int) -> JobStoryRow | None:
         with self._tx(write=False) as cur:
@@ -629,7 +636,7 @@ class SqlStore(Store):
 
     def _hosts(self, cur: Any) -> list[HostSnapshot]:
         cur.execute(self._sql("hosts"))
-        return [HostSnapshot(HostInfo(r[0], r[1], r[2], r[3], r[4], r[5], r[6]), r[7], r[8],
+        return [HostSnapshot(HostInfo(r[0], r[1], r[2], r[3], r[4], r[5], r[6], account=r[10] or ""), r[7], r[8],
                              _stats_dec.decode(bytes(r[9])) if r[9] is not None else HostStats())
                 for r in cur.fetchall()]
 

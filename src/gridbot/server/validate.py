@@ -1,0 +1,172 @@
+"""The quorums' validators at work: a reported result of a quorum job whose bag names a validator (`compare`)
+is compared, by the admin's command, with one result of each group of the job's results that agree so far,
+before the dispatcher counts it; the first group it is equivalent to gives its vote (the core then counts it
+with them), none gives it a vote of its own (issue 19, docs/volunteers.md).
+
+A job's results are compared one report at a time: the exchange that brings one holds the job's lock until
+its changes are durable, so the next result of that job is compared with it too (two results compared at
+once would each miss the other). The commands run on the executor's threads, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import tempfile
+from collections.abc import AsyncIterator, Iterable, Sequence
+from pathlib import Path
+
+from gridbot.model.records import Outcome, result_digest
+from gridbot.model.spec import output_name_problem
+from gridbot.model.validators import ValidatorSpec
+from gridbot.protocol import ExchangeRequest
+from gridbot.server.service import Service
+
+log = logging.getLogger("gridbot.validate")
+
+KEPT_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "HOME", "TMPDIR", "TZ")
+"""The server's environment a validator gets (the rest may hold the pools' credentials)."""
+
+
+class Validation:
+    """The server's validators, and the per-job locks that make each job's comparisons see one another."""
+
+    def __init__(self, service: Service, validators: Sequence[ValidatorSpec]) -> None:
+        self.service = service
+        self.validators = {v.name: v for v in validators}
+        self._locks: dict[int, tuple[asyncio.Lock, list[int]]] = {}
+        """Each job's lock and how many exchanges hold it or wait for it (the lock goes with the last)."""
+        self.compared = 0
+        """Comparisons run (a metric, and what the tests count)."""
+        self.failed = 0
+        """Comparisons the validator could not make (another exit status, a signal, its timeout)."""
+
+    def pending(self, req: ExchangeRequest) -> dict[int, tuple[int, ValidatorSpec]]:
+        """The exchange's reported results that a validator must compare: instance -> (job, validator)."""
+        if not self.validators:
+            return {}
+        view = self.service.dispatcher.view
+        out: dict[int, tuple[int, ValidatorSpec]] = {}
+        for r in req.reports:
+            if r.outcome is not Outcome.SUCCESS:
+                continue
+            inst = view.instance(r.instance_id)
+            if inst is None or inst.host_id != req.host.host_id:
+                continue
+            job = view.job(inst.job_id)
+            bag = view.bag(job.bag_id) if job is not None else None
+            if job is None or bag is None or bag.spec.quorum < 2 or not bag.spec.compare:
+                continue
+            validator = self.validators.get(bag.spec.compare)
+            if validator is None:  # removed from the pools file since the bag was submitted
+                log.warning("bag %s names validator %r, which this server no longer has: its results are compared "
+                            "byte for byte", bag.name, bag.spec.compare)
+                continue
+            out[r.instance_id] = (job.job_id, validator)
+        return out
+
+    @contextlib.asynccontextmanager
+    async def holding(self, job_ids: Iterable[int]) -> AsyncIterator[None]:
+        """Hold the jobs' locks (in order: two exchanges never wait on each other) for the block."""
+        users: list[int] = []
+        held: list[asyncio.Lock] = []
+        try:
+            for job_id in sorted(set(job_ids)):
+                lock, count = self._locks.setdefault(job_id, (asyncio.Lock(), [0]))
+                count[0] += 1
+                users.append(job_id)
+                await lock.acquire()
+                held.append(lock)
+            yield
+        finally:
+            for lock in held:
+                lock.release()
+            for job_id in users:
+                _, count = self._locks[job_id]
+                count[0] -= 1
+                if not count[0]:
+                    del self._locks[job_id]
+
+    async def votes(self, req: ExchangeRequest, pending: dict[int, tuple[int, ValidatorSpec]]) -> dict[int, bytes]:
+        """For each pending result, the vote of the first group of its job's results it is equivalent to."""
+        out: dict[int, bytes] = {}
+        loop = asyncio.get_running_loop()
+        view = self.service.dispatcher.view
+        for r in req.reports:
+            if r.instance_id not in pending:
+                continue
+            job_id, validator = pending[r.instance_id]
+            job, bag = view.job(job_id), None
+            if job is not None:
+                bag = view.bag(job.bag_id)
+            if job is None or bag is None or not job.votes:
+                continue
+            declared = set(bag.spec.outputs)
+            if any(name not in declared or output_name_problem(name) for name in r.outputs):
+                continue  # the dispatcher refuses such a result
+            groups: dict[bytes, int] = {}
+            for iid, vote in job.votes:
+                groups.setdefault(vote, iid)
+            if result_digest(r) in groups:
+                continue  # byte for byte the same as a group: the dispatcher counts it there
+            for vote, iid in groups.items():
+                other = self._stored(job_id, iid)
+                if other is None:
+                    continue
+                self.compared += 1
+                same = await loop.run_in_executor(None, compare, validator, (r.stdout_tail, r.outputs), other)
+                if same is None:
+                    self.failed += 1
+                elif same:
+                    out[r.instance_id] = vote
+                    break
+        return out
+
+    def _stored(self, job_id: int, instance_id: int) -> tuple[str, dict[str, bytes]] | None:
+        """A result the job's quorum holds, as the store keeps it: its stdout and outputs."""
+        row = next((i for i in self.service.store.instances_of(job_id) if i.instance_id == instance_id), None)
+        if row is None:
+            return None
+        return row.stdout_tail or "", self.service.store.outputs_of(instance_id)
+
+
+def compare(validator: ValidatorSpec, a: tuple[str, dict[str, bytes]], b: tuple[str, dict[str, bytes]]) -> bool | None:
+    """Run the validator on two results: True equivalent, False not, None it failed (logged)."""
+    with tempfile.TemporaryDirectory(prefix="gridbot-validate-") as tmp:
+        dirs = []
+        for name, (stdout, outputs) in (("a", a), ("b", b)):
+            d = Path(tmp, name)
+            d.mkdir()
+            (d / "stdout").write_bytes(stdout.encode("utf-8", "surrogatepass"))
+            for out_name, data in outputs.items():
+                path = d / out_name
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+            dirs.append(str(d))
+        env = {k: v for k in KEPT_ENV if (v := os.environ.get(k)) is not None}
+        try:
+            proc = subprocess.Popen([*validator.command, *dirs], cwd=tmp, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        except OSError as e:
+            log.error("validator %s could not start: %s", validator.name, e)
+            return None
+        try:
+            _, err = proc.communicate(timeout=validator.timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            log.error("validator %s took over its timeout of %gs: the two results count as different",
+                      validator.name, validator.timeout)
+            return None
+        if proc.returncode in (0, 1):
+            return proc.returncode == 0
+        tail = err[-400:].decode("utf-8", "replace").strip()
+        log.error("validator %s exited with status %s (0: equivalent, 1: different): the two results count as "
+                  "different%s", validator.name, proc.returncode, f"; it said: {tail}" if tail else "")
+        return None
+
