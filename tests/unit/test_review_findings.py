@@ -45,9 +45,6 @@ def test_a_job_wider_than_the_host_never_goes_there_even_when_it_prefetches():
     assert got == [], [a.cpus for a in got]
 
 
-@pytest.mark.xfail(strict=True, reason="no reservation for wide jobs: a host whose slots free one at a time asks "
-                   "for one slot each time and the lower-ranked narrow bag always fills it, so a higher-ranked "
-                   "cpus = 4 bag never runs while the narrow bag has work")
 def test_a_higher_ranked_wide_bag_is_not_starved_by_a_narrow_one_on_a_busy_host():
     sim = CoreSim()
     add(sim, "narrow", 200)
@@ -57,9 +54,9 @@ def test_a_higher_ranked_wide_bag_is_not_starved_by_a_narrow_one_on_a_busy_host(
     wide = add(sim, "wide", 1, 'cpus = 4\n[policy]\nRank = "10"', at=1.0)
     held = list(first)
     sent_wide = False
-    for t in range(1, 60):  # the narrow jobs end one at a time (staggered), and the host asks for the slot freed
+    for t in range(1, 60):  # the narrow jobs end one at a time (staggered), and the host asks for its free slots
         done = held.pop(0)
-        got = sim.ask(h, 1, float(t), [ok(done.instance_id)])
+        got = sim.ask(h, 4 - len(held), float(t), [ok(done.instance_id)])
         held.extend(got)
         sent_wide = sent_wide or any(a.bag_id == wide for a in got)
     assert sent_wide, "60 exchanges later the wide, higher-ranked bag has still not had its 4 slots"

@@ -7,8 +7,10 @@ first, then its window, then replicas (with `replicas_first`, replicas before al
 strategy may change its rank on the host or refuse it; its tail strategy sets the instances' deadline.
 
 `want` and Concurrency count slots: a job of a bag with `cpus = 8` takes eight, so it goes only to a host
-with eight slots free (of those it asked for, and under the bound), and a one-slot job can still fill a gap
-that a wide one does not fit.
+with eight slots free (of those it asked for, and under the bound). A host that could run a waiting wide job
+but for the slots that bags ranked below hold is reserved for it: those bags get none of its slots as they
+free, one at a time, until the wide job fits (else a narrow bag with work would starve a higher-ranked wide
+one). A gap the wide bag could not use even then (its own jobs hold the rest) is anyone's.
 """
 
 from __future__ import annotations
@@ -57,7 +59,9 @@ def assign(k: Kernel, host: HostRecord, want: int, now: float, changes: Changes)
     slots = Room(want, busy_slots(s, host), host.info.slots)
     concurrency: int | None = None
     pool_ad = s.pool_ads.get(host.info.pool)
+    above: set[int] = set()
     for _, _, bag in ranked:
+        above.add(bag.bag_id)
         if pool_ad is not None and not accepts(bag, host.info.pool, pool_ad):
             continue
         if not bag.policies.matches(ad):
@@ -102,7 +106,40 @@ def assign(k: Kernel, host: HostRecord, want: int, now: float, changes: Changes)
             _replicas(k, bag, host, ad, slots, bound, now, changes, out)
         if slots.taken >= want or slots.busy >= concurrency:
             break
+        if (1 < need <= slots.size < slots.busy + need and _held_by(k, host, above) + need <= slots.size
+                and _waits_here(k, bag, host, now)):
+            break  # its job waits for slots that lower-ranked bags hold: they must not take them as they free
     return out
+
+
+def _held_by(k: Kernel, host: HostRecord, bags: set[int]) -> int:
+    """Slots the host's running instances of these bags hold."""
+    total = 0
+    for iid in host.running:
+        inst = k.s.instances.get(iid)
+        if inst is not None and inst.job.bag_id in bags:
+            total += k.s.bags[inst.job.bag_id].spec.cpus
+    return total
+
+
+def _waits_here(k: Kernel, bag: BagRecord, host: HostRecord, now: float) -> bool:
+    """Whether the bag's next job (of its window, or re-queued) could go to this host but for its busy slots:
+    the host is then reserved for it as its slots free (a wide job behind narrow ones would starve)."""
+    horizon = now - k.s.config.retry_same_host_after
+    pool = host.info.pool
+    for job in (*bag.retry, *list(bag.window.buffer)[:1]):
+        if job.state is not JobState.QUEUED:
+            continue
+        if job.pools is not None and pool not in job.pools:
+            continue
+        if bag.places_jobs and job.pools is None and k.s.pool_ads:
+            continue
+        if (job.failed_on or {}).get(host.info.host_id, -math.inf) > horizon:
+            continue
+        if bag.spec.quorum > 1 and job.candidates is not None and _same_account(k, job, host):
+            continue
+        return True
+    return False
 
 
 def _ranked(k: Kernel, ready: list[BagRecord], host: HostRecord, ad: HostAd,
