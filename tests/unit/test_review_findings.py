@@ -149,9 +149,6 @@ def test_an_invalid_result_does_not_count_as_a_good_one_for_its_host():
 
 # -- the overlay's demand for wide jobs -------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="bag_demands/plan count a wide bag's demand in slots against the pool's "
-                   "spare slots, fragments included: four 4-slot pilots with one idle slot each 'hold' a 4-CPU job, "
-                   "so no pilot is started for it though none of them can run it")
 def test_idle_fragments_of_pilots_are_no_capacity_for_a_job_wider_than_each():
     from gridbot.schedulers.overlay import bag_demands, host_slots, plan, pool_capacity
 

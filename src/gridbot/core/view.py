@@ -264,6 +264,8 @@ class PoolView(NamedTuple):
     """Mean seconds from send to good result on the pool (0: none yet)."""
     bandwidth: float = 0.0
     """MB/s its hosts measured downloading inputs from the server (0: none downloaded yet)."""
+    idle_hosts: tuple[int, ...] = ()
+    """The idle slots of each of those hosts (a job wider than each fragment fits none)."""
 
 
 class DispatchView:
@@ -406,10 +408,11 @@ class DispatchView:
             rec = self._s.pools.get(name)
             hosts = live.get(name, [])
             done = rec.done if rec else 0
-            out[name] = PoolView(name, len(hosts), sum(h.info.slots for h in hosts),
-                                 sum(min(busy_slots(self._s, h, wide), h.info.slots) for h in hosts), done,
+            busy = [min(busy_slots(self._s, h, wide), h.info.slots) for h in hosts]
+            out[name] = PoolView(name, len(hosts), sum(h.info.slots for h in hosts), sum(busy), done,
                                  rec.failed if rec else 0, rec.turnaround_sum / done if rec and done else 0.0,
-                                 rec.fetched_bytes / rec.fetch_s / 1e6 if rec and rec.fetch_s > 0 else 0.0)
+                                 rec.fetched_bytes / rec.fetch_s / 1e6 if rec and rec.fetch_s > 0 else 0.0,
+                                 tuple(h.info.slots - b for h, b in zip(hosts, busy, strict=True)))
         return out
 
     # -- money --------------------------------------------------------------------------------------

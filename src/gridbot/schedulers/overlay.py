@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from gridbot.core.view import DispatchView
 from gridbot.model.pools import PoolSpec
@@ -29,6 +29,8 @@ class BagDemand:
     bag_id: int
     slots: int
     pools: frozenset[str]
+    cpus: int = 1
+    """Slots of each of its jobs: only whole blocks of that many on one host can take one."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,27 @@ class PoolCapacity:
     pilot_slots: int
     preference: tuple[float, int, str] = (0.0, 0, "")
     """Lower is preferred: (price per CPU-hour, level, name)."""
+    idle_hosts: tuple[int, ...] | None = None
+    """The idle slots of each host that called in (None: not known; the spare slots count whole)."""
+
+    def spare_for(self, cpus: int) -> int:
+        """Spare slots a job of `cpus` slots can use: whole blocks of that many on one host, and on each pilot
+        that has not called in yet (a fragment narrower than the job holds none of it)."""
+        spare = max(0, self.spare_slots)
+        if cpus <= 1 or self.idle_hosts is None:
+            return spare
+        on_hosts = sum(self.idle_hosts)
+        whole = sum(i // cpus * cpus for i in self.idle_hosts)
+        pilots = max(0, spare - on_hosts) // max(1, self.pilot_slots)
+        return min(spare, whole + pilots * (self.pilot_slots // cpus * cpus))
+
+
+class HostSlots(NamedTuple):
+    """A pool's hosts that called in: slots busy, slots idle, and the idle slots of each."""
+
+    busy: int
+    idle: int
+    idle_hosts: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -125,8 +148,8 @@ def max_flow(demands: Sequence[BagDemand], capacity: Mapping[str, int],
 def plan(demands: Sequence[BagDemand], pools: Sequence[PoolCapacity]) -> Plan:
     """Pilots to submit to each pool and queued pilots to cancel, for the current demand."""
     demands = [d for d in demands if d.slots > 0]
-    existing, rest = max_flow(demands, {p.name: max(0, p.spare_slots) for p in pools})
-    residual = [BagDemand(d.bag_id, left, d.pools) for d, left in zip(demands, rest, strict=True)]
+    existing, rest = _onto_spare(demands, pools)
+    residual = [BagDemand(d.bag_id, left, d.pools, d.cpus) for d, left in zip(demands, rest, strict=True)]
     order = [p.name for p in sorted(pools, key=lambda p: p.preference)]
     added, left_after = max_flow(residual, {p.name: max(0, p.new_pilots) * p.pilot_slots for p in pools}, order)
     unmet: dict[int, int] = {}
@@ -141,6 +164,26 @@ def plan(demands: Sequence[BagDemand], pools: Sequence[PoolCapacity]) -> Plan:
         if idle_queued and p.queued_pilots:
             cancel[p.name] = min(idle_queued, p.queued_pilots)
     return Plan(submit, cancel, {b: n for b, n in unmet.items() if n})
+
+
+def _onto_spare(demands: Sequence[BagDemand], pools: Sequence[PoolCapacity]) -> tuple[dict[str, int], list[int]]:
+    """Route demand onto the pools' spare slots: the widest jobs first, each width onto the blocks of its size
+    left (`PoolCapacity.spare_for`), then narrower ones onto what remains. Returns the slots each pool gives
+    and the demand left of each of `demands`."""
+    widths = sorted({d.cpus for d in demands}, reverse=True)
+    if widths in ([], [1]):
+        return max_flow(demands, {p.name: max(0, p.spare_slots) for p in pools})
+    given = {p.name: 0 for p in pools}
+    rest = [d.slots for d in demands]
+    for w in widths:
+        group = [i for i, d in enumerate(demands) if d.cpus == w]
+        cap = {p.name: max(0, min(p.spare_for(w), max(0, p.spare_slots)) - given[p.name]) for p in pools}
+        taken, left = max_flow([demands[i] for i in group], cap)
+        for i, n in zip(group, left, strict=True):
+            rest[i] = n
+        for name, n in taken.items():
+            given[name] += n
+    return given, rest
 
 
 PilotId = TypeVar("PilotId")
@@ -173,9 +216,9 @@ def bag_demands(view: DispatchView, pools: Iterable[str], now: float) -> list[Ba
         accepted = [n for n in names if view.accepts_pool(bag.bag_id, n) and _fits(view.pool_ad(n), cpus)]
         wanted = view.pilots_wanted(bag.bag_id, accepted, now)
         if wanted is None:
-            out.append(BagDemand(bag.bag_id, queued, frozenset(accepted)))
+            out.append(BagDemand(bag.bag_id, queued, frozenset(accepted), cpus))
         else:
-            out.extend(BagDemand(bag.bag_id, n, frozenset({pool})) for pool, n in sorted(wanted.items())
+            out.extend(BagDemand(bag.bag_id, n, frozenset({pool}), cpus) for pool, n in sorted(wanted.items())
                        if n > 0 and pool in accepted)
     return out
 
@@ -188,12 +231,14 @@ def _fits(ad: Mapping[str, object] | None, cpus: int) -> bool:
     return not isinstance(width, int) or isinstance(width, bool) or width >= cpus
 
 
-def host_slots(view: DispatchView, now: float) -> dict[str, tuple[int, int]]:
-    """Per pool: slots busy and slots idle on the hosts heard from within the host timeout."""
-    return {name: (p.busy, p.slots - p.busy) for name, p in view.pools(now).items() if p.hosts}
+def host_slots(view: DispatchView, now: float) -> dict[str, HostSlots]:
+    """Per pool: slots busy and slots idle on the hosts heard from within the host timeout, and the idle
+    slots of each."""
+    return {name: HostSlots(p.busy, p.slots - p.busy, p.idle_hosts) for name, p in view.pools(now).items()
+            if p.hosts}
 
 
-def pool_capacity(spec: PoolSpec, queued: int, running: int, hosts: tuple[int, int], can_submit: bool,
+def pool_capacity(spec: PoolSpec, queued: int, running: int, hosts: HostSlots | tuple[int, int], can_submit: bool,
                   max_running: int | None = None) -> PoolCapacity:
     """A pool's capacity from its pilots (`queued` waiting, `running` started) and the slots of the hosts
     that called in (`hosts`: busy and idle, from `host_slots`).
@@ -204,11 +249,12 @@ def pool_capacity(spec: PoolSpec, queued: int, running: int, hosts: tuple[int, i
     worker has not called in yet counts as spare. A pool of hosts that come by themselves (`static`) has
     no pilot count: its idle hosts are its spare slots. `max_running` overrides the spec's limit (a
     pool whose size varies)."""
-    busy, idle = hosts
+    busy, idle = hosts[0], hosts[1]
+    fragments = hosts.idle_hosts if isinstance(hosts, HostSlots) else None
     spare = max(0, running * spec.cpus - busy) + queued * spec.cpus if spec.submits else idle
     can_add = (spec.max_running if max_running is None else max_running) - running - queued
     if spec.queues:  # a local pilot runs at once: there is no queue to limit
         can_add = min(can_add, spec.max_queued - queued)
     can_add = max(0, can_add) if can_submit and spec.submits else 0
     return PoolCapacity(spec.name, spare, queued, can_add, spec.cpus,
-                        (spec.price_per_cpu_hour, spec.level, spec.name))
+                        (spec.price_per_cpu_hour, spec.level, spec.name), fragments)
