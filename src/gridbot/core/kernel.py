@@ -323,7 +323,7 @@ class Kernel:
         history[inst.instance_id] = Ended(inst.instance_id, inst.sent_at, ended_at, success,
                                           host.info.pool if host is not None else "")
         if len(history) > HISTORY:
-            del history[next(iter(history))]
+            history.popitem(last=False)
 
     def _pool(self, host: HostRecord) -> PoolRecord:
         pool = self.s.pools.get(host.info.pool)

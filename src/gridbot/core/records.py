@@ -7,7 +7,7 @@ sees them (strategies, the overlay and the server read `DispatchView`, which wra
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple, TypeVar
@@ -140,9 +140,11 @@ class BagRecord:
     """The last error one of the bag's strategies raised (shown with its diagnostics)."""
     on_pool: dict[str, list[int]] = field(default_factory=dict)
     """Per pool: [instances sent there since the dispatcher took the bag up, instances running there now]."""
-    history: dict[int, Ended] = field(default_factory=dict)
+    history: OrderedDict[int, Ended] = field(default_factory=OrderedDict)
     """The bag's last `HISTORY` instances that ended or were lost, by id (a late report replaces the loss):
-    what a tail strategy characterizes the pools from (ExPERT's Fs and gamma)."""
+    what a tail strategy characterizes the pools from (ExPERT's Fs and gamma). Ordered so that dropping the
+    oldest costs O(1): a dict's first key is found past the slots of the keys deleted before it, a scan that
+    took 13% of the server's time at 18,000 results/s."""
 
     def __post_init__(self) -> None:
         self.buffer = self.window.buffer

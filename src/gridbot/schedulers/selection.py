@@ -25,6 +25,7 @@ coordinators that do not see each other's placements (the report's competing str
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
@@ -160,7 +161,7 @@ class StatefulPlacement(Placement):
         super().__init__(bag_id, seed, options)
         self.selector = selector if selector is not None else Selector()
         self.rng = SplitMix(seed)
-        self.last: dict[int, tuple[str, str]] = {}
+        self.last: OrderedDict[int, tuple[str, str]] = OrderedDict()
         """Job id → (pool, why) of this bag's placements (`notes` shows the newest)."""
 
     @classmethod
@@ -250,7 +251,7 @@ class StatefulPlacement(Placement):
             self.last[job.job_id] = (site.pool, text)
             moves.append(Migration(job.job_id, frozenset({site.pool}), text))
         while len(self.last) > 1000:
-            del self.last[next(iter(self.last))]
+            self.last.popitem(last=False)  # (O(1): a dict's first key is found past its deleted slots)
         return moves
 
     def pilots(self, view: DispatchView, bag: BagView, pools: Sequence[str], now: float) -> Mapping[str, int] | None:
