@@ -191,6 +191,7 @@ def test_two_clients_run_a_bag_and_every_result_arrives(project):
     volunteers = [h for h in hosts.values() if h.pool == "community"]
     assert len(volunteers) == 2, hosts
     assert all(h.host_id.startswith("boinc-") and h.ncpus >= 1 for h in volunteers)
+    assert all(h.speed > 0 and h.account.startswith("volunteer:") for h in volunteers), volunteers
     assert sum(h.done for h in volunteers) >= 30
     assert len({r.host_id for r in results}) == 2, "both clients should have run jobs"
     # the wrapper was signed with the server's key, made once, private
@@ -227,8 +228,9 @@ def test_forged_uploads_are_refused(project):
     assert status == 403
     status, body = _post(project.url + "file_upload_handler", b"garbage")
     assert status == 400
-    status, body = _upload(project, mine, good, limit, b"fine")  # the real token: taken
-    assert status == 200 and "<status>0</status>" in body
+    status, body = _upload(project, mine, good, limit, b"fine")  # the real token, but no such result is out
+    assert status == 200 and "<status>-1</status>" in body and "no longer out" in body, body
+    assert not list((project.tmp / "state" / "volunteer").glob(f"**/{mine}*")), "nothing kept for a result not out"
 
 
 def test_bad_scheduler_requests_get_a_clear_answer(project):

@@ -3,8 +3,6 @@ shows one bug; it passes once the bug is fixed."""
 
 from __future__ import annotations
 
-import pytest
-
 from gridbot.core.changes import BagSnapshot
 from gridbot.model.pools import PoolMonitor, PoolSpec
 from gridbot.model.records import HostInfo, InstanceReport, Outcome

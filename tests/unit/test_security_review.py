@@ -135,11 +135,6 @@ def _upload(name: str, max_nbytes: int, token: str, data: bytes) -> bytes:
             f"<md5_cksum>{hashlib.md5(data).hexdigest()}</md5_cksum>\n<offset>0</offset>\n<data>\n").encode() + data
 
 
-@pytest.mark.xfail(strict=True, reason="server.py `upload`: the token binds the file's name and size limit, with no "
-                   "expiry, and the handler never asks whether the instance is still out: a volunteer can upload a "
-                   "reported result's files again (kept until a sweep). Refusing uploads of instances not out broke "
-                   "the real-client test that forges uploads for made-up results: that test must hold a live "
-                   "instance first")
 def test_an_upload_for_a_result_already_reported_is_refused(tmp_path):
     service, pool, key = _pool(tmp_path)
     spec = parse_spec('command = "echo {i}"\noutputs = ["o"]\n[parameters]\ni = { from = 1, to = 2 }\n', "s.toml", "s")
@@ -243,13 +238,6 @@ def test_the_console_reads_a_sqlite_store_in_a_folder_with_a_hash(tmp_path):
 # -- 7. one scheduler request may carry any number of full-size results ------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="server.py:281-303 reads every reported result's upload into the exchange "
-                   "with no total: POST /v1/exchange caps a body at 2 x max_result_bytes + 1 MiB (app.py:314) and the "
-                   "worker batches its reports under max_result_bytes (worker.py:431), but one BOINC request may "
-                   "report MAX_RESULTS = 5,000 results of up to max_result_bytes + 128 KiB each (~80 GB with the "
-                   "16 MiB default), all held in memory three times (reports, msgpack copy, decoded copy) and "
-                   "staged into one commit; a volunteer gets up to max_assign = 1,000 instances per RPC by "
-                   "claiming CPUs. Each result is also allowed 128 KiB over max_result_bytes (limit + 2*TAIL)")
 def test_one_scheduler_request_carries_no_more_result_bytes_than_an_exchange_may(tmp_path):
     from gridbot.core.config import DispatchConfig
     from gridbot.server.service import ServiceConfig

@@ -37,7 +37,7 @@ from gridbot.errors import GridbotError, ServerUnavailable
 from gridbot.model.pools import PoolSpec
 from gridbot.model.records import Assignment, HostInfo, InstanceReport, Outcome
 from gridbot.model.volunteer import VolunteerSettings
-from gridbot.protocol import ExchangeRequest
+from gridbot.protocol import ExchangeRequest, ExchangeResponse
 from gridbot.server.app import Server
 from gridbot.volunteer.accounts import ACCOUNTS_NAME, HOSTS_NAME, AccountBook, AccountError, Hosts
 from gridbot.volunteer.jobs import (
@@ -245,7 +245,7 @@ class VolunteerPool:
         except msgspec.ValidationError as e:
             return self._refuse(400, f"a value of the request is out of range: {str(e)[:200]}")
         try:
-            answer = await self.server.answer(exchange)
+            answer = await self._answer(exchange)
         except ServerUnavailable as e:
             reply.request_delay = DOWN_DELAY
             reply.messages.append(("low", f"the gridbot server is busy or its store is down ({e}); trying later"))
@@ -269,6 +269,32 @@ class VolunteerPool:
             reply.request_delay = max(1.0, answer.backoff)
         self._sweep()
         return _xml_response(reply.xml())
+
+    async def _answer(self, exchange: ExchangeRequest) -> ExchangeResponse:
+        """The exchange answered, its reports in parts of at most `max_result_bytes` of results each (one result
+        alone may be that big), as a worker batches them: one scheduler request may report thousands of results,
+        and one exchange must not hold them all in memory and in one commit. The parts before the last ask for
+        nothing and list the instances reported in later parts as still running (else they would be lost)."""
+        limit = self.server.service.config.dispatch.max_result_bytes
+        parts: list[list[InstanceReport]] = [[]]
+        size = 0
+        for r in exchange.reports:
+            if parts[-1] and size + r.result_bytes > limit:
+                parts.append([])
+                size = 0
+            parts[-1].append(r)
+            size += r.result_bytes
+        cancel: set[int] = set()
+        answer: ExchangeResponse | None = None
+        for n, part in enumerate(parts):
+            last = n == len(parts) - 1
+            later = [r.instance_id for p in parts[n + 1:] for r in p]
+            answer = await self.server.answer(msgspec.structs.replace(
+                exchange, reports=part, want=exchange.want if last else 0,
+                running=exchange.running if last else [*exchange.running, *later]))
+            cancel.update(answer.cancel)
+        assert answer is not None
+        return msgspec.structs.replace(answer, cancel=sorted(cancel))
 
     def _refuse(self, status: int, why: str) -> web.Response:
         """A request that is not one: the client backs off, anyone else reads why."""
@@ -306,7 +332,8 @@ class VolunteerPool:
         info = HostInfo(f"boinc-{hostid}", _label(req.domain_name, f"boinc-{hostid}"),
                         _label(req.platform, ""), ncpus, int(req.memory_bytes // (1 << 20)), ncpus, self.spec.name,
                         min(max(0, want - ncpus), PREFETCH_PER_CPU * ncpus), _label(req.cpid, "boinc")[:64],
-                        account=f"volunteer:{account}")  # a quorum never counts two results of one account
+                        account=f"volunteer:{account}",  # a quorum never counts two results of one account
+                        speed=req.fpops / 1e9)  # the client's benchmark: Host.Speed, GFLOPS of one CPU
         exchange = ExchangeRequest(info, want, running, reports)
         return _exchange.decode(_encode.encode(exchange)), foreign  # the limits a worker's message is held to
 
@@ -333,8 +360,15 @@ class VolunteerPool:
         path = self.uploads / f"{name}{OUTPUT_SUFFIX}"
         with contextlib.suppress(OSError):
             uploaded = path.read_bytes()
-        limit = self.server.service.config.dispatch.max_result_bytes + 2 * TAIL_BYTES
-        return report_of(iid, state, exit_status, cpu, wall, stderr_out, uploaded, meta, limit)
+        cap = self.server.service.config.dispatch.max_result_bytes
+        r = report_of(iid, state, exit_status, cpu, wall, stderr_out, uploaded, meta, cap + 2 * TAIL_BYTES)
+        if r.result_bytes > cap:  # as the dispatcher would judge it, before it is held in the exchange
+            tail = max(256, cap // 4)
+            r = InstanceReport(iid, Outcome.FAILURE, r.exit_code, r.wall_s, r.cpu_s,
+                               f"its result of {r.result_bytes:,} bytes (outputs, stdout and stderr) is over the "
+                               f"server's limit of {cap:,} bytes (the server's --max-result-size)",
+                               r.stdout_tail[-tail:], r.stderr_tail[-tail:])
+        return r
 
     def _meta(self, name: str) -> list[str]:
         """The declared outputs of the instance behind result `name`, from its job file's first line."""
@@ -478,6 +512,10 @@ class VolunteerPool:
             return _upload_reply(-1, "bad upload token", 403)
         if not 0 <= nbytes <= max_nbytes:
             return _upload_reply(-1, f"a file of {nbytes:,} bytes is over its limit of {max_nbytes:,}", 413)
+        iid = instance_of(self.tokens, name[:-len(OUTPUT_SUFFIX)])
+        if iid is None or self.server.service.dispatcher.view.instance(iid) is None:
+            # reported, cancelled or never sent: a token has no expiry, so whether its result is still out decides
+            return _upload_reply(-1, "this result is no longer out: its file is not needed")
         part, done = self.uploads / f"{name}.part", self.uploads / name
         if done.exists():
             return _upload_reply(0)  # sent again after a lost answer
