@@ -383,3 +383,18 @@ def test_two_different_results_never_have_the_same_quorum_digest():
     with_file = InstanceReport(1, Outcome.SUCCESS, 0, 1.0, 1.0, "", "A", "", {"o": b"B"})
     spelled = InstanceReport(2, Outcome.SUCCESS, 0, 1.0, 1.0, "", "A\0o\0" + "1\0B", "", {})
     assert _digest(with_file) != _digest(spelled)
+
+
+def test_the_deadline_heap_holds_no_more_than_the_running_instances_and_a_margin():
+    """(Counted, not timed.) An ended instance left its deadline in the heap for a day: at 20,000 jobs/s the heap
+    grew by every instance sent, in memory and in each push's cost."""
+    sim = CoreSim()
+    add(sim, "many", 30_000)
+    h = host("a", slots=1000)
+    held = sim.ask(h, 1000, 0.0)
+    for t in range(1, 30):
+        held = sim.ask(h, 1000, float(t), [ok(a.instance_id) for a in held])
+    assert len(held) == 1000
+    assert len(sim.d._k.deadlines) <= 2 * 1000 + 4096, len(sim.d._k.deadlines)
+    sim.tick(10 * 86400.0)  # every deadline passed: only the 1,000 still running are found overdue
+    assert sim.store.bag(1).counts.overdue == 1000

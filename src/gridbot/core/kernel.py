@@ -176,6 +176,8 @@ class Kernel:
             bag.counts.reruns += 1
         host.running.add(iid)
         heapq.heappush(self.deadlines, (deadline, iid))
+        if len(self.deadlines) > 2 * len(self.s.running) + 4096:
+            self._compact_deadlines()
         bag.counts.instances += 1
         self.set_job(job, JobState.RUNNING, changes, sent=True)
         if bag.spec.quorum > 1:
@@ -186,6 +188,14 @@ class Kernel:
         command, env, outputs = bag.render(job.index, job.line)
         return Assignment(iid, job.job_id, bag.bag_id, bag.spec.name, job.index, command, env, bag.input_names,
                           outputs, deadline, bag.spec.timeout, bag.limits, bag.revision, bag.spec.cpus)
+
+    def _compact_deadlines(self) -> None:
+        """Keep only the running instances' deadlines: an instance that ended leaves its entry in the heap until
+        its deadline passes (a day by default), so a busy server's heap grew by every instance it sent, in
+        memory and in the cost of each push (a tenth of the server's time at 20,000 jobs/s). Rebuilt when
+        over twice the running instances: O(1) a push, amortized."""
+        self.deadlines = [(inst.instance_deadline, iid) for iid, inst in self.s.running.items()]
+        heapq.heapify(self.deadlines)
 
     def end(self, inst: Instance, r: InstanceReport, now: float, changes: Changes, vote: bytes | None = None) -> None:
         """Apply a host's report about `inst`, which may be running or overdue (a late report); `vote` is, for a
