@@ -220,6 +220,9 @@ def server(db: str, host: str, port: int, dispatch: DispatchConfig, max_jobs: in
     from gridbot.store.sql import open_store
 
     logging.getLogger("gridbot").setLevel(min(logging.INFO, logging.getLogger().level))
+    from gridbot.server.app import tune_gc
+
+    tune_gc()
     pool_specs: list[PoolSpec] = []
     queues: list[QueueSpec] = []
     validators: list[ValidatorSpec] = []

@@ -27,7 +27,7 @@ from gridbot.pools.base import PilotRequest
 from gridbot.protocol import BagInfo
 from gridbot.results import ResultsFolder
 from gridbot.security.access import ephemeral_keys
-from gridbot.server.app import EmbeddedServer
+from gridbot.server.app import EmbeddedServer, tune_gc
 from gridbot.server.service import Service, ServiceConfig
 from gridbot.store.base import Store, spec_hash
 from gridbot.store.sql import open_store
@@ -64,6 +64,7 @@ def run_here(spec: BagSpec, lines: Sequence[str] | None, inputs: dict[str, bytes
         _others(store, spec.name)
         service = Service(store, config, only={existing.bag_id} if existing is not None else set())
         keys = ephemeral_keys(user=existing.owner if existing is not None else None)
+        tune_gc()  # the server runs in this process
         with EmbeddedServer(service, tick_interval=0.5, keys=keys) as srv, \
                 Client(srv.url, access=srv.access) as client:
             if console:
