@@ -3,10 +3,12 @@
 Each simulated client speaks the stock client's protocol over HTTP: a scheduler request asking for work, an
 upload of each result's file (the wrapper's format, an empty successful run) through the upload handler
 with the token its reply gave, and the report of those results (with `other_results`) in its next request.
+It does no more than that, over one kept-alive connection of plain asyncio streams (aiohttp's client cost
+about twice the CPU), and the CPU it takes is printed beside the server's.
 Jobs take no time, so this measures the server: XML in and out, authentication, the dispatcher and the
 store's group commit (SQLite, synchronous=FULL). BOINC's own server answered about 100 jobs a second in the
 paper's era. Not a test:
-    .venv/bin/python bench/volunteer_rpc.py [--jobs 5000] [--clients 50] [--ncpus 4]
+    .venv/bin/python bench/volunteer_rpc.py [--jobs 5000] [--clients 50] [--ncpus 4] [--downloads]
 """
 
 from __future__ import annotations
@@ -17,14 +19,13 @@ import hashlib
 import os
 import platform
 import re
+import resource
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-
-import aiohttp
 
 RESULT = b"gridbot-result 1\nstatus 0\nend\n"
 
@@ -33,6 +34,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds process `pid` has used (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def peak_rss(pid: int) -> int:
+    """Process `pid`'s peak resident set, KiB (Linux)."""
+    return next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                if line.startswith("VmHWM:"))
 
 
 def request(key: str, hostid: int, cpid: str, ncpus: int, want: bool, reports: list[str], held: list[str]) -> bytes:
@@ -49,40 +62,74 @@ def request(key: str, hostid: int, cpid: str, ncpus: int, want: bool, reports: l
             "</scheduler_request>\n").encode()
 
 
-async def client(n: int, url: str, key: str, ncpus: int, stats: dict[str, int], stop: asyncio.Event) -> None:
+class Connection:
+    """One kept-alive HTTP/1.1 connection, as little client as can be: the bench measures the server."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    async def post(self, path: str, body: bytes | None) -> bytes:
+        """The body of the answer to a POST of `body` to `path` (None: a GET)."""
+        if self.streams is None:
+            self.streams = await asyncio.open_connection("127.0.0.1", self.port)
+        reader, writer = self.streams
+        if body is None:
+            writer.write(b"GET /%s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" % path.encode())
+        else:
+            writer.write(b"POST /%s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/xml\r\nContent-Length: %d\r\n"
+                         b"\r\n%s" % (path.encode(), len(body), body))
+        head = (await reader.readuntil(b"\r\n\r\n")).lower()
+        m = re.search(rb"\r\ncontent-length: *(\d+)", head)
+        assert head.startswith(b"http/1.1 200") and m is not None, head
+        return await reader.readexactly(int(m.group(1)))
+
+    def close(self) -> None:
+        if self.streams is not None:
+            self.streams[1].close()
+
+
+UPLOAD_RE = re.compile(r"<name>(gb\d+_[0-9a-f]+_out)</name>\s*<upload_url>[^<]*</upload_url>\s*<max_nbytes>(\d+)"
+                       r"</max_nbytes>\s*<xml_signature>\s*([0-9a-f]+)\s*</xml_signature>")
+MD5 = hashlib.md5(RESULT).hexdigest()
+JOB_RE = re.compile(r"<url>http://[^/<]+/(download/[0-9a-f]+/gb\d+_[0-9a-f]+_job)</url>")
+
+
+async def client(n: int, port: int, key: str, ncpus: int, stats: dict[str, int], stop: asyncio.Event,
+                 download: bool) -> None:
     hostid, reports = 0, []
-    async with aiohttp.ClientSession() as http:
+    http = Connection(port)
+    try:
         while not stop.is_set():
-            async with http.post(url + "scheduler", data=request(key, hostid, f"sim{n}", ncpus, True, reports,
-                                                                 [])) as r:
-                text = await r.text()
+            text = (await http.post("scheduler", request(key, hostid, f"sim{n}", ncpus, True, reports, []))).decode()
             stats["rpcs"] += 1
             stats["reported"] += len(reports)
             reports = []
             if m := re.search(r"<hostid>(\d+)</hostid>", text):
                 hostid = int(m.group(1))
-            uploads = re.findall(r"<name>(gb\d+_[0-9a-f]+_out)</name>\s*<upload_url>[^<]*</upload_url>\s*"
-                                 r"<max_nbytes>(\d+)</max_nbytes>\s*<xml_signature>\s*([0-9a-f]+)\s*</xml_signature>",
-                                 text)
+            uploads = UPLOAD_RE.findall(text)
+            for path in JOB_RE.findall(text) if download else []:
+                assert await http.post(path, None)
+                stats["downloads"] += 1
             for name, limit, token in uploads:
                 header = (f"<data_server_request>\n<file_upload>\n<file_info>\n<name>{name}</name>\n<xml_signature>\n"
                           f"{token}\n</xml_signature>\n<max_nbytes>{limit}</max_nbytes>\n</file_info>\n"
-                          f"<nbytes>{len(RESULT)}</nbytes>\n<md5_cksum>{hashlib.md5(RESULT).hexdigest()}</md5_cksum>\n"
-                          "<offset>0</offset>\n<data>\n")
-                async with http.post(url + "file_upload_handler", data=header.encode() + RESULT) as r:
-                    assert "<status>0</status>" in await r.text()
+                          f"<nbytes>{len(RESULT)}</nbytes>\n<md5_cksum>{MD5}</md5_cksum>\n<offset>0</offset>\n<data>\n")
+                assert b"<status>0</status>" in await http.post("file_upload_handler", header.encode() + RESULT)
                 stats["uploads"] += 1
                 reports.append(name[:-len("_out")])
             if not uploads:
                 delay = re.search(r"<request_delay>(\d+)</request_delay>", text)
                 await asyncio.sleep(min(1.0, float(delay.group(1)) if delay else 1.0))
+    finally:
+        http.close()
 
 
-async def run(url: str, keys: list[str], ncpus: int, jobs: int) -> tuple[float, dict[str, int]]:
-    stats = {"rpcs": 0, "uploads": 0, "reported": 0}
+async def run(port: int, keys: list[str], ncpus: int, jobs: int, download: bool) -> tuple[float, dict[str, int]]:
+    stats = {"rpcs": 0, "uploads": 0, "reported": 0, "downloads": 0}
     stop = asyncio.Event()
     start = time.perf_counter()
-    tasks = [asyncio.create_task(client(n, url, k, ncpus, stats, stop)) for n, k in enumerate(keys)]
+    tasks = [asyncio.create_task(client(n, port, k, ncpus, stats, stop, download)) for n, k in enumerate(keys)]
     while stats["reported"] < jobs:
         await asyncio.sleep(0.05)
     elapsed = time.perf_counter() - start
@@ -96,6 +143,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=5000)
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--ncpus", type=int, default=4)
+    parser.add_argument("--downloads", action="store_true",
+                        help="Also fetch each job's job file, as the stock client does (a GET a job more).")
     parser.add_argument("--profile", metavar="FILE", help="Run the server under cProfile, its stats to FILE.")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -120,7 +169,10 @@ def main() -> None:
             subprocess.run([*gb, "submit", "bag.toml", "--server", f"http://127.0.0.1:{port}"], cwd=folder, env=env,
                            check=True, capture_output=True)
             accounts = [keys[n % len(keys)] for n in range(args.clients)]
-            elapsed, stats = asyncio.run(run(f"http://127.0.0.1:{vport}/", accounts, args.ncpus, args.jobs))
+            before, mine = cpu_seconds(server.pid), resource.getrusage(resource.RUSAGE_SELF)
+            elapsed, stats = asyncio.run(run(vport, accounts, args.ncpus, args.jobs, args.downloads))
+            after, used = cpu_seconds(server.pid), resource.getrusage(resource.RUSAGE_SELF)
+            peak = peak_rss(server.pid)
         finally:
             server.terminate()
             server.wait(30)
@@ -128,7 +180,11 @@ def main() -> None:
           f"{platform.python_version()}; server and clients on the same machine")
     print(f"{args.jobs:,} jobs, {args.clients} simulated BOINC clients of {args.ncpus} CPUs, SQLite synchronous=FULL")
     print(f"{elapsed:.1f} s: {stats['rpcs'] / elapsed:,.0f} scheduler RPCs/s, {stats['uploads'] / elapsed:,.0f} "
-          f"uploads/s, {stats['reported'] / elapsed:,.0f} jobs/s reported")
+          f"uploads/s, {stats['reported'] / elapsed:,.0f} jobs/s reported"
+          + (f", {stats['downloads'] / elapsed:,.0f} job-file downloads/s" if args.downloads else ""))
+    client = used.ru_utime + used.ru_stime - mine.ru_utime - mine.ru_stime
+    print(f"CPU: server {after - before:.1f} s ({(after - before) / elapsed:.0%} of one CPU), the simulated clients "
+          f"{client:.1f} s ({client / elapsed:.0%}); server peak RSS {peak / 1024:,.0f} MiB")
 
 
 if __name__ == "__main__":

@@ -125,11 +125,15 @@ class AccountBook:
         self._live = {a.account_id: a for a in accounts.accounts if not a.revoked}
 
     def authenticate(self, authenticator: str) -> Account | None:
-        """The live account of `authenticator`, or None."""
+        """The live account of `authenticator`, or None. An unknown account makes the file be looked at at once
+        (a stat): a key added a moment ago is not refused, which would send its client away for an hour."""
         self.refresh()
         if not AUTH_RE.match(authenticator):
             return None
         account = self._live.get(authenticator[:ID_CHARS])
+        if account is None:
+            self.refresh(force=True)
+            account = self._live.get(authenticator[:ID_CHARS])
         if account is None or not hmac.compare_digest(account.digest, _digest(authenticator[ID_CHARS:])):
             return None
         return account

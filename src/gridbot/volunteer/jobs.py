@@ -3,16 +3,21 @@
 Each instance is one BOINC workunit with one result, named after the instance id and a tag made with the
 server's token secret (`gb42_1f3a9c0d`), so a name the client sends maps back to an instance without a
 table, and a made-up one is recognised. The job file (`gridbot_job`, the wrapper's instructions) is written
-for the instance when it is sent; the bag's inputs are served under names that carry their content's
-digest, so a client fetches each input once for all the jobs of a bag and a revised input is a new file.
+for the instance when it is sent, to the pool's `Spool` with the uploaded results; the bag's inputs are served
+under names that carry their content's digest, so a client fetches each input once for all the jobs of a bag
+and a revised input is a new file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import re
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from gridbot.errors import GridbotError
 from gridbot.model.records import Assignment, InstanceReport, Outcome
@@ -40,6 +45,167 @@ def instance_of(tokens: Tokens, name: str) -> int | None:
     if m is None or not tokens.check(m.group(2), "result", int(m.group(1)), length=8):
         return None
     return int(m.group(1))
+
+
+SEGMENT_BYTES = 8 << 20
+"""A spool segment is closed for new records past this size (and removed once none of its records is live)."""
+_SEGMENT_RE = re.compile(r"spool-([0-9]{6,12})\Z")
+_RECORD_RE = re.compile(rb"([A-Za-z0-9_.-]{1,200}) ([0-9]{1,12})\n")
+_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,200}")
+
+
+class Spool:
+    """The small files of the instances out (job files, uploaded results), as records appended to a few
+    segment files instead of a file each.
+
+    A file per instance was most of the server's time: creating a file waits on the file system's journal,
+    which the store's commits (synchronous=FULL) keep busy, 0.3-0.8 ms a file on ext4 against a few
+    microseconds to append to a file already open (docs/volunteers.md, "How fast"). A record is written with
+    one `write` to the current segment, without fsync, as the files were: the kernel holds it once written,
+    so it outlives the server's process, and an OS crash may lose the last records as it could lose those
+    files (an instance whose job file is lost fails its download; one whose upload is lost is reported
+    without it; either runs again, and the store's record of results, committed before a report is
+    acknowledged, is not touched). A segment is removed once none of its records is live, and `compact`
+    moves the few live records of a mostly dead one (long jobs among short ones) to the current segment, so
+    the spool's files stay within about four times what is live. On start the segments left are read back
+    (a torn last record is dropped) and new records go to a new segment. A drop is kept in memory only: a
+    record dropped before a restart is read back, and removed by the pool's sweep with the records of the
+    instances no longer out (their names are never used again: instance ids are not reused).
+    """
+
+    def __init__(self, folder: Path, segment_bytes: int = SEGMENT_BYTES) -> None:
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self.segment_bytes = segment_bytes
+        self._index: dict[str, tuple[int, int, int, float]] = {}
+        """name: (segment, offset of its data, length, when it was written)."""
+        self._fds: dict[int, int] = {}
+        self._live: dict[int, int] = {}
+        """Segment: its records live."""
+        self._bytes: dict[int, int] = {}
+        """Segment: the bytes of its records live."""
+        self._sizes: dict[int, int] = {}
+        self._current = -1
+        numbers = sorted(int(m.group(1)) for p in folder.iterdir() if (m := _SEGMENT_RE.match(p.name)))
+        for n in numbers:
+            self._recover(n)
+        self._roll(numbers[-1] + 1 if numbers else 1)
+
+    def _path(self, n: int) -> Path:
+        return self.folder / f"spool-{n:06d}"
+
+    def _recover(self, n: int) -> None:
+        """Index the records of segment `n` a previous run left."""
+        fd = os.open(self._path(n), os.O_RDONLY)
+        with open(fd, "rb", closefd=False) as f:
+            data = f.read()
+        self._fds[n], self._live[n], self._bytes[n], self._sizes[n] = fd, 0, 0, len(data)
+        self._current = n  # not removed while it is read, should a name come twice in it
+        pos, now = 0, time.time()
+        while (m := _RECORD_RE.match(data, pos)) is not None:
+            length = int(m.group(2))
+            start = m.end()
+            if start + length + 1 > len(data) or data[start + length] != 0x0A:
+                break  # torn: the rest of the segment is not read
+            self._add(m.group(1).decode(), n, start, length, now)
+            pos = start + length + 1
+        self._current = -1
+        self._release(n)
+
+    def _roll(self, n: int) -> None:
+        """Start segment `n` for new records (the one before it is removed if it holds nothing live)."""
+        old = self._current
+        self._fds[n] = os.open(self._path(n), os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
+        self._live[n], self._bytes[n], self._sizes[n], self._current = 0, 0, 0, n
+        if old >= 0:
+            self._release(old)
+
+    def _add(self, name: str, n: int, offset: int, length: int, when: float) -> None:
+        self.drop(name)
+        self._index[name] = (n, offset, length, when)
+        self._live[n] += 1
+        self._bytes[n] += length
+
+    def _release(self, n: int) -> None:
+        """Remove segment `n` if it is not the current one and none of its records is live."""
+        if n != self._current and self._live.get(n) == 0:
+            os.close(self._fds.pop(n))
+            del self._live[n], self._bytes[n], self._sizes[n]
+            with contextlib.suppress(OSError):
+                self._path(n).unlink()
+
+    def put(self, name: str, data: bytes, when: float | None = None) -> None:
+        """Keep `data` as `name` (replacing what was kept as `name`), written at `when` (now); OSError if it
+        cannot be written; ValueError for a name the segments cannot hold (the server's names always can)."""
+        if not _NAME_RE.fullmatch(name):
+            raise ValueError(f"spool record name {name[:50]!r} is not 1-200 letters, digits, '_', '.' or '-'")
+        record = b"%s %d\n%s\n" % (name.encode(), len(data), data)
+        n = self._current
+        at = self._sizes[n]
+        try:
+            done = 0
+            while done < len(record):
+                done += os.write(self._fds[n], record[done:] if done else record)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fds[n], at)  # never a record after a torn one
+            self._sizes[n] = os.fstat(self._fds[n]).st_size
+            raise
+        self._sizes[n] = at + len(record)
+        self._add(name, n, at + len(record) - len(data) - 1, len(data), time.time() if when is None else when)
+        if self._sizes[n] >= self.segment_bytes:
+            self._roll(n + 1)
+
+    def get(self, name: str) -> bytes | None:
+        """What is kept as `name` (None: nothing)."""
+        entry = self._index.get(name)
+        if entry is None:
+            return None
+        n, offset, length, _ = entry
+        return os.pread(self._fds[n], length, offset)
+
+    def size(self, name: str) -> int | None:
+        entry = self._index.get(name)
+        return entry[2] if entry is not None else None
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._index
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def drop(self, name: str) -> bool:
+        """Forget `name` (False: nothing was kept as it); a segment left with nothing live is removed."""
+        entry = self._index.pop(name, None)
+        if entry is None:
+            return False
+        self._live[entry[0]] -= 1
+        self._bytes[entry[0]] -= entry[2]
+        self._release(entry[0])
+        return True
+
+    def compact(self) -> int:
+        """Copy the live records of the segments less than a quarter live to the current segment (those
+        segments are then removed); returns the records copied. OSError if one cannot be written."""
+        sparse = {n for n, size in self._sizes.items() if n != self._current and 4 * self._bytes[n] < size}
+        moved = [(name, entry) for name, entry in self._index.items() if entry[0] in sparse]
+        for name, (n, offset, length, when) in moved:
+            self.put(name, os.pread(self._fds[n], length, offset), when)
+        return len(moved)
+
+    def older(self, seconds: float) -> list[str]:
+        """The names kept for more than `seconds`."""
+        cutoff = time.time() - seconds
+        return [name for name, entry in self._index.items() if entry[3] < cutoff]
+
+    @property
+    def segments(self) -> int:
+        return len(self._fds)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
 
 
 def quote(text: str) -> str:

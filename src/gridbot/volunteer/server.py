@@ -44,6 +44,7 @@ from gridbot.volunteer.jobs import (
     JOB_META,
     OUTPUT_SUFFIX,
     InputFile,
+    Spool,
     input_file_name,
     instance_of,
     job_file,
@@ -62,6 +63,9 @@ AUTH_HEAD_BYTES = 64 << 10
 """Where the account key must be found, from the start of a scheduler request (the client writes it near the top)."""
 """Largest scheduler request read (a client reporting hundreds of results with their stderr)."""
 MAX_HEADER_BYTES = 64 << 10
+SPOOLED_UPLOAD_BYTES = 1 << 20
+"""Uploads up to this size, sent whole in one request, are kept in the spool; larger or resumed ones in files."""
+JOB_SUFFIX = "_job"
 AUTH_DELAY = 3600.0
 """Seconds a client with a refused account key is asked to wait before it tries again."""
 DOWN_DELAY = 60.0
@@ -81,6 +85,23 @@ def _label(text: str, fallback: str) -> str:
 
 def _xml_response(body: bytes, status: int = 200) -> web.Response:
     return web.Response(body=body, status=status, content_type="text/xml")
+
+
+def _ranged(request: web.Request, data: bytes) -> web.Response:
+    """`data` as a download, its Range honoured (the client resumes a download with `bytes=N-`)."""
+    headers = {"Content-Type": "application/octet-stream", "Accept-Ranges": "bytes"}
+    total = len(data)
+    try:
+        wanted = request.http_range
+    except ValueError:
+        wanted = slice(total, None)  # unreadable: answered as one past the end
+    if wanted.start is None and wanted.stop is None:
+        return web.Response(body=data, headers=headers)
+    start, stop, _ = wanted.indices(total)
+    if start >= stop:
+        return web.Response(status=416, headers={"Content-Range": f"bytes */{total}"})
+    return web.Response(body=data[start:stop], status=206,
+                        headers={**headers, "Content-Range": f"bytes {start}-{stop - 1}/{total}"})
 
 
 def _upload_reply(status: int, message: str = "", http: int = 200, size: int | None = None) -> web.Response:
@@ -127,6 +148,8 @@ class VolunteerPool:
         self.downloads, self.uploads = folder / "download", folder / "upload"
         for d in (self.downloads, self.uploads):
             d.mkdir(parents=True, exist_ok=True)
+        self.spool = Spool(folder / "spool")  # job files and uploads of the instances out
+        self._filed = self._upload_files()
         (self.downloads / WRAPPER_NAME).write_bytes(WRAPPER_BYTES)
         self.wrapper = FileInfo(WRAPPER_NAME, nbytes=len(WRAPPER_BYTES), md5=hashlib.md5(WRAPPER_BYTES).hexdigest(),
                                 executable=True, signature=signer.sign(WRAPPER_BYTES))
@@ -179,6 +202,7 @@ class VolunteerPool:
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+        self.spool.close()
 
     # -- public pages ---------------------------------------------------------------------------------
 
@@ -356,10 +380,10 @@ class VolunteerPool:
                 stderr_out: str) -> InstanceReport:
         """A reported result as an instance report, with the file its client uploaded."""
         meta = self._meta(name)
-        uploaded: bytes | None = None
-        path = self.uploads / f"{name}{OUTPUT_SUFFIX}"
-        with contextlib.suppress(OSError):
-            uploaded = path.read_bytes()
+        uploaded = self.spool.get(f"{name}{OUTPUT_SUFFIX}")
+        if uploaded is None and f"{name}{OUTPUT_SUFFIX}" in self._filed:  # a large or resumed upload
+            with contextlib.suppress(OSError):
+                uploaded = (self.uploads / f"{name}{OUTPUT_SUFFIX}").read_bytes()
         cap = self.server.service.config.dispatch.max_result_bytes
         r = report_of(iid, state, exit_status, cpu, wall, stderr_out, uploaded, meta, cap + 2 * TAIL_BYTES)
         if r.result_bytes > cap:  # as the dispatcher would judge it, before it is held in the exchange
@@ -373,8 +397,10 @@ class VolunteerPool:
     def _meta(self, name: str) -> list[str]:
         """The declared outputs of the instance behind result `name`, from its job file's first line."""
         try:
-            with open(self.downloads / f"{name}_job", "rb") as f:
-                first = f.readline()
+            job = self.spool.get(f"{name}{JOB_SUFFIX}")
+            if job is None:
+                return []
+            first = job[:job.find(b"\n")]
             return [str(o) for o in json.loads(first.removeprefix(JOB_META))["outputs"]]
         except (OSError, ValueError, KeyError, TypeError):
             return []
@@ -382,10 +408,13 @@ class VolunteerPool:
     def _forget(self, iid: int) -> None:
         """Remove what was kept for a reported instance: its job file (with its declared outputs) and upload."""
         name = result_name(self.tokens, iid)
-        for path in (self.downloads / f"{name}_job", self.uploads / f"{name}{OUTPUT_SUFFIX}",
-                     self.uploads / f"{name}{OUTPUT_SUFFIX}.part"):
-            with contextlib.suppress(OSError):
-                path.unlink()
+        self.spool.drop(f"{name}{JOB_SUFFIX}")
+        output = f"{name}{OUTPUT_SUFFIX}"
+        if not self.spool.drop(output) and output in self._filed:
+            self._filed.discard(output)
+            for path in (self.uploads / f"{name}{OUTPUT_SUFFIX}", self.uploads / f"{name}{OUTPUT_SUFFIX}.part"):
+                with contextlib.suppress(OSError):
+                    path.unlink()
 
     def _add_work(self, reply: Reply, assignments: Sequence[Assignment], req: SchedulerRequest) -> None:
         """Each instance as a workunit, its files, and the app that runs it."""
@@ -401,13 +430,13 @@ class VolunteerPool:
             try:
                 staged = self._stage_inputs(a)
                 job = job_file(a, [f"gridbot_in_{k}" for k in range(len(staged))])
-                (self.downloads / f"{name}_job").write_bytes(job)  # its first line keeps the declared outputs
+                self.spool.put(f"{name}{JOB_SUFFIX}", job)  # its first line keeps the declared outputs
             except (OSError, GridbotError) as e:
                 # left out of the reply: the client never lists it, and the next contact gives it back
                 log.warning("instance %d cannot be served (%s); it is given back at the host's next contact",
                             a.instance_id, e)
                 continue
-            job_info = FileInfo(f"{name}_job", self.download_url(f"{name}_job"), len(job),
+            job_info = FileInfo(f"{name}{JOB_SUFFIX}", self.download_url(f"{name}{JOB_SUFFIX}"), len(job),
                                 hashlib.md5(job).hexdigest())
             files = [job_info, *staged]
             for f in files:
@@ -449,12 +478,24 @@ class VolunteerPool:
             out.append(FileInfo(f.name, self.download_url(f.name), f.nbytes, f.md5))
         return out
 
+    def _upload_files(self) -> set[str]:
+        """The uploads kept as files (whole or in part), by name: the others are not looked for on disk."""
+        return {p.name.removesuffix(".part") for p in self.uploads.iterdir()}
+
     def _sweep(self) -> None:
         """Every few minutes: drop the files of instances and bags the dispatcher no longer holds."""
         if time.monotonic() - self._last_sweep < SWEEP_EVERY:
             return
         self._last_sweep = time.monotonic()
         view = self.server.service.dispatcher.view
+        for kept in self.spool.older(SWEEP_EVERY):
+            m = re.match(r"gb([0-9]+)_", kept)
+            if m is None or view.instance(int(m.group(1))) is None:
+                self.spool.drop(kept)
+        try:
+            self.spool.compact()
+        except OSError as e:
+            log.warning("volunteer pool %s cannot compact its spool (%s)", self.spec.name, e.strerror)
         for folder in (self.downloads, self.uploads):
             for path in folder.iterdir():
                 m = re.match(r"gb([0-9]+)_", path.name)
@@ -465,6 +506,7 @@ class VolunteerPool:
                     with contextlib.suppress(OSError):
                         path.unlink()
         self._inputs = {k: v for k, v in self._inputs.items() if k[0] in view}
+        self._filed = self._upload_files()
 
     # -- files ----------------------------------------------------------------------------------------
 
@@ -473,6 +515,9 @@ class VolunteerPool:
         name, token = request.match_info["name"], request.match_info["token"]
         if not NAME_RE.match(name) or not self.tokens.check(token, "download", name, length=24):
             raise web.HTTPNotFound(text="no such file")
+        data = self.spool.get(name)
+        if data is not None:
+            return _ranged(request, data)
         path = self.downloads / name
         if not path.is_file():
             raise web.HTTPNotFound(text="no such file (its job may have ended)")
@@ -491,12 +536,14 @@ class VolunteerPool:
             if query is None:
                 return _upload_reply(-1, "not a BOINC upload request", 400)
             name = query.group(1).decode(errors="replace").strip()
-            if not self._output_name(name):
+            if self._output_of(name) is None:
                 return _upload_reply(-1, "no such upload", 404)
             part = self.uploads / f"{name}.part"
             done = self.uploads / name
-            size = done.stat().st_size if done.exists() else part.stat().st_size if part.exists() else 0
-            return _upload_reply(0, size=size)
+            size = self.spool.size(name)
+            if size is None and name in self._filed:
+                size = done.stat().st_size if done.exists() else part.stat().st_size if part.exists() else 0
+            return _upload_reply(0, size=size or 0)
         at = head.index(b"<data>\n")
         header, rest = head[:at].decode(errors="replace"), head[at + len(b"<data>\n"):]
         fields = {k: ((found or "").strip()[:1000] if (found := first_block(header, k)) is not None else "")
@@ -506,28 +553,62 @@ class VolunteerPool:
             max_nbytes, nbytes, offset = (int(float(fields[k])) for k in ("max_nbytes", "nbytes", "offset"))
         except (ValueError, OverflowError):
             return _upload_reply(-1, "the upload header's sizes are not numbers", 400)
-        if not self._output_name(name):
+        iid = self._output_of(name)
+        if iid is None:
             return _upload_reply(-1, f"no upload was asked for a file named {name[:80]!r}", 403)
         if not self.tokens.check(fields["xml_signature"], "upload", name, max_nbytes):
             return _upload_reply(-1, "bad upload token", 403)
         if not 0 <= nbytes <= max_nbytes:
             return _upload_reply(-1, f"a file of {nbytes:,} bytes is over its limit of {max_nbytes:,}", 413)
-        iid = instance_of(self.tokens, name[:-len(OUTPUT_SUFFIX)])
-        if iid is None or self.server.service.dispatcher.view.instance(iid) is None:
+        if self.server.service.dispatcher.view.instance(iid) is None:
             # reported, cancelled or never sent: a token has no expiry, so whether its result is still out decides
             return _upload_reply(-1, "this result is no longer out: its file is not needed")
-        part, done = self.uploads / f"{name}.part", self.uploads / name
-        if done.exists():
+        if name in self.spool:
             return _upload_reply(0)  # sent again after a lost answer
-        have = part.stat().st_size if part.exists() else 0
+        part, done, have = self.uploads / f"{name}.part", self.uploads / name, 0
+        if name in self._filed:  # the disk is looked at only for uploads known to be there
+            if done.exists():
+                return _upload_reply(0)
+            have = part.stat().st_size if part.exists() else 0
         if not 0 <= offset <= have:
             return _upload_reply(-1, f"offset {offset} is past the {have} bytes received", 400)
+        if have == 0 and nbytes <= SPOOLED_UPLOAD_BYTES:
+            return await self._receive_whole(request, name, part, rest, nbytes, fields["md5_cksum"])
         return await self._receive(request, part, done, rest, offset, nbytes, fields["md5_cksum"])
+
+    async def _receive_whole(self, request: web.Request, name: str, part: Path, rest: bytes, nbytes: int,
+                             md5: str) -> web.Response:
+        """A small upload from its start, never read beyond `nbytes`, kept in the spool once whole and its MD5
+        checked (a cut one goes to a file, from which the client resumes)."""
+        chunks, received = [rest], len(rest)
+        while received <= nbytes:
+            chunk = await request.content.read(1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            received += len(chunk)
+        if received > nbytes:
+            return _upload_reply(-1, "more bytes than the header's nbytes", 413)
+        data = b"".join(chunks)
+        if received < nbytes:
+            self._filed.add(name)
+            part.write_bytes(data)
+            return _upload_reply(1, f"upload cut at {received:,} of {nbytes:,} bytes; resume")
+        if md5 and hashlib.md5(data).hexdigest() != md5.lower():
+            return _upload_reply(-1, "the file's MD5 does not match the header's", 400)
+        try:
+            self.spool.put(name, data)
+        except OSError as e:
+            log.warning("volunteer pool %s cannot keep upload %s (%s); the client sends it again", self.spec.name,
+                        name, e.strerror)
+            return _upload_reply(1, "the server cannot keep the file now; try again later")
+        return _upload_reply(0)
 
     async def _receive(self, request: web.Request, part: Path, done: Path, rest: bytes, offset: int, nbytes: int,
                        md5: str) -> web.Response:
         """Write the upload's bytes from `offset`, never beyond `nbytes`; check the MD5 once it is whole."""
         received = offset
+        self._filed.add(done.name)
         with open(part, "r+b" if part.exists() else "wb") as f:
             f.truncate(offset)
             f.seek(offset)
@@ -550,9 +631,9 @@ class VolunteerPool:
         os.replace(part, done)
         return _upload_reply(0)
 
-    def _output_name(self, name: str) -> bool:
-        """Whether `name` is the output file of a result this server made."""
-        return name.endswith(OUTPUT_SUFFIX) and instance_of(self.tokens, name[:-len(OUTPUT_SUFFIX)]) is not None
+    def _output_of(self, name: str) -> int | None:
+        """The instance whose output file `name` is (None: not the output of a result this server made)."""
+        return instance_of(self.tokens, name[:-len(OUTPUT_SUFFIX)]) if name.endswith(OUTPUT_SUFFIX) else None
 
 
 def accounts_path(registry_path: Path | None, state_dir: Path) -> Path:
