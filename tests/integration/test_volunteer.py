@@ -286,6 +286,36 @@ def test_cancelled_bag_is_aborted_on_the_clients(project):
         time.sleep(2)
 
 
+def test_a_task_the_client_suspends_stops_until_it_resumes(project):
+    """`boinccmd --task URL NAME suspend` (as the Manager's button, or the client making room for another
+    project): the client asks through the shared memory it maps for the task, and the wrapper stops the job."""
+    spec = _bag(project.tmp, "pause", 1, "i=0; while [ $i -lt 120 ]; do echo $i >> ticks; i=$((i + 1)); sleep 0.25; "
+                "done; tr a-z A-Z < words.txt > up.txt; printf %s {i} > n.txt")
+    gridbot("submit", str(spec), check=True)
+    deadline = time.monotonic() + 120
+    while True:
+        found = [(cl, path) for cl in project.clients for path in cl.folder.glob("slots/*/gridbot_work/ticks")]
+        running = [(cl, name) for cl, _ in found for name, state in _tasks(cl).items() if state == "EXECUTING"]
+        if found and running:
+            break
+        assert time.monotonic() < deadline, project.logs()
+        time.sleep(0.5)
+    (client, ticks), (_, name) = found[0], running[0]
+    assert (ticks.parent.parent / "boinc_mmap_file").exists(), "the client maps its shared memory for every task"
+    client.cmd("--task", project.url, name, "suspend")
+    time.sleep(3)  # the wrapper looks once a second
+    frozen = ticks.read_text().count("\n")
+    time.sleep(3)
+    assert ticks.read_text().count("\n") == frozen < 120, "the job ran on while the client had it suspended"
+    client.cmd("--task", project.url, name, "resume")
+    deadline = time.monotonic() + 30
+    while ticks.exists() and ticks.read_text().count("\n") == frozen:
+        assert time.monotonic() < deadline, f"the job did not resume:\n{project.logs()}"
+        time.sleep(0.5)
+    info = project.cluster.wait_bag("pause", timeout=200)
+    assert info.state == "completed", project.logs()
+
+
 def test_results_a_client_lost_are_sent_again_at_once(project):
     """`other_results` lists what a client still holds: a reset client holds nothing, and the server takes its
     jobs back at its next contact, not at their deadline (the bag's is an hour here)."""

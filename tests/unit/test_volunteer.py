@@ -168,3 +168,67 @@ def test_a_volunteer_pool_in_the_pools_file():
     for bad in ('port = "x"', 'port = 1\nurl = "http://localhost/"', 'port = 1\npath = "boinc"', ""):
         with pytest.raises(SpecError):
             parse_pools(f'[pools.v]\nkind = "volunteer"\n{bad}\n', "p.toml")
+
+
+def _start_wrapper(slot: Path, a: Assignment) -> subprocess.Popen:
+    """The wrapper in `slot`, as the client starts it, with the client's shared memory file (all zero)."""
+    slot.mkdir(parents=True)
+    (slot / "gridbot_in_0").write_bytes(b"")
+    (slot / "gridbot_job").write_bytes(job_file(a, ["gridbot_in_0"]))
+    (slot / "wrapper.sh").write_text(SCRIPT)
+    (slot / "boinc_mmap_file").write_bytes(bytes(8192))
+    return subprocess.Popen(["/bin/sh", str(slot / "wrapper.sh")], cwd=slot, env={"PATH": os.defpath})
+
+
+def _client_says(slot: Path, message: bytes) -> None:
+    """What the client's `MSG_CHANNEL::send_msg` does to the first channel: the message, then the flag byte."""
+    with open(slot / "boinc_mmap_file", "r+b") as f:
+        f.seek(1)
+        f.write(message + b"\0")
+        f.flush()
+        f.seek(0)
+        f.write(b"\1")
+
+
+def _wait_for(check, timeout: float = 10.0) -> None:
+    import time
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+def test_the_wrapper_suspends_and_resumes_the_job_when_the_client_says(tmp_path):
+    import time
+    slot = tmp_path / "slot"
+    a = _assignment("i=0; while [ $i -lt 30 ]; do echo $i >> ticks; i=$((i + 1)); sleep 0.1; done; cp ticks out",
+                    ["out"])
+    proc = _start_wrapper(slot, a)
+    ticks = slot / "gridbot_work" / "ticks"
+    _wait_for(lambda: ticks.exists())
+    _client_says(slot, b"<suspend/>")
+    _wait_for(lambda: (slot / "boinc_mmap_file").read_bytes()[0] == 0, 5)  # the wrapper took the message
+    time.sleep(0.3)
+    frozen = ticks.read_text().count("\n")
+    time.sleep(1.5)
+    assert ticks.read_text().count("\n") == frozen < 30, "nothing runs while the client has it suspended"
+    assert proc.poll() is None
+    _client_says(slot, b"<resume/>")
+    assert proc.wait(20) == 0
+    report = report_of(1, 5, 0, 1.0, 2.0, "", (slot / "gridbot_result").read_bytes(), a.outputs, 1 << 20)
+    assert report.outcome is Outcome.SUCCESS, report
+    assert report.outputs["out"] == "".join(f"{i}\n" for i in range(30)).encode()
+
+
+def test_the_timeout_counts_the_time_the_job_ran_not_the_time_it_was_suspended(tmp_path):
+    import time
+    slot = tmp_path / "slot"
+    a = _assignment("sleep 1; echo done > out", ["out"], timeout=3)
+    proc = _start_wrapper(slot, a)
+    _wait_for(lambda: (slot / "gridbot_work").exists())
+    _client_says(slot, b"<suspend/>")
+    time.sleep(4.5)  # past the timeout in wall time
+    _client_says(slot, b"<resume/>")
+    assert proc.wait(20) == 0
+    report = report_of(1, 5, 0, 1.0, 2.0, "", (slot / "gridbot_result").read_bytes(), a.outputs, 1 << 20)
+    assert report.outcome is Outcome.SUCCESS, report

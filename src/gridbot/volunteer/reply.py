@@ -9,6 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from xml.sax.saxutils import escape
 
+API_VERSION = "7.20.0"
+"""The BOINC API the app version declares: from 6 on, the client maps the task's shared memory as the file
+`boinc_mmap_file` in its slot (before 6, a System V segment a shell script cannot read), through which the wrapper
+takes the client's suspend and resume (volunteer/wrapper.py)."""
+
 
 @dataclass(frozen=True)
 class FileInfo:
@@ -112,6 +117,7 @@ class Reply:
             out.append(main.xml())
             out.append(f"<app_version>\n    <app_name>{name}</app_name>\n    <version_num>{version}</version_num>\n"
                        f"    <platform>{escape(platform)}</platform>\n    <avg_ncpus>1</avg_ncpus>\n"
+                       f"    <api_version>{API_VERSION}</api_version>\n"
                        f"    <flops>{flops:.0f}</flops>\n"
                        f"    <file_ref>\n        <file_name>{escape(main.name)}</file_name>\n"
                        "        <main_program/>\n    </file_ref>\n</app_version>")

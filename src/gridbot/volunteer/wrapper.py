@@ -20,14 +20,21 @@ client passes it on to its tasks) appends a line to every output: a volunteer re
 
 It then writes `boinc_finish_called` and exits 0 whatever the job did: a job's failure travels in the result
 (a non-zero exit would put the client into a project-wide backoff). Plain sh, printf, wc, tail, cat, cp,
-mkdir, ps and awk: nothing a Linux, macOS or BSD host lacks. At the bag's timeout it kills the job's
-whole process tree (found through `ps`, frozen first). It ignores the client's suspend and resume (it does not
-speak BOINC's API); the client still kills it and its children when it quits or aborts the task.
+mkdir, ps, awk, od and dd: nothing a Linux, macOS or BSD host lacks. At the bag's timeout it kills the job's
+whole process tree (found through `ps`, frozen first).
+
+It honours the client's suspend and resume (the volunteer pausing BOINC, or the client making room for another
+project, or its CPU throttle): the client puts `<suspend/>` and `<resume/>` into the first channel of the shared
+memory it maps for every task, the file `boinc_mmap_file` in the slot (BOINC's API, `MSG_CHANNEL`: a flag byte,
+1 while a message waits, then the message; the reader clears the flag). Once a second the wrapper reads that
+byte, takes the message, clears the flag, and stops (SIGSTOP) or continues (SIGCONT) the job's process tree. The
+bag's timeout counts the seconds the job ran, not those it was suspended. The client still kills the task and its
+children when it quits or aborts it.
 """
 
 from __future__ import annotations
 
-WRAPPER_VERSION = 102
+WRAPPER_VERSION = 103
 """The app version the client sees; a change of the script needs a new one (clients keep what they fetched)."""
 APP_NAME = "gridbot"
 WRAPPER_NAME = f"gridbot_wrapper_{WRAPPER_VERSION}.sh"
@@ -78,6 +85,34 @@ stop_job() {  # stop_job SIGNAL PIDS: the job's processes, frozen first so none 
     kill -CONT $2 2>/dev/null
 }
 
+monitor() {  # monitor JOB: every second, the client's suspend and resume, and the timeout in seconds run
+    mmap="$slot/boinc_mmap_file"
+    ran=0
+    held=0
+    while kill -0 "$1" 2>/dev/null; do
+        sleep 1
+        if [ -f "$mmap" ] && [ "$(od -A n -t u1 -N 1 "$mmap" 2>/dev/null | tr -d ' ')" = 1 ]; then
+            msg=$(dd if="$mmap" bs=1 skip=1 count=64 2>/dev/null | tr -d '\000')
+            printf '\000' | dd of="$mmap" bs=1 count=1 conv=notrunc 2>/dev/null
+            case "$msg" in
+                *'<suspend/>'*) held=1; kill -STOP $(tree "$1") 2>/dev/null ;;
+                *'<resume/>'*) held=0; kill -CONT $(tree "$1") 2>/dev/null ;;
+            esac
+        fi
+        if [ "$held" = 0 ]; then
+            ran=$((ran + 1))
+        fi
+        if [ "$gridbot_timeout" -gt 0 ] && [ "$ran" -ge "$gridbot_timeout" ]; then
+            : > "$slot/gridbot_timed_out"
+            pids=$(tree "$1")
+            stop_job TERM "$pids"
+            sleep 5
+            stop_job KILL "$pids"
+            return
+        fi
+    done
+}
+
 printf 'gridbot-result 1\n' > "$part"
 if [ ! -f "$slot/gridbot_job" ]; then
     printf 'status 127\n' >> "$part"
@@ -97,22 +132,11 @@ rm -f "$slot/gridbot_timed_out"
 ( gridbot_env; gridbot_limits; exec /bin/sh -c "$gridbot_command" ) \
     > "$slot/gridbot_stdout" 2> "$slot/gridbot_stderr" < /dev/null &
 job=$!
-watchdog=""
-if [ "$gridbot_timeout" -gt 0 ]; then
-    ( sleep "$gridbot_timeout" &
-      wait $!
-      : > "$slot/gridbot_timed_out"
-      pids=$(tree "$job")
-      stop_job TERM "$pids"
-      sleep 5
-      stop_job KILL "$pids" ) > /dev/null 2>&1 &
-    watchdog=$!
-fi
+monitor "$job" > /dev/null 2>&1 &
+watchdog=$!
 wait "$job"
 code=$?
-if [ -n "$watchdog" ]; then
-    stop_job KILL "$(tree "$watchdog")"
-fi
+stop_job KILL "$(tree "$watchdog")"
 cd "$slot" || exit 0
 printf 'status %s\n' "$code" >> "$part"
 if [ -f "$slot/gridbot_timed_out" ]; then
