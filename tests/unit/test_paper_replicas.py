@@ -42,3 +42,21 @@ def test_a_replica_is_cancelled_after_the_first_result_unless_let_finish():
         if finish:
             sim.ask(b, 0, 6, [ok(replica.instance_id)])
             assert sim.store.bag(bag).counts.wasted == 1, "the late result is discarded"
+
+
+def test_a_bag_that_ends_while_a_replica_runs_on_cancels_it_on_its_host():
+    """A replica left to run after its job's result (`let_replicas_finish`) was dropped with its bag but kept in
+    its host's list of what it runs: the host's next exchange that did not list it crashed the dispatcher
+    (found by the Figure 9 experiment)."""
+    sim = CoreSim(let_replicas_finish=True)
+    bag = sim.bag("b", 1, PERMISSIVE)
+    a, b = host("a"), host("b")
+    first = sim.ask(a, 1, 1)[0]
+    sim.tick(2)
+    replica = sim.ask(b, 1, 3)[0]
+    assert replica.job_id == first.job_id
+    sim.ask(a, 0, 4, [ok(first.instance_id)])
+    assert sim.store.bag(bag).state.value == "completed"
+    assert sim.exchange(b, 0, 5).cancel == [replica.instance_id], "the bag ended: its replica is cancelled"
+    assert sim.exchange(b, 0, 6).cancel == []  # and the host, no longer listing it, is not blamed for it
+    assert sim.d.view.host("b") is not None and sim.d.view.host("b").running == 0

@@ -495,15 +495,21 @@ class Kernel:
         self._touched[bag.bag_id] = bag
 
     def close_bag(self, bag: BagRecord, state: BagState, now: float, changes: Changes) -> None:
-        """End a bag; its overdue instances are forgotten (a report from one now is ignored)."""
+        """End a bag; its overdue instances are forgotten (a report from one now is ignored), and the replicas
+        still running of its done jobs (`let_replicas_finish`) are cancelled on their hosts."""
         bag.state = check_transition(BAG_TRANSITIONS, bag.state, state)
         bag.window.buffer.clear()
         bag.retry.clear()
         bag.replicas.clear()
         bag.failover.clear()
         for iid in [i for i, inst in self.s.instances.items() if inst.job.bag_id == bag.bag_id]:
-            del self.s.instances[iid]
-            self.s.running.pop(iid, None)
+            inst = self.s.instances[iid]
+            if self.detach(inst):  # (off its host's running set too: the host's next exchange is not a loss)
+                self.move(inst, InstanceState.CANCELLED, now, f"its bag {state.value}", None, changes)
+                host = self.s.hosts.get(inst.host_id)
+                if host is not None:
+                    host.cancel.add(iid)
+            self.s.instances.pop(iid, None)
         for job_id in [j.job_id for j in self.s.jobs.values() if j.bag_id == bag.bag_id]:
             del self.s.jobs[job_id]
         self._touched.pop(bag.bag_id, None)

@@ -15,6 +15,7 @@ Pure: the pools file's validator (`model.pools`) calls `volunteer_problems`; the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -88,3 +89,44 @@ def volunteer_problems(name: str, table: Mapping[str, Any]) -> list[tuple[str, s
                                   or not low <= value <= 86400):
             out.append((f"'{key}' of pool '{name}' must be seconds from {low:g} to 86400, not {value!r}", ""))
     return out
+
+
+PREFETCH_PER_CPU = 4
+"""Instances a volunteer host may hold queued beyond one per CPU: the BOINC client asks for hours of work (its
+buffer), and a bag's short jobs would otherwise pile up on one host, as in the paper's community grid, "a batch
+of jobs is sent to a host for sequential execution"."""
+
+
+def runtime_estimate(bag_means: list[float], default: float) -> float:
+    """Seconds one job is taken to run, to turn a client's request in seconds into instances: the mean of the
+    active bags' mean run times so far (`default`, the pool's `runtime_estimate`, before any job has ended).
+    The BOINC side and the simulator's volunteer hosts both use it."""
+    means = [m for m in bag_means if m > 0]
+    return max(1.0, sum(means) / len(means)) if means else default
+
+
+def instances_for(work_req_seconds: float, cpu_req_secs: float, cpu_req_instances: float, estimate: float,
+                  max_assign: int) -> int:
+    """Instances to send for a scheduler request of so many seconds of work: the seconds over the estimate, at
+    least one per idle CPU the client names, at most `max_assign` (0: it asks for none)."""
+    seconds = max(work_req_seconds, cpu_req_secs)
+    if seconds <= 0:
+        return 0
+    want = max(math.ceil(seconds / estimate), math.ceil(cpu_req_instances))
+    return max(1, min(want, max_assign))
+
+
+def volunteer_prefetch(want: int, ncpus: int) -> int:
+    """The host's `prefetch` as the dispatcher sees it: instances asked for beyond one per CPU, at most
+    `PREFETCH_PER_CPU` per CPU (the default Concurrency then lets it hold that many)."""
+    return min(max(0, want - ncpus), PREFETCH_PER_CPU * ncpus)
+
+
+def rpc_delay(next_rpc_delay: float, host_timeout: float) -> float:
+    """The `next_rpc_delay` sent in every reply: the client's heartbeat, well inside the server's host timeout."""
+    return min(next_rpc_delay, host_timeout / 3)
+
+
+def empty_delay(backoff: float) -> float:
+    """The `request_delay` of a reply that asked for work and got none: the dispatcher's backoff, at least 1 s."""
+    return max(1.0, backoff)

@@ -8,7 +8,9 @@ a run is a pure function of its scenario and seed.
 
 What is modelled, per pool: its size over time, pilots' queue waits, host speeds, silent preemption of
 pilots, job failures, black-hole hosts, a community grid's late reports (execution/turnaround ratio)
-and hosts that come and go by themselves, network latency, pilot walltime and idle exit. A host paces its
+and hosts that come and go by themselves, speaking BOINC's scheduler RPC (`sim.boinc`: a work buffer asked for
+in seconds, results reported in batches, backoff, deadlines; answered by the BOINC door's own arithmetic),
+network latency, pilot walltime and idle exit. A worker paces its
 exchanges as the worker does (the same `model.pacing.Pacing`), and the server's long poll is modelled: an
 idle host's request is held until work is added or its backoff has passed (`model.pacing.server_hold`).
 A pilot's instances hold their bag's `cpus` slots each, as the worker's do.
@@ -44,8 +46,10 @@ from gridbot.model.pools import PoolMonitor
 from gridbot.model.records import Assignment, HostInfo, InstanceReport, Outcome
 from gridbot.model.spec import BagSpec, Parameter
 from gridbot.model.states import BagState, InstanceState, JobState
+from gridbot.model.volunteer import empty_delay, instances_for, rpc_delay, runtime_estimate, volunteer_prefetch
 from gridbot.schedulers import registry
 from gridbot.schedulers.overlay import bag_demands, host_slots, pilots_to_cancel, plan, pool_capacity
+from gridbot.sim.boinc import BoincClient
 from gridbot.sim.metrics import ClusterResult, Recorder, Results
 from gridbot.sim.scenario import BagModel, PoolModel, Scenario
 from gridbot.store.memory import MemoryStore
@@ -56,9 +60,6 @@ from gridbot.store.memory import MemoryStore
  _SAMPLE) = range(13)
 _WALLTIME_SHARE = 0.9
 """A pilot's worker stops at this share of its walltime (the real pilot's --lifetime)."""
-_COMMUNITY_BACKOFF_CAP = 3600.0
-"""A volunteer host doubles its wait after each empty answer up to this (BOINC clients back off
-exponentially after "no work", for up to a day)."""
 _QUICK_FAILURE = (1.0, 5.0)
 """A black hole fails each job this many seconds after it starts."""
 _AGAIN = 0.001
@@ -102,6 +103,12 @@ class _Pilot:
     """Slots the waiting instances will hold."""
     taken: int = 0
     """Instances it was sent (a pool's `jobs_per_pilot` ends it after so many)."""
+    client: BoincClient | None = None
+    """A community pool's host: the stock BOINC client's side of the scheduler RPC (`sim.boinc`)."""
+    estimate: dict[int, float] = field(default_factory=dict)
+    """A BOINC host's instance id → the run time the server estimated when it sent it (the client's buffer)."""
+    deadline: dict[int, float] = field(default_factory=dict)
+    """A BOINC host's instance id → its report deadline (a queued one not started by then is aborted)."""
 
 
 @dataclass(eq=False)
@@ -255,10 +262,9 @@ class Simulation:
                 host_id = f"{p.name}-{n}"
                 info = HostInfo(host_id, host_id, "sim", p.spec.cpus, 0, p.spec.cpus, p.name, p.prefetch)
                 machines.append(_Machine(info, self._speed(p), self.rng.random() < p.black_holes))
-            # a pilot is a worker started with the pool's --prefetch and --idle-timeout; a volunteer is a
-            # BOINC client, which never leaves for want of work and backs off on its own
-            pace = PaceConfig(p.spec.cpus, p.prefetch, idle_timeout=0.0 if p.volunteer else p.spec.idle_timeout,
-                              backoff_cap=_COMMUNITY_BACKOFF_CAP if p.volunteer else 0.0)
+            # a pilot is a worker started with the pool's --prefetch and --idle-timeout (a volunteer is a BOINC
+            # client, paced by `sim.boinc` instead)
+            pace = PaceConfig(p.spec.cpus, p.prefetch, idle_timeout=0.0 if p.volunteer else p.spec.idle_timeout)
             cluster = _Cluster(p.cluster_cpus, p.spec.cpus) if p.cluster_cpus else None
             self.pools[p.name] = _PoolRt(p, machines, pace, free=list(machines), cluster=cluster)
         self._pilot_ids = 0
@@ -484,6 +490,8 @@ class Simulation:
         pilot.pacing.begin(self.now)
         pool.pilots[pilot.number] = pilot
         m = pool.model
+        if m.volunteer:
+            pilot.client = BoincClient(m.client, m.spec.cpus)
         if m.availability is not None:  # a volunteer leaving, or a machine failing under the pilot
             self._at(self.now + m.availability.sample(self.rng), _DEATH, pilot,
                      "leave" if m.volunteer else "failure")
@@ -632,6 +640,9 @@ class Simulation:
         assert isinstance(pilot, _Pilot)
         if not pilot.alive or gen != pilot.gen:
             return
+        if pilot.client is not None:
+            self._rpc(pilot, pilot.client)
+            return
         now = self.now
         if pilot.held:  # the server let its held request go with no work and no backoff
             del self._held[pilot]
@@ -666,10 +677,63 @@ class Simulation:
         else:
             self._receive(pilot, step.want, answer.assignments, answer.cancel, 0.0 if hold == 0.0 else answer.backoff)
 
+    def _buffered(self, pilot: _Pilot) -> tuple[float, int]:
+        """A BOINC host's work held, in estimated seconds (what is left of its running jobs and the whole of the
+        queued ones), and its idle CPUs: what its next request is made of."""
+        now, est = self.now, pilot.estimate
+        held = sum(est.get(iid, 0.0) for iid in pilot.waiting)
+        held += sum(max(0.0, est.get(iid, 0.0) - (now - pilot.outcome[iid][3])) for iid in pilot.running)
+        return held, max(0, pilot.info.slots - pilot.busy - pilot.queued)
+
+    def _rpc_due(self, pilot: _Pilot, client: BoincClient) -> float:
+        """When the BOINC host's next scheduler RPC is due."""
+        held, idle = self._buffered(pilot)
+        ready = pilot.reports_since if pilot.outbox else None
+        deadline = min((pilot.deadline.get(r.instance_id, float("inf")) for r in pilot.outbox), default=None)
+        return client.next_rpc(self.now, held, idle, ready, deadline)
+
+    def _rpc(self, pilot: _Pilot, client: BoincClient) -> None:
+        """A BOINC host's scheduler RPC, if one is due: its ready results, the results it holds, a request of so
+        many seconds of work, turned into instances and answered as gridbot's BOINC door does."""
+        now = self.now
+        due = self._rpc_due(pilot, client)
+        if due > now:
+            self._exchange_at(pilot, due)
+            return
+        held_s, idle = self._buffered(pilot)
+        seconds, cpus = client.request(held_s, idle)
+        d, m = self.dispatcher, pilot.pool.model
+        est = runtime_estimate([b.mean_run_time for b in d.view.bags()], m.runtime_estimate)
+        want = instances_for(seconds, 0.0, cpus, est, d.config.max_assign)
+        prefetch = volunteer_prefetch(want, pilot.info.slots)
+        if prefetch != pilot.info.prefetch:
+            pilot.info = msgspec.structs.replace(pilot.info, prefetch=prefetch)
+        reports, pilot.outbox = pilot.outbox, []
+        for r in reports:
+            pilot.deadline.pop(r.instance_id, None)
+        self._feed()
+        answer, changes = d.request_work(pilot.info, want, [*pilot.running, *pilot.waiting], now, reports)
+        self._apply(changes)
+        for a in answer.assignments:
+            pilot.estimate[a.instance_id] = est
+            pilot.deadline[a.instance_id] = now + a.instance_deadline
+        self._take(pilot, answer.assignments, answer.cancel)
+        got = len(answer.assignments)
+        client.answered(now, want > 0, got, empty_delay(answer.backoff) if want and not got else 0.0,
+                        rpc_delay(m.next_rpc_delay, self.sc.dispatch.host_timeout), self.rng.uniform)
+        self._exchange_at(pilot, max(self._rpc_due(pilot, client), now + _AGAIN))
+
     def _receive(self, pilot: _Pilot, want: int, assignments: list[Assignment], cancel: list[int],
                  backoff: float) -> None:
         """The answer reaches the host: it kills what is cancelled, starts what it was sent after the
         latency, and sets the time of its next exchange."""
+        now = self.now
+        self._take(pilot, assignments, cancel)
+        pilot.pacing.answered(now, want, len(assignments), backoff, self.sc.heartbeat, self.rng.uniform)
+        self._pace(pilot, now + _AGAIN)
+
+    def _take(self, pilot: _Pilot, assignments: list[Assignment], cancel: list[int]) -> None:
+        """The host kills what is cancelled, and starts what it was sent after the latency (or queues it)."""
         now = self.now
         for iid in cancel:
             if pilot.running.pop(iid, None) is not None:
@@ -677,6 +741,8 @@ class Simulation:
                 self._stop(pilot, iid)
             if pilot.waiting.pop(iid, None) is not None:
                 pilot.queued -= pilot.width.pop(iid, 1)
+            pilot.estimate.pop(iid, None)
+            pilot.deadline.pop(iid, None)
         start = now + self._latency(pilot)
         slots = pilot.info.slots
         pilot.taken += len(assignments)
@@ -688,8 +754,6 @@ class Simulation:
                 pilot.waiting[a.instance_id] = (a.bag_id, a.index)
                 pilot.queued += width
         self._fill(pilot, start)
-        pilot.pacing.answered(now, want, len(assignments), backoff, self.sc.heartbeat, self.rng.uniform)
-        self._pace(pilot, now + _AGAIN)
 
     def _done_taking(self, pilot: _Pilot) -> bool:
         """The pilot was sent its pool's `jobs_per_pilot` instances: it takes no more, and exits once they ended."""
@@ -703,6 +767,9 @@ class Simulation:
 
     def _pace(self, pilot: _Pilot, earliest: float) -> None:
         """Set the host's next exchange when its pacing says, not before `earliest`."""
+        if pilot.client is not None:
+            self._exchange_at(pilot, max(self._rpc_due(pilot, pilot.client), earliest))
+            return
         done = self._done_taking(pilot)
         if done and not pilot.running and not pilot.waiting and not pilot.outbox:
             self._exchange_at(pilot, earliest)  # (where it exits)
@@ -727,6 +794,7 @@ class Simulation:
         if not pilot.alive or pilot.running.pop(iid, None) is None:
             return
         pilot.busy -= pilot.width.pop(iid, 1)
+        pilot.estimate.pop(iid, None)
         outcome, wall, bag_id, _ = pilot.outcome.pop(iid)
         self.recorder.cpu(bag_id, wall)
         pilot.pacing.ran(wall)
@@ -752,6 +820,20 @@ class Simulation:
     def _start(self, pilot: _Pilot, iid: int, bag_id: int, index: int, at: float) -> None:
         """Run an instance on the pilot's host from `at`: how long it takes and how it ends are drawn here."""
         machine, model = pilot.machine, pilot.pool.model
+        if bag_id not in self.runtimes:  # its bag ended while it was queued on the host: the server cancels it
+            pilot.width.pop(iid, None)
+            pilot.estimate.pop(iid, None)
+            pilot.deadline.pop(iid, None)
+            return
+        if pilot.client is not None and at > pilot.deadline.get(iid, float("inf")):
+            # the BOINC client aborts a task whose deadline passed before it started, and reports it so
+            pilot.width.pop(iid, None)
+            pilot.estimate.pop(iid, None)
+            if not pilot.outbox:
+                pilot.reports_since = self.now
+            pilot.outbox.append(InstanceReport(iid, Outcome.INTERRUPTED, None, 0.0, 0.0,
+                                               "aborted on the volunteer's host: not started by its deadline"))
+            return
         work = self.runtimes[bag_id][index] / machine.speed
         if machine.black_hole:
             outcome, wall = Outcome.FAILURE, self.rng.uniform(*_QUICK_FAILURE)

@@ -34,10 +34,12 @@ from gridbot.model.spec import (
     parse_strategy,
     with_qos_placement,
 )
+from gridbot.model.volunteer import DEFAULT_RPC_DELAY, DEFAULT_RUNTIME
 from gridbot.policy.policies import PolicyError, PolicySet, references, representative_context, validate_policies
 from gridbot.schedulers import registry
 from gridbot.schedulers.base import StrategyError
 from gridbot.sim import traces
+from gridbot.sim.boinc import ClientConfig
 from gridbot.sim.distributions import Dist, DistError, constant, empirical, parse_dist, seconds
 
 SIM_KEYS = ("seed", "horizon", "tick", "overlay_interval", "sample", "latency", "heartbeat", "store",
@@ -47,10 +49,13 @@ SERVER_KNOBS = tuple(k for k in knobs() if k.scenario)
 SERVER_KEYS = tuple(k.name for k in SERVER_KNOBS)
 POOL_KINDS = ("grid", "cluster", "cloud", "community")
 DEFAULT_RELIABILITY = {"grid": "unreliable", "cluster": "reliable", "cloud": "reliable", "community": "volunteer"}
+COMMUNITY_KEYS = ("work_buffer_min", "work_buffer_extra", "report_immediately", "next_rpc_delay", "runtime_estimate")
+"""A community pool's BOINC settings: its clients' work buffer, and the server's heartbeat and first estimate."""
 POOL_KEYS = ("kind", "size", "hosts", "max_queued", "cpus", "prefetch", "queue_wait", "walltime", "idle_timeout",
              "speed", "preemption", "failure_rate", "black_holes", "turnaround_ratio", "availability", "unavailability",
              "price_per_cpu_hour", "price_per_pilot_hour", "charging_period", "reliability", "level", "attributes",
-             "latency", "cluster_cpus", "external", "monitor_interval", "monitor_lag", "jobs_per_pilot")
+             "latency", "cluster_cpus", "external", "monitor_interval", "monitor_lag", "jobs_per_pilot",
+             *COMMUNITY_KEYS)
 EXTERNAL_KEYS = ("at", "cpus", "runtime", "count", "every")
 BAG_KEYS = ("jobs", "runtime", "arrival", "instance_deadline", "max_failures", "copies", "policy", "strategy",
             "bag_deadline", "budget", "cpus")
@@ -120,6 +125,12 @@ class PoolModel:
     jobs_per_pilot: int = 0
     """A pilot takes this many instances and exits once they ended (0: as many as come): 1 makes each pilot one
     job's own batch job. The real worker has no such limit (its pilots leave only after `idle_timeout`)."""
+    client: ClientConfig = field(default_factory=ClientConfig)
+    """A community pool's hosts: stock BOINC clients with this work buffer (`work_buffer_min`, `_extra`)."""
+    next_rpc_delay: float = DEFAULT_RPC_DELAY
+    """The BOINC side's heartbeat (the volunteer pool's `next_rpc_delay`)."""
+    runtime_estimate: float = DEFAULT_RUNTIME
+    """The BOINC side's run time estimate before any job has ended (the volunteer pool's `runtime_estimate`)."""
 
     @property
     def volunteer(self) -> bool:
@@ -349,7 +360,18 @@ class _Reader:
             monitor_interval=self.get(t, "monitor_interval", path, 0.0, _dur(True)),
             monitor_lag=self.get(t, "monitor_lag", path, None, _dist(f"monitor_lag of {what}")),
             jobs_per_pilot=self.get(t, "jobs_per_pilot", path, 0, _int(0)),
+            client=ClientConfig(min_buffer=self.get(t, "work_buffer_min", path, ClientConfig.min_buffer, _dur(True)),
+                                extra_buffer=self.get(t, "work_buffer_extra", path, ClientConfig.extra_buffer,
+                                                      _dur(True)),
+                                report_immediately=self.get(t, "report_immediately", path, True, _bool)),
+            next_rpc_delay=self.get(t, "next_rpc_delay", path, DEFAULT_RPC_DELAY, _dur(True)),
+            runtime_estimate=self.get(t, "runtime_estimate", path, DEFAULT_RUNTIME, _dur(False)),
         )
+        if kind != "community":
+            for key in COMMUNITY_KEYS:
+                if key in t:
+                    self.fail((*path, key), f"'{key}' of pool '{name}' applies to community pools (BOINC clients) "
+                              f"only, and this pool is a {kind}", "remove it, or make the pool kind = \"community\"")
         if model.monitor_lag is not None and not model.monitor_interval:
             self.fail((*path, "monitor_lag"), f"pool '{name}' has a monitor_lag but no monitor_interval, so it is "
                       "never read", 'add monitor_interval = "60s" (how often the monitor is read)')

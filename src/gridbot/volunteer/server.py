@@ -21,7 +21,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import os
 import re
 import time
@@ -36,7 +35,14 @@ from aiohttp import web
 from gridbot.errors import GridbotError, ServerUnavailable
 from gridbot.model.pools import PoolSpec
 from gridbot.model.records import Assignment, HostInfo, InstanceReport, Outcome
-from gridbot.model.volunteer import VolunteerSettings
+from gridbot.model.volunteer import (
+    VolunteerSettings,
+    empty_delay,
+    instances_for,
+    rpc_delay,
+    runtime_estimate,
+    volunteer_prefetch,
+)
 from gridbot.protocol import ExchangeRequest, ExchangeResponse
 from gridbot.server.app import Server
 from gridbot.volunteer.accounts import ACCOUNTS_NAME, HOSTS_NAME, AccountBook, AccountError, Hosts
@@ -70,7 +76,6 @@ AUTH_DELAY = 3600.0
 """Seconds a client with a refused account key is asked to wait before it tries again."""
 DOWN_DELAY = 60.0
 SWEEP_EVERY = 300.0
-PREFETCH_PER_CPU = 4
 NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,200}\Z")
 _exchange = msgspec.msgpack.Decoder(ExchangeRequest)
 _encode = msgspec.msgpack.Encoder()
@@ -290,7 +295,7 @@ class VolunteerPool:
         if answer.assignments:
             self._add_work(reply, answer.assignments, req)
         elif exchange.want:
-            reply.request_delay = max(1.0, answer.backoff)
+            reply.request_delay = empty_delay(answer.backoff)
         self._sweep()
         return _xml_response(reply.xml())
 
@@ -328,7 +333,7 @@ class VolunteerPool:
 
     def _rpc_delay(self) -> float:
         """Seconds between a client's contacts: its heartbeat, well inside the server's host timeout."""
-        return min(self.settings.next_rpc_delay, self.server.service.config.dispatch.host_timeout / 3)
+        return rpc_delay(self.settings.next_rpc_delay, self.server.service.config.dispatch.host_timeout)
 
     def _exchange(self, req: SchedulerRequest, hostid: int, account: str,
                   posix: bool) -> tuple[ExchangeRequest, set[int]]:
@@ -355,7 +360,7 @@ class VolunteerPool:
         ncpus = max(1, min(req.ncpus, 100_000))
         info = HostInfo(f"boinc-{hostid}", _label(req.domain_name, f"boinc-{hostid}"),
                         _label(req.platform, ""), ncpus, int(req.memory_bytes // (1 << 20)), ncpus, self.spec.name,
-                        min(max(0, want - ncpus), PREFETCH_PER_CPU * ncpus), _label(req.cpid, "boinc")[:64],
+                        volunteer_prefetch(want, ncpus), _label(req.cpid, "boinc")[:64],
                         account=f"volunteer:{account}",  # a quorum never counts two results of one account
                         speed=req.fpops / 1e9)  # the client's benchmark: Host.Speed, GFLOPS of one CPU
         exchange = ExchangeRequest(info, want, running, reports)
@@ -364,17 +369,13 @@ class VolunteerPool:
     def _want(self, req: SchedulerRequest) -> int:
         """Instances for a request of so many seconds of work: by the active bags' mean run time (the pool's
         `runtime_estimate` before any job has ended), at least one per idle CPU the client names."""
-        seconds = max(req.work_req_seconds, req.cpu_req_secs)
-        if seconds <= 0:
-            return 0
-        est = self._runtime()
-        want = max(math.ceil(seconds / est), math.ceil(req.cpu_req_instances))
-        return max(1, min(want, self.server.service.config.dispatch.max_assign))
+        return instances_for(req.work_req_seconds, req.cpu_req_secs, req.cpu_req_instances, self._runtime(),
+                             self.server.service.config.dispatch.max_assign)
 
     def _runtime(self) -> float:
         """The mean run time of the active bags' jobs so far (the pool's estimate without one)."""
-        means = [b.mean_run_time for b in self.server.service.dispatcher.view.bags() if b.mean_run_time > 0]
-        return max(1.0, sum(means) / len(means)) if means else self.settings.runtime_estimate
+        return runtime_estimate([b.mean_run_time for b in self.server.service.dispatcher.view.bags()],
+                                self.settings.runtime_estimate)
 
     def _report(self, iid: int, name: str, state: int, exit_status: int, cpu: float, wall: float,
                 stderr_out: str) -> InstanceReport:
