@@ -26,7 +26,7 @@ from gridbot.sim.distributions import parse_dist
 from gridbot.sim.engine import simulate
 from gridbot.sim.load import Load, measure
 from gridbot.sim.metrics import Results
-from gridbot.sim.scenario import BagModel, Scenario, parse_scenario, scaled
+from gridbot.sim.scenario import BagModel, PoolModel, Scenario, parse_scenario, scaled
 
 HERE = Path(__file__).resolve().parent
 
@@ -59,6 +59,8 @@ class Variant:
     server: dict[str, object] = field(default_factory=dict)
     edit: Callable[[Scenario], Scenario] | None = None
     runner: Callable[[Scenario, int], Results] = simulate
+    seeds: int = 0
+    """At most this many seeds for this arm (0: the experiment's), for an ablation that needs fewer."""
 
     def settings(self, sc: Scenario) -> dict[str, object]:
         return {k: v(sc) if callable(v) else v for k, v in self.server.items()}
@@ -225,6 +227,91 @@ def replication_table(runs: dict[str, list[Results]]) -> str:
     return "\n".join(out)
 
 
+COMMUNITY = "superlink"
+DEADLINE_COMMUNITY = f"Host.Pool == \"{COMMUNITY}\" ? 259200 : 7200"
+"""Three days on volunteers' hosts, the least their owners accept (section 7); two hours elsewhere."""
+LATEST_REPLICA_OLDER_THAN_15_MIN = " : ".join(
+    f"NumberOfReplicas == {n} ? Job.Replica{n}.RunTime > 900" for n in range(1, 5)) + " : false"
+"""Figure 9's "allowed replication once in 15 minutes": the newest instance out has run for 15 minutes."""
+PAPER_FIGURE_9 = {"R1": (188, 105), "R2": (129, 75), "R3": (49, 25), "R4": (35, 21)}
+"""Replicas % and waste % of each bag (Figure 9b)."""
+
+
+def figure_9_policies(threshold: int) -> dict[str, dict[str, str]]:
+    """Figure 9(b)'s policies, R1 first in priority, with Restrictive-2's static tail threshold (2,000 of 30,000
+    jobs in the paper, scaled with the bags)."""
+    permissive = {"ReplicationRequirements": REPL_PERMISSIVE}
+    restrictive_1 = {"ReplicationRequirements": f"NumberOfReplicas < 5 && Job.Replica1.Host.ErrorRate > 0.01 && "
+                                                f"({LATEST_REPLICA_OLDER_THAN_15_MIN})"}
+    restrictive_2 = {"ReplicationRequirements": f"NumberOfReplicas < 5 && Bag.JobsLeft < {threshold}"}
+    no_volunteers_in_tail = {"JobRequirements": f"!Host.BlackHole && (!Tail || Host.Pool != \"{COMMUNITY}\")"}
+    static_tail = {"JobRequirements": f"!Host.BlackHole && (Bag.JobsLeft >= {threshold} || "
+                                      f"Host.Pool != \"{COMMUNITY}\")"}
+    arms = {"R1": {**permissive, "JobRequirements": "!Host.BlackHole"},
+            "R2": {**permissive, **no_volunteers_in_tail},
+            "R3": {**restrictive_1, **no_volunteers_in_tail},
+            "R4": {**restrictive_2, **static_tail}}
+    return {name: {**policy, "Rank": str(4 - n), "Deadline": DEADLINE_COMMUNITY}
+            for n, (name, policy) in enumerate(arms.items())}
+
+
+def _figure_9(sc: Scenario) -> Scenario:
+    """Each bag its Figure 9(b) policies, the static threshold scaled with the bags' size."""
+    policies = figure_9_policies(max(1, round(2000 * sc.bags[0].jobs / 30000)))
+    return dataclasses.replace(sc, bags=[dataclasses.replace(b, policy={**b.policy, **policies[b.name]})
+                                         for b in sc.bags])
+
+
+def _smaller_community(sc: Scenario) -> Scenario:
+    """A quarter of the community grid: 1,000 hosts online of 4,000 (as naive_vs_policy's)."""
+    def quarter(p: PoolModel) -> PoolModel:
+        return dataclasses.replace(p, size=[dataclasses.replace(s, size=max(1, s.size // 4)) for s in p.size],
+                                   hosts=max(1, p.hosts // 4)) if p.name == COMMUNITY else p
+    return _figure_9(dataclasses.replace(sc, pools=[quarter(p) for p in sc.pools]))
+
+
+def _volunteers_error_prone(sc: Scenario) -> Scenario:
+    """R3's Restrictive-1 replication also replicates a job whose first instance is on a volunteer's host."""
+    sc = _figure_9(sc)
+    error_prone = f"(Job.Replica1.Host.ErrorRate > 0.01 || Job.Replica1.Host.Pool == \"{COMMUNITY}\")"
+
+    def r3(b: BagModel) -> BagModel:
+        if b.name != "R3":
+            return b
+        rule = b.policy["ReplicationRequirements"].replace("Job.Replica1.Host.ErrorRate > 0.01", error_prone)
+        return dataclasses.replace(b, policy={**b.policy, "ReplicationRequirements": rule})
+    return dataclasses.replace(sc, bags=[r3(b) for b in sc.bags])
+
+
+FIGURE_9 = "Figure 9(b)"
+FIGURE_9_VARIANTS = {
+    FIGURE_9: _figure_9,
+    "a quarter of the community grid (1,000 hosts online)": _smaller_community,
+    "R3 counts volunteers' hosts as error-prone": _volunteers_error_prone,
+}
+
+
+def community_table(runs: dict[str, list[Results]]) -> str:
+    """Figure 9: each bag's replicas % and waste (discarded %) beside the paper's, its makespan, and the share of
+    its results that came from the community grid; one block of rows per variant."""
+    rows = ["| variant | bag | replication / scheduling | paper: replicas % / waste % | replicas % "
+            "| waste (discarded) % | makespan (seeds) | results from volunteers % |",
+            "|---|---|---|---|---|---|---|---|"]
+    names = {"R1": "Permissive / Permissive", "R2": "Permissive / Restrictive-1",
+             "R3": "Restrictive-1 / Restrictive-1", "R4": "Restrictive-2 / Restrictive-2"}
+    for variant, results in runs.items():
+        for i, name in enumerate(names):
+            bags = [r.bags[i] for r in results]
+            share = [100 * b.jobs_per_pool.get(COMMUNITY, 0) / max(1, sum(b.jobs_per_pool.values())) for b in bags]
+            replicas, waste = PAPER_FIGURE_9[name]
+            rows.append(f"| {variant if i == 0 else ''} | {name} | {names[name]} | {replicas} / {waste} "
+                        f"| {statistics.fmean(b.replicas_pct for b in bags):.0f} "
+                        f"| {statistics.fmean(b.discarded_pct for b in bags):.0f} "
+                        f"| {_h(_mean([b.makespan for b in bags]))}{_span([b.makespan for b in bags])} "
+                        f"| {statistics.fmean(share):.0f} |")
+    return "\n".join(rows)
+
+
 def _queue_wait(mu: float, sigma: float) -> Callable[[Scenario], Scenario]:
     """Every pool's queue wait lognormal(mu, sigma) of seconds."""
     wait = parse_dist({"dist": "lognormal", "mu": mu, "sigma": sigma}, "queue wait")
@@ -313,6 +400,16 @@ EXPERIMENTS = {
         "before unsent jobs and left to run after the first result); and both, GridBot as in the paper. "
         "Replicas % counts replicas sent; the paper's Waste is discarded %.",
         replication_table, seeds=2),
+    "replication_community": Experiment(
+        "replication_community", "Replication with several bags and the community grid (Figure 9)",
+        [Variant(name, edit=edit, server={**GRIDBOT_REPLICAS, **DEADLINE_ONLY}, seeds=0 if name == FIGURE_9 else 1)
+         for name, edit in FIGURE_9_VARIANTS.items()],
+        "Paper (the bag of the table above four times, at once, R1 first in priority; collaborative grids and "
+        "Superlink@Technion's volunteers): replicas % / waste % R1 **188 / 105**, R2 **129 / 75**, R3 **49 / 25**, "
+        "R4 **35 / 21**; 30% to 70% of the jobs went to the community grid. Waste is results discarded because "
+        "the job already had one. The server replicates as GridBot did (the `GridBot as in the paper` column of "
+        "the table above); the volunteers' hosts are BOINC clients (docs/simulation.md, `sim.boinc`).",
+        community_table, seeds=2),
     "ranks": Experiment(
         "ranks", "50 bags with distinct ranks (Figure 7a)", [Variant("ranked")],
         "Paper: no lower-ranked bag started (1000 jobs left) before a higher-ranked one; the 500-left curve "
@@ -364,7 +461,7 @@ def run(name: str, scale: float = 1.0, seeds: int | None = None, out: Path | Non
     started = time.perf_counter()
     for v in variants:
         sc = v.apply(base)
-        runs[v.name] = [v.runner(sc, base.seed + k) for k in range(seeds)]
+        runs[v.name] = [v.runner(sc, base.seed + k) for k in range(min(seeds, v.seeds) if v.seeds else seeds)]
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         jobs = sum(b.jobs for b in base.bags)

@@ -4,6 +4,7 @@ where gridbot differs by design, in the order experiments/README.md explains).""
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import sys
 from pathlib import Path
 
@@ -61,6 +62,24 @@ def test_replication_orders_as_in_the_paper_once_gridbot_replicates_as_gridbot_d
     cost_here = mean(dp, mine, "makespan") - mean(pp, mine, "makespan")
     assert makespan[dp] - makespan[pp] > 2 * cost_here
     assert "Restrictive / Restrictive | 3.2 h" in (tmp_path / "replication.md").read_text()
+
+
+def test_with_volunteers_replicas_and_waste_order_as_in_figure_9(experiments, tmp_path):
+    """Figure 9: four bags at once on the grids and the community grid, the volunteers' hosts BOINC clients
+    (`sim.boinc`): replicas R1 188% > R2 129% > R3 49% > R4 35%, waste 105 > 75 > 25 > 21%; the permissive arms
+    far above the restrictive ones."""
+    runs = experiments.run("replication_community", scale=0.1, seeds=1, out=tmp_path,
+                           only=lambda name: name == experiments.FIGURE_9)
+    [result] = runs[experiments.FIGURE_9]
+    bags = [result.bag(name) for name in ("R1", "R2", "R3", "R4")]
+    assert all(b.state == "completed" for b in bags), [b.state for b in bags]
+    for more, fewer in itertools.pairwise(bags):
+        assert more.replicas_pct > fewer.replicas_pct and more.discarded_pct > fewer.discarded_pct, bags
+    for permissive in bags[:2]:
+        for restrictive in bags[2:]:
+            assert permissive.replicas_pct > 2 * restrictive.replicas_pct, bags
+    assert all(b.jobs_per_pool.get("superlink", 0) > 0 for b in bags), "volunteers ran some of each bag's jobs"
+    assert "188 / 105" in (tmp_path / "replication_community.md").read_text()
 
 
 def test_fifty_ranked_bags_run_in_rank_order(experiments, tmp_path):
