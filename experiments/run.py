@@ -130,9 +130,9 @@ def ranks_table(runs: dict[str, list[Results]]) -> str:
         for b in bags:
             rank = b.name.rsplit("-", 1)[1]
             out.append(f"| {rank} | " + " | ".join(_h(b.milestones.get(m)) for m in marks) + " |")
-        inversions = rank_inversions(r, "1000")
-        out.append(f"\nPairs of bags whose 1000-left moments are out of rank order: {inversions} of "
-                   f"{len(bags) * (len(bags) - 1) // 2}.")
+        pairs = len(bags) * (len(bags) - 1) // 2
+        counts = ", ".join(f"{rank_inversions(r, m)} at {m} left" for m in ("1000", "500", "100", "50", "0"))
+        out.append(f"\nPairs of bags (of {pairs}) that reached a mark out of rank order: {counts}.")
     return "\n".join(out)
 
 
