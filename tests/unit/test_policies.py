@@ -128,3 +128,25 @@ def test_the_reference_page_is_generated_from_the_code():
 
     page = Path(__file__).resolve().parents[2] / "docs" / "policies.md"
     assert page.read_text() == markdown(), "docs/policies.md is stale: run `make docs`"
+
+
+def _clock(steps: list[float]):
+    """A timer that moves by each of `steps` in turn at every second reading (the end of an evaluation)."""
+    now, readings = [0.0], itertools.count()
+
+    def read() -> float:
+        if next(readings) % 2:
+            now[0] += steps.pop(0) if steps else 0.0
+        return now[0]
+    return read
+
+
+def test_one_slow_evaluation_on_a_busy_server_does_not_refuse_a_policy():
+    """The trial evaluation's budget (2 ms) is judged on the fastest of three tries: the default Concurrency
+    was refused once on a loaded machine, its first evaluation delayed by another process."""
+    compile_policies({"Rank": "Host.Slots"}, 3600.0, _clock([0.5]))  # the first try was slow, the next not
+
+
+def test_a_policy_slow_every_time_is_refused():
+    with pytest.raises(PolicyError, match="took over 2 ms to evaluate, each of 3 times"):
+        compile_policies({"Rank": "Host.Slots"}, 3600.0, _clock([0.5] * 100))

@@ -302,17 +302,29 @@ def references(text: str) -> list[str]:
     return [m.group(1) for m in _REF.finditer(bare) if not m.group(2) and m.group(1).lower() not in KEYWORDS]
 
 
+TRIAL_TRIES = 3
+"""An evaluation over the budget is tried again up to this many times in all, and judged by its fastest: a costly
+expression is slow every time, while a busy server's hiccup (another process on the CPU, the collector) is not,
+and must not refuse a user's bag (the default Concurrency was refused so on a loaded test machine)."""
+
+
 def trial(name: str, text: str, expr: ExprTree, ctx: ClassAd, timer: Callable[[], float] | None) -> None:
-    """Evaluate once against a representative ad: it must finish quickly and give the right type."""
-    start = timer() if timer else 0.0
-    try:
-        value = expr.eval(ctx)
-    except ClassAdException:
-        raise PolicyError(name, text, "exceeds the evaluation limits (too deep or too many steps)",
-                          "simplify the expression") from None
-    if timer is not None and timer() - start > TRIAL_BUDGET_S:
-        raise PolicyError(name, text, f"took over {TRIAL_BUDGET_S * 1e3:g} ms to evaluate once",
-                          "simplify the expression; a policy is evaluated on every work request")
+    """Evaluate against a representative ad: it must finish quickly (its fastest of `TRIAL_TRIES` tries, when
+    the first is over the budget) and give the right type."""
+    fastest = math.inf
+    for _ in range(TRIAL_TRIES if timer is not None else 1):
+        start = timer() if timer else 0.0
+        try:
+            value = expr.eval(ctx)
+        except ClassAdException:
+            raise PolicyError(name, text, "exceeds the evaluation limits (too deep or too many steps)",
+                              "simplify the expression") from None
+        fastest = min(fastest, timer() - start) if timer is not None else 0.0
+        if fastest <= TRIAL_BUDGET_S:
+            break
+    if fastest > TRIAL_BUDGET_S:
+        raise PolicyError(name, text, f"took over {TRIAL_BUDGET_S * 1e3:g} ms to evaluate, each of {TRIAL_TRIES} "
+                          "times", "simplify the expression; a policy is evaluated on every work request")
     kind = POLICIES[name].kind
     if value is Value.Error:
         raise PolicyError(name, text, "evaluates to ERROR on a typical host",
