@@ -213,7 +213,10 @@ def test_the_wrapper_suspends_and_resumes_the_job_when_the_client_says(tmp_path)
     time.sleep(1.5)
     assert ticks.read_text().count("\n") == frozen < 30, "nothing runs while the client has it suspended"
     assert proc.poll() is None
-    _client_says(slot, b"<resume/>")
+    with open(slot / "boinc_mmap_file", "r+b") as f:  # an older, longer message's bytes after the next one's end
+        f.seek(11)
+        f.write(b"<suspend/>\0")
+    _client_says(slot, b"<resume/>")  # "<resume/>\0<suspend/>": the message ends at its NUL
     assert proc.wait(20) == 0
     report = report_of(1, 5, 0, 1.0, 2.0, "", (slot / "gridbot_result").read_bytes(), a.outputs, 1 << 20)
     assert report.outcome is Outcome.SUCCESS, report

@@ -26,7 +26,7 @@ whole process tree (found through `ps`, frozen first).
 It honours the client's suspend and resume (the volunteer pausing BOINC, or the client making room for another
 project, or its CPU throttle): the client puts `<suspend/>` and `<resume/>` into the first channel of the shared
 memory it maps for every task, the file `boinc_mmap_file` in the slot (BOINC's API, `MSG_CHANNEL`: a flag byte,
-1 while a message waits, then the message; the reader clears the flag). Once a second the wrapper reads that
+1 while a message waits, then the message up to a NUL; the reader clears the flag). Once a second the wrapper reads that
 byte, takes the message, clears the flag, and stops (SIGSTOP) or continues (SIGCONT) the job's process tree. The
 bag's timeout counts the seconds the job ran, not those it was suspended. The client still kills the task and its
 children when it quits or aborts it.
@@ -92,7 +92,7 @@ monitor() {  # monitor JOB: every second, the client's suspend and resume, and t
     while kill -0 "$1" 2>/dev/null; do
         sleep 1
         if [ -f "$mmap" ] && [ "$(od -A n -t u1 -N 1 "$mmap" 2>/dev/null | tr -d ' ')" = 1 ]; then
-            msg=$(dd if="$mmap" bs=1 skip=1 count=64 2>/dev/null | tr -d '\000')
+            msg=$(dd if="$mmap" bs=1 skip=1 count=64 2>/dev/null | tr '\000' '\n' | head -n 1)
             printf '\000' | dd of="$mmap" bs=1 count=1 conv=notrunc 2>/dev/null
             case "$msg" in
                 *'<suspend/>'*) held=1; kill -STOP $(tree "$1") 2>/dev/null ;;
