@@ -685,22 +685,21 @@ class Simulation:
         held += sum(max(0.0, est.get(iid, 0.0) - (now - pilot.outcome[iid][3])) for iid in pilot.running)
         return held, max(0, pilot.info.slots - pilot.busy - pilot.queued)
 
-    def _rpc_due(self, pilot: _Pilot, client: BoincClient) -> float:
-        """When the BOINC host's next scheduler RPC is due."""
+    def _rpc_due(self, pilot: _Pilot, client: BoincClient) -> tuple[float, float, int]:
+        """When the BOINC host's next scheduler RPC is due, with the work it holds and its idle CPUs now."""
         held, idle = self._buffered(pilot)
         ready = pilot.reports_since if pilot.outbox else None
         deadline = min((pilot.deadline.get(r.instance_id, float("inf")) for r in pilot.outbox), default=None)
-        return client.next_rpc(self.now, held, idle, ready, deadline)
+        return client.next_rpc(self.now, held, idle, ready, deadline), held, idle
 
     def _rpc(self, pilot: _Pilot, client: BoincClient) -> None:
         """A BOINC host's scheduler RPC, if one is due: its ready results, the results it holds, a request of so
         many seconds of work, turned into instances and answered as gridbot's BOINC door does."""
         now = self.now
-        due = self._rpc_due(pilot, client)
+        due, held_s, idle = self._rpc_due(pilot, client)
         if due > now:
             self._exchange_at(pilot, due)
             return
-        held_s, idle = self._buffered(pilot)
         seconds, cpus = client.request(held_s, idle)
         d, m = self.dispatcher, pilot.pool.model
         est = runtime_estimate([b.mean_run_time for b in d.view.bags()], m.runtime_estimate)
@@ -721,7 +720,7 @@ class Simulation:
         got = len(answer.assignments)
         client.answered(now, want > 0, got, empty_delay(answer.backoff) if want and not got else 0.0,
                         rpc_delay(m.next_rpc_delay, self.sc.dispatch.host_timeout), self.rng.uniform)
-        self._exchange_at(pilot, max(self._rpc_due(pilot, client), now + _AGAIN))
+        self._exchange_at(pilot, max(self._rpc_due(pilot, client)[0], now + _AGAIN))
 
     def _receive(self, pilot: _Pilot, want: int, assignments: list[Assignment], cancel: list[int],
                  backoff: float) -> None:
@@ -768,7 +767,7 @@ class Simulation:
     def _pace(self, pilot: _Pilot, earliest: float) -> None:
         """Set the host's next exchange when its pacing says, not before `earliest`."""
         if pilot.client is not None:
-            self._exchange_at(pilot, max(self._rpc_due(pilot, pilot.client), earliest))
+            self._exchange_at(pilot, max(self._rpc_due(pilot, pilot.client)[0], earliest))
             return
         done = self._done_taking(pilot)
         if done and not pilot.running and not pilot.waiting and not pilot.outbox:

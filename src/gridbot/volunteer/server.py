@@ -32,6 +32,7 @@ from xml.sax.saxutils import escape
 import msgspec
 from aiohttp import web
 
+from gridbot.core.view import DispatchView
 from gridbot.errors import GridbotError, ServerUnavailable
 from gridbot.model.pools import PoolSpec
 from gridbot.model.records import Assignment, HostInfo, InstanceReport, Outcome
@@ -413,7 +414,7 @@ class VolunteerPool:
         output = f"{name}{OUTPUT_SUFFIX}"
         if not self.spool.drop(output) and output in self._filed:
             self._filed.discard(output)
-            for path in (self.uploads / f"{name}{OUTPUT_SUFFIX}", self.uploads / f"{name}{OUTPUT_SUFFIX}.part"):
+            for path in (self.uploads / output, self.uploads / f"{output}.part"):
                 with contextlib.suppress(OSError):
                     path.unlink()
 
@@ -483,6 +484,15 @@ class VolunteerPool:
         """The uploads kept as files (whole or in part), by name: the others are not looked for on disk."""
         return {p.name.removesuffix(".part") for p in self.uploads.iterdir()}
 
+    @staticmethod
+    def _gone(name: str, view: DispatchView) -> bool:
+        """Whether file `name` belongs to an instance (`gb42_...`) or a bag's input (`gbi7_...`) the dispatcher no
+        longer holds."""
+        m = re.match(r"gb([0-9]+)_", name)
+        bag = re.match(r"gbi([0-9]+)_", name)
+        return (m is not None and view.instance(int(m.group(1))) is None) or (
+            bag is not None and int(bag.group(1)) not in view)
+
     def _sweep(self) -> None:
         """Every few minutes: drop the files of instances and bags the dispatcher no longer holds."""
         if time.monotonic() - self._last_sweep < SWEEP_EVERY:
@@ -490,8 +500,7 @@ class VolunteerPool:
         self._last_sweep = time.monotonic()
         view = self.server.service.dispatcher.view
         for kept in self.spool.older(SWEEP_EVERY):
-            m = re.match(r"gb([0-9]+)_", kept)
-            if m is None or view.instance(int(m.group(1))) is None:
+            if self._gone(kept, view):
                 self.spool.drop(kept)
         try:
             self.spool.compact()
@@ -499,11 +508,7 @@ class VolunteerPool:
             log.warning("volunteer pool %s cannot compact its spool (%s)", self.spec.name, e.strerror)
         for folder in (self.downloads, self.uploads):
             for path in folder.iterdir():
-                m = re.match(r"gb([0-9]+)_", path.name)
-                bag = re.match(r"gbi([0-9]+)_", path.name)
-                gone = (m is not None and view.instance(int(m.group(1))) is None) or (
-                    bag is not None and int(bag.group(1)) not in view)
-                if gone and time.time() - path.stat().st_mtime > SWEEP_EVERY:
+                if self._gone(path.name, view) and time.time() - path.stat().st_mtime > SWEEP_EVERY:
                     with contextlib.suppress(OSError):
                         path.unlink()
         self._inputs = {k: v for k, v in self._inputs.items() if k[0] in view}
