@@ -105,6 +105,8 @@ def test_job_files_and_uploads_outlive_a_restart(tmp_path: Path) -> None:
         status, rest = _http(url + path_b, headers={"Range": "bytes=3-"})  # a resumed download
         assert status == 206 and rest == job_b[3:]
         assert _http(url + path_b, headers={"Range": f"bytes={len(job_b)}-"})[0] == 416
+        assert _http(url + path_b, headers={"Range": "bytes=abc"})[0] == 416  # unreadable: refused, not a 500
+        assert _http(url + path_b.replace("download/", "download/0", 1))[0] == 404  # a token not the server's
         name, limit, token = tokens[result_b]
         assert b"<status>0</status>" in _upload(url, name, token, limit, _result_file(b"job " + i_b, i_b))
         status, reply = _http(url + "scheduler", _request(key, hostid, [result_a, result_b], want=False))
