@@ -16,7 +16,7 @@ import pytest
 from gridbot.client import Client
 from gridbot.errors import ServerUnavailable
 from gridbot.model.pacing import PREFETCH_MAX
-from gridbot.model.records import HostInfo
+from gridbot.model.records import Assignment, HostInfo
 from gridbot.model.spec import parse_spec
 from gridbot.model.states import InstanceState, JobState
 from gridbot.protocol import MSGPACK, ExchangeRequest, ExchangeResponse
@@ -96,6 +96,63 @@ def test_short_jobs_travel_in_bundles(tmp_path):
     print("round trips:", counts)
     assert counts["bundled"] * 4 < counts["plain"], counts
     assert counts["plain"] >= 400
+
+
+class CountingEvent(asyncio.Event):
+    """An asyncio.Event that counts the times it was set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sets = 0
+
+    def set(self) -> None:
+        self.sets += 1
+        super().set()
+
+
+def test_a_jobs_end_wakes_the_loop_only_when_it_must_talk(tmp_path):
+    """With work waiting on the host, a short job's end does not wake the worker's loop (its report waits for
+    company): 400 bundled jobs wake it about once per round trip, not once per job; and the last result of
+    the bag still goes at once, so the bag completes."""
+    svc = service(tmp_path)
+    svc.submit(parse_spec(sweep("b", 400), "b.toml", "b"), None, {}, time.time())
+    with EmbeddedServer(svc, tick_interval=0.2) as srv:
+        worker = Worker(WorkerConfig(srv.url, slots=1, prefetch=1, prefetch_seconds=1.0, idle_timeout=1,
+                                     key=srv.access.workers["local"], state_dir=tmp_path / "s",
+                                     workdir=tmp_path / "w", allow_root=True))
+        wake = worker.wake = CountingEvent()
+        asyncio.run(worker.run())
+        with Client(srv.url, access=srv.access, admin=True) as c:
+            assert c.bag("b").counts.done == 400
+    print("wakes:", wake.sets, "round trips:", worker.exchanges)
+    assert wake.sets < 100, f"the loop was woken {wake.sets} times for 400 jobs"
+
+
+def test_the_slots_held_by_waiting_instances_follow_arrivals_starts_and_cancels(tmp_path):
+    """The worker keeps the slots its waiting instances will need as a count (a sum over hundreds held, at
+    every wake, was dearer than a short job); it must match the queue through arrivals, starts and cancels."""
+    w = Worker(WorkerConfig("http://127.0.0.1:1", slots=4, state_dir=tmp_path, allow_root=True,
+                            workdir=tmp_path / "w"))
+    try:
+        w.busy = 4  # every slot taken: nothing starts
+        job = {"bag_id": 1, "bag_name": "b", "command": "true", "env": {}, "inputs": [], "outputs": [],
+               "instance_deadline": 0.0}
+        sent = [Assignment(instance_id=i, job_id=i, index=i, cpus=1 + i % 3, **job) for i in range(1, 7)]
+        w._accept(ExchangeResponse(sent, [], 0.0, 30.0, 1 << 20))
+        assert w.waiting_cpus == sum(a.cpus for a in sent) == 12
+        w._accept(ExchangeResponse([], [2, 5], 0.0, 30.0, 1 << 20))
+        assert w.waiting_cpus == sum(a.cpus for a in w.waiting) == 12 - 3 - 3
+
+        async def start() -> None:
+            w.busy = 0
+            w._start_ready()  # 1 (2 slots) and 3 (1 slot) start; 4 needs 2 of the 1 left
+            assert [a.instance_id for a in w.waiting] == [4, 6]
+            assert w.waiting_cpus == sum(a.cpus for a in w.waiting) == 2 + 1
+            await asyncio.gather(*w.running.values())
+
+        asyncio.run(start())
+    finally:
+        w.identity.release()
 
 
 def test_an_idle_worker_hears_of_a_new_bag_at_once(tmp_path):

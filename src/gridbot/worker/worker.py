@@ -125,6 +125,9 @@ class Worker:
                              os.cpu_count() or 1, _memory_mb(), config.slots, config.pool,
                              session=secrets.token_hex(8))
         self.waiting: deque[Assignment] = deque()
+        self.waiting_cpus = 0
+        """Slots the waiting instances will hold (kept as they come and go: a sum at every wake cost a
+        worker with hundreds prefetched more than running the job)."""
         self.running: dict[int, asyncio.Task[InstanceReport]] = {}
         self.reports: list[InstanceReport] = []
         self.kill: dict[int, KillSwitch] = {}
@@ -140,6 +143,7 @@ class Worker:
         self.cpus_of: dict[int, int] = {}
         """Job directories reused from one instance to the next (unless keep_dirs)."""
         self.slot_of: dict[int, int] = {}
+        self.slot_dirs: dict[tuple[str, int], Path] = {}
         self.token = new_token()
         self.base_env = job_environment(config.pass_env, self.token, self.run_as)
         self.reaper = Reaper(self.token)
@@ -151,6 +155,8 @@ class Worker:
         """Round trips made (each carries the reports and requests of that moment)."""
         self.dropped_answer = False
         self.wake = asyncio.Event()
+        self.sleep_until = 0.0
+        """When the loop, asleep, next looks at its work unwoken (0: it is awake)."""
         self.stopping = asyncio.Event()
         self.max_result_bytes = 16 << 20
         self.heartbeat = 30.0
@@ -276,7 +282,7 @@ class Worker:
             if self.config.min_cpu and self._starving(now):
                 self.stop()
                 break
-            step = self.pacing.step(now, self.busy, sum(a.cpus for a in self.waiting),
+            step = self.pacing.step(now, self.busy, self.waiting_cpus,
                                     self.reports_since if self.reports else None)
             if self.config.max_jobs and self.received >= self.config.max_jobs:
                 if not self.running and not self.waiting and not self.reports:
@@ -292,8 +298,10 @@ class Worker:
                 delay = step.at - now
                 if self.config.lifetime:
                     delay = min(delay, started + self.config.lifetime - now)
+                self.sleep_until = now + max(0.01, delay)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), max(0.01, delay))
+                self.sleep_until = 0.0
                 continue
             resp = await self._exchange(step.want)
             if resp is None:
@@ -463,7 +471,10 @@ class Worker:
             if iid in self.kill:
                 self.kill[iid].set()
             self.waiting = deque(a for a in self.waiting if a.instance_id != iid)
+        if resp.cancel:
+            self.waiting_cpus = sum(a.cpus for a in self.waiting)
         self.waiting.extend(resp.assignments)
+        self.waiting_cpus += sum(a.cpus for a in resp.assignments)
         self.received += len(resp.assignments)
         self._start_ready()
 
@@ -474,11 +485,13 @@ class Worker:
                     self.reports_since = time.monotonic()
                 self.reports.extend(InstanceReport(a.instance_id, Outcome.SUCCESS, 0) for a in self.waiting)
                 self.waiting.clear()
+                self.waiting_cpus = 0
                 self.wake.set()
             return
         while (self.waiting and not self.stopping.is_set()
                and self.busy + min(self.waiting[0].cpus, self.config.slots) <= self.config.slots):
             a = self.waiting.popleft()
+            self.waiting_cpus -= a.cpus
             self.cpus_of[a.instance_id] = min(a.cpus, self.config.slots)
             self.busy += self.cpus_of[a.instance_id]
             stop = self.kill[a.instance_id] = KillSwitch()
@@ -491,8 +504,7 @@ class Worker:
                 jobdir = self.workdir / f"{a.bag_name}" / f"{a.index}-{a.instance_id}"
             else:
                 slot = self.slot_of[iid] = self.free_slots.pop()
-                # per host id: workers started side by side (gridbot run) may share a workdir
-                jobdir = self.workdir / ".slots" / self.host.host_id / str(slot)
+                jobdir = self._slot_dir(slot)
             task = asyncio.ensure_future(run_instance(
                 a, jobdir, functools.partial(self._fetch_input, revision=a.revision), self.max_result_bytes, stop,
                 self.config.keep_dirs,
@@ -500,6 +512,15 @@ class Worker:
                 stop_reason=functools.partial(self._stop_reason, iid), base_env=self.base_env, user=self.run_as))
             self.running[a.instance_id] = task
             task.add_done_callback(functools.partial(self._finished, a.instance_id))
+
+    def _slot_dir(self, slot: int) -> Path:
+        """A slot's reused job directory, per host id: workers started side by side (gridbot run) may share
+        a workdir. Kept, not joined again for each job (three path joins were a tenth of a short job's cost)."""
+        key = (self.host.host_id, slot)
+        path = self.slot_dirs.get(key)
+        if path is None:
+            path = self.slot_dirs[key] = self.workdir / ".slots" / self.host.host_id / str(slot)
+        return path
 
     def _vanished(self, iid: int, _: asyncio.Task[InstanceReport]) -> None:
         """A dropped instance (`drop`) is let go without a report."""
@@ -547,8 +568,17 @@ class Worker:
         self.reports.append(report)
         if self.outage:
             self.spool.keep([report])
-        self.wake.set()
         self._start_ready()
+        self._nudge()
+
+    def _nudge(self) -> None:
+        """Wake the loop when what just changed makes it talk sooner than it planned to. A job's end
+        seldom does while others wait here (its report waits for company), and waking the loop at each of
+        a thousand short jobs a second cost the worker a sixth of its time."""
+        if not self.sleep_until or not self.waiting or self.pacing.step(
+                time.monotonic(), self.busy, self.waiting_cpus, self.reports_since if self.reports else None,
+        ).at < self.sleep_until:
+            self.wake.set()
 
     async def _fetch_input(self, bag_id: int, name: str, revision: int = 1) -> Path:
         """An input file from the worker's cache, downloaded once per revision of the bag (a revision may
@@ -593,6 +623,7 @@ class Worker:
         for a in self.waiting:
             self.reports.append(InstanceReport(a.instance_id, Outcome.INTERRUPTED, reason="the worker stopped"))
         self.waiting.clear()
+        self.waiting_cpus = 0
         if not self.reports and not self.dropped_answer:
             return
         assert self._session is not None
