@@ -25,6 +25,9 @@ from gridbot.volunteer.signing import Tokens
 
 RESULT_RE = re.compile(r"gb([0-9]{1,18})_([0-9a-f]{8})\Z")
 OUTPUT_SUFFIX = "_out"
+"""A result's uploaded output file is its name and this; its job file (served to the client) is its name and
+JOB_SUFFIX."""
+JOB_SUFFIX = "_job"
 JOB_META = b"# gridbot-meta "
 """The job file's first line: this, then JSON with the instance's declared outputs (read back at its report)."""
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")

@@ -49,6 +49,7 @@ from gridbot.server.app import Server
 from gridbot.volunteer.accounts import ACCOUNTS_NAME, HOSTS_NAME, AccountBook, AccountError, Hosts
 from gridbot.volunteer.jobs import (
     JOB_META,
+    JOB_SUFFIX,
     OUTPUT_SUFFIX,
     InputFile,
     Spool,
@@ -72,7 +73,6 @@ AUTH_HEAD_BYTES = 64 << 10
 MAX_HEADER_BYTES = 64 << 10
 SPOOLED_UPLOAD_BYTES = 1 << 20
 """Uploads up to this size, sent whole in one request, are kept in the spool; larger or resumed ones in files."""
-JOB_SUFFIX = "_job"
 AUTH_DELAY = 3600.0
 """Seconds a client with a refused account key is asked to wait before it tries again."""
 DOWN_DELAY = 60.0
@@ -586,13 +586,8 @@ class VolunteerPool:
                              md5: str) -> web.Response:
         """A small upload from its start, never read beyond `nbytes`, kept in the spool once whole and its MD5
         checked (a cut one goes to a file, from which the client resumes)."""
-        chunks, received = [rest], len(rest)
-        while received <= nbytes:
-            chunk = await request.content.read(1 << 16)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            received += len(chunk)
+        chunks: list[bytes] = []
+        received = await _read_upload(request, rest, 0, nbytes, chunks.append)
         if received > nbytes:
             return _upload_reply(-1, "more bytes than the header's nbytes", 413)
         data = b"".join(chunks)
@@ -613,21 +608,14 @@ class VolunteerPool:
     async def _receive(self, request: web.Request, part: Path, done: Path, rest: bytes, offset: int, nbytes: int,
                        md5: str) -> web.Response:
         """Write the upload's bytes from `offset`, never beyond `nbytes`; check the MD5 once it is whole."""
-        received = offset
         self._filed.add(done.name)
         with open(part, "r+b" if part.exists() else "wb") as f:
             f.truncate(offset)
             f.seek(offset)
-            chunk = rest
-            while True:
-                received += len(chunk)
-                if received > nbytes:
-                    f.truncate(offset)
-                    return _upload_reply(-1, "more bytes than the header's nbytes", 413)
-                f.write(chunk)
-                chunk = await request.content.read(1 << 16)
-                if not chunk:
-                    break
+            received = await _read_upload(request, rest, offset, nbytes, f.write)
+            if received > nbytes:
+                f.truncate(offset)
+                return _upload_reply(-1, "more bytes than the header's nbytes", 413)
         if received < nbytes:
             return _upload_reply(1, f"upload cut at {received:,} of {nbytes:,} bytes; resume")
         digest = hashlib.md5(part.read_bytes()).hexdigest()
@@ -640,6 +628,22 @@ class VolunteerPool:
     def _output_of(self, name: str) -> int | None:
         """The instance whose output file `name` is (None: not the output of a result this server made)."""
         return instance_of(self.tokens, name[:-len(OUTPUT_SUFFIX)]) if name.endswith(OUTPUT_SUFFIX) else None
+
+
+async def _read_upload(request: web.Request, first: bytes, received: int, nbytes: int,
+                       sink: Callable[[bytes], object]) -> int:
+    """Hand an upload's bytes to `sink`, `first` (read with the header) then the body, until the request
+    ends; return the count reached from `received`. Over `nbytes`, reading stops at once and the chunk that
+    went over never reaches `sink`: a client cannot make the server take more than the file's limit."""
+    chunk = first
+    while True:
+        received += len(chunk)
+        if received > nbytes:
+            return received
+        sink(chunk)
+        chunk = await request.content.read(1 << 16)
+        if not chunk:
+            return received
 
 
 def accounts_path(registry_path: Path | None, state_dir: Path) -> Path:
