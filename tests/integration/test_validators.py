@@ -73,16 +73,23 @@ def test_a_validator_accepts_results_that_differ_in_bytes_and_outvotes_a_corrupt
         values = sorted(float(r.stdout_tail) for r in results)
         assert [round(v) for v in values] == list(range(1, 9)), "only the honest hosts' numbers are kept"
         assert len({r.stdout_tail for r in results}) == 8
-        valid = invalid = 0
+        valid = invalid = equivalent = different = 0
         for index in range(8):
             story = c.story("noisy", index)
             actions = [d.action for d in story.decisions if d.strategy == "quorum"]
             valid += actions.count("valid")
             invalid += actions.count("invalid")
             assert actions.count("valid") >= 2, (index, actions)
+            # what the validator said of each result is in its instance's story
+            said = [i.reason or "" for i in story.instances if i.state == "done"]
+            assert all(s.startswith("a result for the quorum: ") for s in said), said
+            equivalent += sum("(validator close: " in s and "equivalent to instance " in s for s in said)
+            different += sum(s.count("different from instance ") for s in said if "(validator close: " in s)
         hosts = {h.name.rsplit("/", 1)[-1]: h for h in c.hosts()}
     corrupt = hosts["corrupt"]
     assert valid >= 16 and corrupt.invalid == invalid >= 1 and corrupt.valid == 0, corrupt
+    assert equivalent >= 8, "each job's quorum had a result found equivalent to an earlier one"
+    assert different >= corrupt.invalid, "each corrupt result was compared and found different"
     assert corrupt.invalid_rate == 1.0
     assert hosts["honest-a"].invalid == hosts["honest-b"].invalid == 0
     assert hosts["honest-a"].valid + hosts["honest-b"].valid == valid
@@ -102,6 +109,11 @@ def test_a_validator_that_fails_counts_the_results_as_different(cluster, tmp_pat
         (job,) = c.jobs("judged")
     assert "no quorum of 2 after 2 instances" in job.reason, job.reason
     assert "validator broken exited with status 3" in cluster.server.log
+    with cluster.client() as c:
+        story = c.story("judged", 0)
+    said = [i.reason or "" for i in story.instances]
+    assert any("(validator broken: could not compare it with instance " in s
+               and "(it exited with status 3: counted as different))" in s for s in said), said
 
 
 def test_a_spec_naming_no_validator_of_the_server_is_refused_with_the_fix(cluster, tmp_path):

@@ -83,18 +83,19 @@ sys.exit(0 if ok and report == {"a": ["o.txt", "stdout"], "b": ["nested", "stdou
 def test_the_validator_sees_each_result_as_a_folder_of_stdout_and_outputs(tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "a pool's credential")
     v = validator(tmp_path, SHOW)
-    assert compare(v, ("1.0\n", {"o.txt": b"A"}), ("2.0\n", {"nested/o.txt": b"B"})) is True
-    assert compare(v, ("1.5\n", {"o.txt": b"A"}), ("2.0\n", {"nested/o.txt": b"B"})) is False
+    assert compare(v, ("1.0\n", {"o.txt": b"A"}), ("2.0\n", {"nested/o.txt": b"B"})) == (True, "")
+    assert compare(v, ("1.5\n", {"o.txt": b"A"}), ("2.0\n", {"nested/o.txt": b"B"})) == (False, "")
 
 
 def test_a_validator_that_fails_or_hangs_decides_nothing(tmp_path, caplog):
-    assert compare(validator(tmp_path, "import sys\nsys.exit(3)\n"), ("", {}), ("", {})) is None
+    broken = validator(tmp_path, "import sys\nprint('no such column', file=sys.stderr)\nsys.exit(3)\n")
+    assert compare(broken, ("", {}), ("", {})) == (None, "it exited with status 3, saying: no such column")
     assert "exited with status 3" in caplog.text
     hang = validator(tmp_path, "import time\ntime.sleep(60)\n", timeout=0.5)
-    assert compare(hang, ("", {}), ("", {})) is None
+    assert compare(hang, ("", {}), ("", {})) == (None, "it took over its timeout of 0.5s")
     assert "took over its timeout of 0.5s" in caplog.text
     missing = ValidatorSpec("gone", (str(tmp_path / "no-such-program"),))
-    assert compare(missing, ("", {}), ("", {})) is None
+    assert compare(missing, ("", {}), ("", {})) == (None, "it could not start: No such file or directory")
     assert "could not start" in caplog.text
 
 

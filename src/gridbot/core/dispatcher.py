@@ -44,7 +44,7 @@ from gridbot.core.records import (
 from gridbot.core.strategy import Choice, LevelReport, Migration, QosReport, StrategyFactory
 from gridbot.core.view import BagView, DispatchView
 from gridbot.model.pools import PoolMonitor
-from gridbot.model.records import Assignment, HostInfo, InstanceReport, Outcome
+from gridbot.model.records import Assignment, HostInfo, InstanceReport, Outcome, Verdict
 from gridbot.model.spec import BagSpec, output_name_problem
 from gridbot.model.states import (
     BAG_REOPEN,
@@ -318,11 +318,12 @@ class Dispatcher:
 
     def request_work(self, info: HostInfo, want: int, running: Iterable[int], now: float,
                      reports: Sequence[InstanceReport] = (), fetched: tuple[int, float] = (0, 0.0),
-                     votes: Mapping[int, bytes] | None = None) -> tuple[WorkAnswer, Changes]:
+                     votes: Mapping[int, Verdict] | None = None) -> tuple[WorkAnswer, Changes]:
         """A host's exchange: its reports, the instances it still runs, and a request for `want` more; with the
         input bytes it downloaded since its last exchange and the seconds that took (its pool's bandwidth).
-        `votes`: for reported results of quorum jobs whose bag names a validator, the vote (`JobView.votes`) of
-        the results the server's validator found each equivalent to (none: a vote of its own).
+        `votes`: for reported results of quorum jobs whose bag names a validator, what the server's validator
+        found: the vote (`JobView.votes`) of the results each is equivalent to (None: a vote of its own), and a
+        note for the instance's story.
 
         Instances the server believes run on this host but that the host neither runs nor reports
         were lost: they count as failures when the worker restarted (another session), and not when the
@@ -373,7 +374,7 @@ class Dispatcher:
         return self._k.seal(changes)
 
     def _report(self, host_id: str, reports: Sequence[InstanceReport], now: float, changes: Changes,
-                votes: Mapping[int, bytes] | None = None) -> None:
+                votes: Mapping[int, Verdict] | None = None) -> None:
         """Apply reports; those of unknown instances are ignored, those of another host's refused.
 
         A report may arrive twice (the host retried after a lost answer): the second is ignored, since

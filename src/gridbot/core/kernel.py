@@ -40,7 +40,7 @@ from gridbot.core.records import (
     guarded,
 )
 from gridbot.core.view import BagView, DispatchView
-from gridbot.model.records import Assignment, HostInfo, InstanceReport, Outcome, result_digest
+from gridbot.model.records import Assignment, HostInfo, InstanceReport, Outcome, Verdict, result_digest
 from gridbot.model.states import (
     BAG_TRANSITIONS,
     INSTANCE_TRANSITIONS,
@@ -197,9 +197,10 @@ class Kernel:
         self.deadlines = [(inst.instance_deadline, iid) for iid, inst in self.s.running.items()]
         heapq.heapify(self.deadlines)
 
-    def end(self, inst: Instance, r: InstanceReport, now: float, changes: Changes, vote: bytes | None = None) -> None:
-        """Apply a host's report about `inst`, which may be running or overdue (a late report); `vote` is, for a
-        quorum job's result, the vote of the results the server's validator found it equivalent to."""
+    def end(self, inst: Instance, r: InstanceReport, now: float, changes: Changes,
+            verdict: Verdict | None = None) -> None:
+        """Apply a host's report about `inst`, which may be running or overdue (a late report); `verdict` is, for
+        a quorum job's result, what the server's validator found of it."""
         job, bag = inst.job, self.s.bags[inst.job.bag_id]
         self.s.ledger.charge(bag.bag_id, inst.host_id, r.wall_s, now)
         was_running = self.detach(inst)
@@ -212,7 +213,7 @@ class Kernel:
                 bag.counts.wasted += 1
                 self.emit_bag(bag)
             elif bag.spec.quorum > 1 and job.single != inst.host_id and not (host is not None and self.trusted(host)):
-                self._candidate(bag, job, inst, host, r, now, changes, vote)
+                self._candidate(bag, job, inst, host, r, now, changes, verdict)
                 return
             else:
                 self.move(inst, InstanceState.DONE, now, "", r, changes)
@@ -267,20 +268,22 @@ class Kernel:
             self.work_added += 1
 
     def _candidate(self, bag: BagRecord, job: Job, inst: Instance, host: HostRecord | None, r: InstanceReport,
-                   now: float, changes: Changes, vote: bytes | None) -> None:
+                   now: float, changes: Changes, verdict: Verdict | None) -> None:
         """A good result of a quorum job: kept until `quorum` results of distinct accounts agree (byte for byte, or
-        as the bag's validator says: `vote`); the agreeing ones are valid and the first of them the job's result,
-        the others invalid, counted against their hosts and never returned."""
+        as the bag's validator says: `verdict`, whose note goes into the instance's story); the agreeing ones are
+        valid and the first of them the job's result, the others invalid, counted against their hosts and never
+        returned."""
         q = bag.spec.quorum
-        digest = vote or result_digest(r)
+        digest = (verdict.vote if verdict is not None else None) or result_digest(r)
         account = self.account(inst.host_id)
         # one vote an account, and a host: its newest (a host may not vote again under another account)
         cands = [c for c in job.candidates or () if c.account != account and c.host_id != inst.host_id]
         cands.append(Candidate(inst.instance_id, inst.host_id, account, digest, inst.sent_at, r.cpu_s, now))
         job.candidates = cands
         agree = [c for c in cands if c.digest == digest]
-        self.move(inst, InstanceState.DONE, now, f"a result for the quorum: {len(agree)} of {q} agree", r, changes,
-                  vote=digest)
+        note = f" ({verdict.note})" if verdict is not None and verdict.note else ""
+        self.move(inst, InstanceState.DONE, now, f"a result for the quorum: {len(agree)} of {q} agree{note}", r,
+                  changes, vote=digest)
         if len(agree) >= q:
             winner = agree[0]
             for c in cands:

@@ -123,6 +123,15 @@ class InstanceReport(msgspec.Struct, frozen=True):
         return sum(len(v) for v in self.outputs.values()) + len(self.stdout_tail) + len(self.stderr_tail)
 
 
+class Verdict(msgspec.Struct, frozen=True):
+    """What the bag's validator found of a reported result of a quorum job (gridbot/server/validate.py)."""
+
+    vote: bytes | None
+    """The vote of the results it is equivalent to (None: none of them; the result votes on its own)."""
+    note: str
+    """What the comparisons said, for the instance's story: "validator close: equivalent to instance 12's"."""
+
+
 def result_digest(r: InstanceReport) -> bytes:
     """What a quorum compares of a result: its stdout and its declared outputs, by name, byte for byte (the
     server's validators see the same parts: gridbot/model/validators.py)."""

@@ -21,6 +21,7 @@ from aiohttp import web
 
 from gridbot.errors import GridbotError, ServerUnavailable
 from gridbot.model.pacing import server_hold
+from gridbot.model.records import Verdict
 from gridbot.model.spec import StrategyChoice
 from gridbot.protocol import (
     MSGPACK,
@@ -392,7 +393,7 @@ class Server:
             votes = await self.validation.votes(req, pending)
             return await self._decided(req, votes)
 
-    async def _decided(self, req: ExchangeRequest, votes: dict[int, bytes] | None) -> ExchangeResponse:
+    async def _decided(self, req: ExchangeRequest, votes: dict[int, Verdict] | None) -> ExchangeResponse:
         resp, changes = self.service.decide(req, time.time(), votes)
         self._check_work()
         if time.monotonic() < self.service.solo_until:

@@ -27,6 +27,7 @@ from gridbot.errors import GridbotError, ServerUnavailable
 from gridbot.history import rows_from_states
 from gridbot.model.hierarchy import QueueSpec
 from gridbot.model.pools import PoolMonitor
+from gridbot.model.records import Verdict
 from gridbot.model.spec import (
     MAX_PATH,
     BagSpec,
@@ -359,7 +360,7 @@ class Service:
         return resp
 
     def decide(self, req: ExchangeRequest, now: float,
-               votes: Mapping[int, bytes] | None = None) -> tuple[ExchangeResponse, Changes]:
+               votes: Mapping[int, Verdict] | None = None) -> tuple[ExchangeResponse, Changes]:
         """A worker's round trip without the commit: the answer may be sent only once `changes` are
         durable (through `stage` and `flush`, or `commit`). `votes`: the validators' say on its reported
         results of quorum jobs (server/validate.py)."""

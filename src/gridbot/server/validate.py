@@ -19,8 +19,9 @@ import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
-from gridbot.model.records import Outcome, result_digest
+from gridbot.model.records import Outcome, Verdict, result_digest
 from gridbot.model.spec import output_name_problem
 from gridbot.model.validators import ValidatorSpec
 from gridbot.protocol import ExchangeRequest
@@ -91,9 +92,10 @@ class Validation:
                 if not count[0]:
                     del self._locks[job_id]
 
-    async def votes(self, req: ExchangeRequest, pending: dict[int, tuple[int, ValidatorSpec]]) -> dict[int, bytes]:
-        """For each pending result, the vote of the first group of its job's results it is equivalent to."""
-        out: dict[int, bytes] = {}
+    async def votes(self, req: ExchangeRequest, pending: dict[int, tuple[int, ValidatorSpec]]) -> dict[int, Verdict]:
+        """For each pending result compared, the vote of the first group of its job's results it is equivalent to
+        (None: none), and what each comparison said, for its story."""
+        out: dict[int, Verdict] = {}
         loop = asyncio.get_running_loop()
         view = self.service.dispatcher.view
         for r in req.reports:
@@ -113,17 +115,26 @@ class Validation:
                 groups.setdefault(vote, iid)
             if result_digest(r) in groups:
                 continue  # byte for byte the same as a group: the dispatcher counts it there
+            said: list[str] = []
+            found: bytes | None = None
             for vote, iid in groups.items():
                 other = self._stored(job_id, iid)
                 if other is None:
                     continue
                 self.compared += 1
-                same = await loop.run_in_executor(None, compare, validator, (r.stdout_tail, r.outputs), other)
+                same, problem = await loop.run_in_executor(None, compare, validator, (r.stdout_tail, r.outputs),
+                                                           other)
                 if same is None:
                     self.failed += 1
+                    said.append(f"could not compare it with instance {iid}'s ({problem}: counted as different)")
                 elif same:
-                    out[r.instance_id] = vote
+                    said.append(f"equivalent to instance {iid}'s")
+                    found = vote
                     break
+                else:
+                    said.append(f"different from instance {iid}'s")
+            if said:
+                out[r.instance_id] = Verdict(found, f"validator {validator.name}: {'; '.join(said)}")
         return out
 
     def _stored(self, job_id: int, instance_id: int) -> tuple[str, dict[str, bytes]] | None:
@@ -134,8 +145,17 @@ class Validation:
         return row.stdout_tail or "", self.service.store.outputs_of(instance_id)
 
 
-def compare(validator: ValidatorSpec, a: tuple[str, dict[str, bytes]], b: tuple[str, dict[str, bytes]]) -> bool | None:
-    """Run the validator on two results: True equivalent, False not, None it failed (logged)."""
+class Compared(NamedTuple):
+    """A validator's answer on two results."""
+
+    same: bool | None
+    """True equivalent, False not, None the validator failed."""
+    problem: str = ""
+    """How it failed (also logged)."""
+
+
+def compare(validator: ValidatorSpec, a: tuple[str, dict[str, bytes]], b: tuple[str, dict[str, bytes]]) -> Compared:
+    """Run the validator on two results."""
     with tempfile.TemporaryDirectory(prefix="gridbot-validate-") as tmp:
         dirs = []
         for name, (stdout, outputs) in (("a", a), ("b", b)):
@@ -153,7 +173,7 @@ def compare(validator: ValidatorSpec, a: tuple[str, dict[str, bytes]], b: tuple[
                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         except OSError as e:
             log.error("validator %s could not start: %s", validator.name, e)
-            return None
+            return Compared(None, f"it could not start: {e.strerror or e}")
         try:
             _, err = proc.communicate(timeout=validator.timeout)
         except subprocess.TimeoutExpired:
@@ -162,11 +182,12 @@ def compare(validator: ValidatorSpec, a: tuple[str, dict[str, bytes]], b: tuple[
             proc.communicate()
             log.error("validator %s took over its timeout of %gs: the two results count as different",
                       validator.name, validator.timeout)
-            return None
+            return Compared(None, f"it took over its timeout of {validator.timeout:g}s")
         if proc.returncode in (0, 1):
-            return proc.returncode == 0
+            return Compared(proc.returncode == 0)
         tail = err[-400:].decode("utf-8", "replace").strip()
         log.error("validator %s exited with status %s (0: equivalent, 1: different): the two results count as "
                   "different%s", validator.name, proc.returncode, f"; it said: {tail}" if tail else "")
-        return None
+        last = tail.splitlines()[-1][:200] if tail else ""
+        return Compared(None, f"it exited with status {proc.returncode}" + (f", saying: {last}" if last else ""))
 
