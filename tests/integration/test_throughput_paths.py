@@ -4,6 +4,7 @@ from the jobs' run time, idle hosts' requests held until work comes, and the sto
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 import threading
 import time
@@ -14,6 +15,7 @@ import msgspec
 import pytest
 
 from gridbot.client import Client
+from gridbot.core.changes import Changes, JobUpdate
 from gridbot.errors import ServerUnavailable
 from gridbot.model.pacing import PREFETCH_MAX
 from gridbot.model.records import Assignment, HostInfo
@@ -281,3 +283,37 @@ def test_the_writer_thread_batch_lands_before_a_flush_and_a_failure_fails_later_
     resp = svc.exchange(ExchangeRequest(HostInfo("h5", "h5"), 2, []), 3.0)
     assert len(resp.assignments) == 2, "the dispatcher was rebuilt from the store and goes on"
     assert {i.state for i in svc.store.instances_of(resp.assignments[0].job_id)} >= {InstanceState.RUNNING}
+
+
+def test_a_landed_batch_is_freed_at_once_not_left_to_the_collector(tmp_path):
+    """A batch applied on the writer thread leaves no reference cycle behind: its changes (thousands of objects
+    an exchange at full speed) are freed when it lands. A cycle through the writer's future kept each batch
+    until the collector's oldest generation came round, whose passes grew with the bag: dispatch fell from
+    43,800 to 30,300 jobs/s between the first 200,000 results of a bag and results 2,000,000 to 2,200,000."""
+    svc = service(tmp_path)
+    svc.submit(parse_spec(sweep("w", 400), "w.toml", "w"), None, {}, 0.0)
+    told: list[BaseException | None] = []
+    posted: list = []
+    gc.collect()
+    gc.disable()
+    try:
+        for n in range(3):
+            _, changes = svc.decide(ExchangeRequest(HostInfo(f"h{n}", f"h{n}"), 50, []), 1.0)
+            svc.stage(changes, told.append)
+            svc.flush_async(posted.append)
+            deadline = time.monotonic() + 10
+            while not posted and time.monotonic() < deadline:
+                time.sleep(0.01)
+            for cb in posted:  # the event loop's turn: the batch settles, its waiter is told
+                cb()
+            posted.clear()
+        del changes
+        assert told == [None] * 3
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        left = [o for o in gc.garbage if isinstance(o, (Changes, JobUpdate))]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert not left, f"{len(left)} objects of landed batches were only freed by the collector"

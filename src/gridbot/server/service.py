@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import re
 import secrets
@@ -265,14 +266,20 @@ class Service:
         if self._writer is None:
             self._writer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gridbot-store")
         batch, waiters = self._take()
-        flight = self._flight = _Flight(self._writer.submit(self._timed_apply, batch), batch, waiters)
+        future = self._writer.submit(self._timed_apply, batch)
+        self._flight = _Flight(future, batch, waiters)
+        # the callback names the future, not the flight: a future keeps its callbacks after it is done, and a
+        # callback holding the flight made a cycle that kept every batch's changes (thousands of objects an
+        # exchange) alive until the collector's oldest generation came round
+        future.add_done_callback(lambda landed: post(functools.partial(self._landed, landed, post)))
 
-        def landed() -> None:
-            if not flight.settled:
-                self._settle()
-                self.flush_async(post)
-
-        flight.future.add_done_callback(lambda _: post(landed))
+    def _landed(self, future: concurrent.futures.Future[None], post: Callable[[Callable[[], None]], object]) -> None:
+        """On the caller's thread: the batch of `future` was applied; tell its waiters and start the next batch,
+        unless a synchronous flush settled it first."""
+        flight = self._flight
+        if flight is not None and flight.future is future and not flight.settled:
+            self._settle()
+            self.flush_async(post)
 
     def _settle(self) -> ServerUnavailable | None:
         """Wait for the batch on the writer thread, if any, and tell its waiters how it went; the error
