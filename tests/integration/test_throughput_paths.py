@@ -18,7 +18,7 @@ from gridbot.client import Client
 from gridbot.core.changes import Changes, JobUpdate
 from gridbot.errors import ServerUnavailable
 from gridbot.model.pacing import PREFETCH_MAX
-from gridbot.model.records import Assignment, HostInfo
+from gridbot.model.records import Assignment, HostInfo, Outcome
 from gridbot.model.spec import parse_spec
 from gridbot.model.states import InstanceState, JobState
 from gridbot.protocol import MSGPACK, ExchangeRequest, ExchangeResponse
@@ -155,6 +155,33 @@ def test_the_slots_held_by_waiting_instances_follow_arrivals_starts_and_cancels(
         asyncio.run(start())
     finally:
         w.identity.release()
+
+
+def test_the_slot_of_a_job_the_server_took_back_runs_the_next_waiting_job_at_once(tmp_path):
+    """A running instance the server cancels is killed and not reported; its slot starts the next instance
+    held on the host at once, not at the worker's next exchange (a heartbeat later)."""
+    w = Worker(WorkerConfig("http://127.0.0.1:1", slots=1, state_dir=tmp_path, allow_root=True,
+                            workdir=tmp_path / "w"))
+    job = {"bag_id": 1, "bag_name": "b", "env": {}, "inputs": [], "outputs": [], "instance_deadline": 0.0}
+    long = Assignment(instance_id=1, job_id=1, index=0, command="sleep 30", **job)
+    short = Assignment(instance_id=2, job_id=2, index=1, command="true", **job)
+
+    async def cancel_the_first() -> float:
+        w._accept(ExchangeResponse([long, short], [], 0.0, 30.0, 1 << 20))
+        assert list(w.running) == [1] and [a.instance_id for a in w.waiting] == [2]
+        await asyncio.sleep(0.2)
+        start = time.monotonic()
+        w._accept(ExchangeResponse([], [1], 0.0, 30.0, 1 << 20))
+        while not any(r.instance_id == 2 for r in w.reports) and time.monotonic() - start < 10:
+            await asyncio.sleep(0.02)
+        return time.monotonic() - start
+
+    try:
+        took = asyncio.run(cancel_the_first())
+    finally:
+        w.identity.release()
+    assert [(r.instance_id, r.outcome) for r in w.reports] == [(2, Outcome.SUCCESS)], w.reports
+    assert took < 5, f"the next job ran {took:.1f} s after the first was taken back"
 
 
 def test_an_idle_worker_hears_of_a_new_bag_at_once(tmp_path):

@@ -561,6 +561,8 @@ class Worker:
         else:
             report = task.result()
         if killed.is_set() and not killed.reason and not self.stopping.is_set():
+            self._start_ready()  # taken back by the server: no report, but its slot takes the next job now
+            self._nudge()
             return
         self.pacing.ran(report.wall_s)
         if not self.reports:
