@@ -113,7 +113,8 @@ def test_a_validator_that_fails_counts_the_results_as_different(cluster, tmp_pat
         story = c.story("judged", 0)
     said = [i.reason or "" for i in story.instances]
     assert any("(validator broken: could not compare it with instance " in s
-               and "(it exited with status 3: counted as different))" in s for s in said), said
+               and "(it exited with status 3; its message is in the server's log: counted as different))" in s
+               for s in said), said
 
 
 def test_a_spec_naming_no_validator_of_the_server_is_refused_with_the_fix(cluster, tmp_path):

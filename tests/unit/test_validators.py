@@ -12,7 +12,7 @@ import pytest
 from gridbot.model.pools import parse_pools_file, parse_server_file
 from gridbot.model.spec import SpecError, parse_spec
 from gridbot.model.validators import ValidatorSpec
-from gridbot.server.validate import compare
+from gridbot.server.validate import compare, note
 
 
 def test_a_pools_file_declares_validators_and_may_hold_nothing_else():
@@ -89,13 +89,13 @@ def test_the_validator_sees_each_result_as_a_folder_of_stdout_and_outputs(tmp_pa
 
 def test_a_validator_that_fails_or_hangs_decides_nothing(tmp_path, caplog):
     broken = validator(tmp_path, "import sys\nprint('no such column', file=sys.stderr)\nsys.exit(3)\n")
-    assert compare(broken, ("", {}), ("", {})) == (None, "it exited with status 3, saying: no such column")
-    assert "exited with status 3" in caplog.text
+    assert compare(broken, ("", {}), ("", {})) == (None, "it exited with status 3; its message is in the server's log")
+    assert "exited with status 3" in caplog.text and "it said: no such column" in caplog.text
     hang = validator(tmp_path, "import time\ntime.sleep(60)\n", timeout=0.5)
     assert compare(hang, ("", {}), ("", {})) == (None, "it took over its timeout of 0.5s")
     assert "took over its timeout of 0.5s" in caplog.text
     missing = ValidatorSpec("gone", (str(tmp_path / "no-such-program"),))
-    assert compare(missing, ("", {}), ("", {})) == (None, "it could not start: No such file or directory")
+    assert compare(missing, ("", {}), ("", {})) == (None, "it could not start; the reason is in the server's log")
     assert "could not start" in caplog.text
 
 
@@ -118,3 +118,10 @@ def test_the_job_locks_serialize_each_jobs_comparisons_and_go_with_the_last_hold
     assert order.index("a out") < order.index("b in"), order
     assert order.index("c in") < order.index("a out"), "another job's comparisons do not wait"
     assert validation._locks == {}
+
+
+def test_a_results_story_names_a_few_comparisons_however_many_groups_it_met():
+    said = [f"different from instance {n}'s" for n in range(1, 40)] + ["equivalent to instance 40's"]
+    assert note("close", said) == ("validator close: different from instance 1's; different from instance 2's; "
+                                   "37 more compared; equivalent to instance 40's")
+    assert note("close", said[-3:]) == "validator close: " + "; ".join(said[-3:])

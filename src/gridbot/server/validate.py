@@ -29,6 +29,8 @@ from gridbot.server.service import Service
 
 log = logging.getLogger("gridbot.validate")
 
+NOTE_ENTRIES = 4
+"""Comparisons a result's story names one by one (a broken validator makes each result a group of its own)."""
 KEPT_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "HOME", "TMPDIR", "TZ")
 """The server's environment a validator gets (the rest may hold the pools' credentials)."""
 
@@ -134,7 +136,7 @@ class Validation:
                 else:
                     said.append(f"different from instance {iid}'s")
             if said:
-                out[r.instance_id] = Verdict(found, f"validator {validator.name}: {'; '.join(said)}")
+                out[r.instance_id] = Verdict(found, note(validator.name, said))
         return out
 
     def _stored(self, job_id: int, instance_id: int) -> tuple[str, dict[str, bytes]] | None:
@@ -145,13 +147,23 @@ class Validation:
         return row.stdout_tail or "", self.service.store.outputs_of(instance_id)
 
 
+def note(validator: str, said: list[str]) -> str:
+    """The story's line for one result's comparisons, in order: at most NOTE_ENTRIES, the first ones and the
+    last (which decided), with how many more there were between them."""
+    if len(said) > NOTE_ENTRIES:
+        said = [*said[:NOTE_ENTRIES - 2], f"{len(said) - NOTE_ENTRIES + 1} more compared", said[-1]]
+    return f"validator {validator}: {'; '.join(said)}"
+
+
 class Compared(NamedTuple):
     """A validator's answer on two results."""
 
     same: bool | None
     """True equivalent, False not, None the validator failed."""
     problem: str = ""
-    """How it failed (also logged)."""
+    """How it failed, for the result's story, which the bag's submitter reads: the exit status or the timeout,
+    not what the validator printed (the admin's program may print its own paths or settings; that goes to the
+    server's log only)."""
 
 
 def compare(validator: ValidatorSpec, a: tuple[str, dict[str, bytes]], b: tuple[str, dict[str, bytes]]) -> Compared:
@@ -173,7 +185,7 @@ def compare(validator: ValidatorSpec, a: tuple[str, dict[str, bytes]], b: tuple[
                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         except OSError as e:
             log.error("validator %s could not start: %s", validator.name, e)
-            return Compared(None, f"it could not start: {e.strerror or e}")
+            return Compared(None, "it could not start; the reason is in the server's log")
         try:
             _, err = proc.communicate(timeout=validator.timeout)
         except subprocess.TimeoutExpired:
@@ -188,6 +200,5 @@ def compare(validator: ValidatorSpec, a: tuple[str, dict[str, bytes]], b: tuple[
         tail = err[-400:].decode("utf-8", "replace").strip()
         log.error("validator %s exited with status %s (0: equivalent, 1: different): the two results count as "
                   "different%s", validator.name, proc.returncode, f"; it said: {tail}" if tail else "")
-        last = tail.splitlines()[-1][:200] if tail else ""
-        return Compared(None, f"it exited with status {proc.returncode}" + (f", saying: {last}" if last else ""))
+        return Compared(None, f"it exited with status {proc.returncode}; its message is in the server's log")
 
