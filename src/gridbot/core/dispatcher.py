@@ -318,10 +318,10 @@ class Dispatcher:
 
     def request_work(self, info: HostInfo, want: int, running: Iterable[int], now: float,
                      reports: Sequence[InstanceReport] = (), fetched: tuple[int, float] = (0, 0.0),
-                     votes: Mapping[int, Verdict] | None = None) -> tuple[WorkAnswer, Changes]:
+                     verdicts: Mapping[int, Verdict] | None = None) -> tuple[WorkAnswer, Changes]:
         """A host's exchange: its reports, the instances it still runs, and a request for `want` more; with the
         input bytes it downloaded since its last exchange and the seconds that took (its pool's bandwidth).
-        `votes`: for reported results of quorum jobs whose bag names a validator, what the server's validator
+        `verdicts`: for reported results of quorum jobs whose bag names a validator, what the server's validator
         found: the vote (`JobView.votes`) of the results each is equivalent to (None: a vote of its own), and a
         note for the instance's story.
 
@@ -339,7 +339,7 @@ class Dispatcher:
             pool = self._s.pools.setdefault(info.pool, PoolRecord())
             pool.fetched_bytes += nbytes
             pool.fetch_s += seconds
-        self._report(info.host_id, reports, now, changes, votes)
+        self._report(info.host_id, reports, now, changes, verdicts)
         still = set(running)
         for iid in sorted(host.running - still):
             if same_run and iid in host.unconfirmed:
@@ -374,7 +374,7 @@ class Dispatcher:
         return self._k.seal(changes)
 
     def _report(self, host_id: str, reports: Sequence[InstanceReport], now: float, changes: Changes,
-                votes: Mapping[int, Verdict] | None = None) -> None:
+                verdicts: Mapping[int, Verdict] | None = None) -> None:
         """Apply reports; those of unknown instances are ignored, those of another host's refused.
 
         A report may arrive twice (the host retried after a lost answer): the second is ignored, since
@@ -394,7 +394,7 @@ class Dispatcher:
             elif len(r.reason) > MAX_REASON or len(r.stdout_tail) > MAX_TAIL or len(r.stderr_tail) > MAX_TAIL:
                 r = msgspec.structs.replace(r, reason=r.reason[:MAX_REASON], stdout_tail=r.stdout_tail[-MAX_TAIL:],
                                             stderr_tail=r.stderr_tail[-MAX_TAIL:])
-            self._k.end(inst, r, now, changes, votes.get(r.instance_id) if votes and not problem else None)
+            self._k.end(inst, r, now, changes, verdicts.get(r.instance_id) if verdicts and not problem else None)
 
     def _report_problem(self, inst: Instance, r: InstanceReport) -> str:
         """Why a successful report cannot be kept as it is (too large, or outputs the bag did not declare)."""

@@ -390,11 +390,11 @@ class Server:
         if not pending:
             return await self._decided(req, None)
         async with self.validation.holding(job for job, _ in pending.values()):
-            votes = await self.validation.votes(req, pending)
-            return await self._decided(req, votes)
+            verdicts = await self.validation.verdicts(req, pending)
+            return await self._decided(req, verdicts)
 
-    async def _decided(self, req: ExchangeRequest, votes: dict[int, Verdict] | None) -> ExchangeResponse:
-        resp, changes = self.service.decide(req, time.time(), votes)
+    async def _decided(self, req: ExchangeRequest, verdicts: dict[int, Verdict] | None) -> ExchangeResponse:
+        resp, changes = self.service.decide(req, time.time(), verdicts)
         self._check_work()
         if time.monotonic() < self.service.solo_until:
             self.service.commit(changes)  # after a failed batch: alone, so a bad exchange fails alone

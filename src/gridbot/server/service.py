@@ -367,14 +367,14 @@ class Service:
         return resp
 
     def decide(self, req: ExchangeRequest, now: float,
-               votes: Mapping[int, Verdict] | None = None) -> tuple[ExchangeResponse, Changes]:
+               verdicts: Mapping[int, Verdict] | None = None) -> tuple[ExchangeResponse, Changes]:
         """A worker's round trip without the commit: the answer may be sent only once `changes` are
-        durable (through `stage` and `flush`, or `commit`). `votes`: the validators' say on its reported
+        durable (through `stage` and `flush`, or `commit`). `verdicts`: the validators' say on its reported
         results of quorum jobs (server/validate.py)."""
         self.ready()
         self.feed()
         answer, changes = self.dispatcher.request_work(req.host, max(0, req.want), req.running, now, req.reports,
-                                                       req.fetched, votes)
+                                                       req.fetched, verdicts)
         cfg = self.config.dispatch
         return ExchangeResponse(answer.assignments, answer.cancel, answer.backoff, heartbeat=self.config.heartbeat,
                                 max_result_bytes=cfg.max_result_bytes), changes

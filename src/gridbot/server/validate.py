@@ -94,7 +94,8 @@ class Validation:
                 if not count[0]:
                     del self._locks[job_id]
 
-    async def votes(self, req: ExchangeRequest, pending: dict[int, tuple[int, ValidatorSpec]]) -> dict[int, Verdict]:
+    async def verdicts(self, req: ExchangeRequest,
+                       pending: dict[int, tuple[int, ValidatorSpec]]) -> dict[int, Verdict]:
         """For each pending result compared, the vote of the first group of its job's results it is equivalent to
         (None: none), and what each comparison said, for its story."""
         out: dict[int, Verdict] = {}
