@@ -73,10 +73,12 @@ class App:
     # -- requests -------------------------------------------------------------------------------------
 
     def call(self, method: str, path: str, body: bytes | None = None, token: str | None = None,
-             content_type: str = MSGPACK, params: dict[str, str] | None = None) -> Reply:
-        """One request as `token` (the submitter's key by default); the answer as it came."""
+             content_type: str = MSGPACK, params: dict[str, str] | None = None,
+             headers: dict[str, str] | None = None) -> Reply:
+        """One request as `token` (the submitter's key by default), with `headers` besides; the answer as it
+        came."""
         headers = {"Authorization": f"Bearer {token or self.access.submitter}", "Content-Type": content_type,
-                   "Accept": "application/json"}
+                   "Accept": "application/json", **(headers or {})}
 
         async def go() -> Reply:
             async with self.client.request(method, path, data=body, headers=headers, params=params,

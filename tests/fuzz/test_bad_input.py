@@ -195,6 +195,40 @@ def test_json_that_is_not_json_is_a_400(app):
         refused(app, "POST", "/v1/bags/sweep/policy", body, content_type="application/json")
 
 
+def test_a_body_nested_too_deeply_is_a_400_on_every_route_that_reads_one(app, caplog):
+    """Found by the API review of 2026-11-27: a body of 2 KB nesting 1,000 lists made msgspec raise
+    RecursionError, answered 500 with a traceback in the log."""
+    assert app.submit(SWEEP).status == 201
+    deep_json = b'{"name": "Rank", "text": "1", "x": ' + b"[" * 1000 + b"]" * 1000 + b"}"
+    assert "nested too deeply" in refused(app, "POST", "/v1/bags/sweep/policy", deep_json,
+                                          content_type="application/json")
+    deep_msgpack = b"\x82\xa4spec\x81\xa4name\xa2zz\xa1x" + b"\x91" * 2000 + b"\xc0"
+    assert "nested too deeply" in refused(app, "POST", "/v1/bags", deep_msgpack)
+    for path, token in (("/v1/exchange", app.credential), ("/v1/register", app.access.workers["local"])):
+        assert "nested too deeply" in refused(app, "POST", path, b"\x81\xa1x" + b"\x91" * 2000 + b"\xc0",
+                                              token=token)
+    assert "internal error" not in caplog.text
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_a_body_that_does_not_decompress_is_a_400(app, caplog, encoding):
+    """Found by the API review of 2026-11-27: garbage under `Content-Encoding: gzip` made aiohttp raise
+    while the handler read the body, answered 500 with a traceback (br and zstd were already 400s)."""
+    assert app.submit(SWEEP).status == 201
+    message = refused(app, "POST", "/v1/bags", b"garbage", headers={"Content-Encoding": encoding})
+    assert "the body cannot be read" in message and "Content-Encoding" in message
+    refused(app, "POST", "/v1/bags/sweep/policy", b"garbage", content_type="application/json",
+            headers={"Content-Encoding": encoding})
+    assert "internal error" not in caplog.text
+    import gzip
+    import zlib
+
+    body = msgspec.json.encode({"name": "Rank", "text": "2"})
+    packed = gzip.compress(body) if encoding == "gzip" else zlib.compress(body)
+    assert app.call("POST", "/v1/bags/sweep/policy", packed, content_type="application/json",
+                    headers={"Content-Encoding": encoding}).status == 200  # a good one still reads
+
+
 def test_a_bad_deadline_or_budget_change_is_a_400_naming_the_fix(app):
     """Issue 16's `gridbot qos` route: bad values are refused with a message that says what to give, and the
     bag's stored spec does not change (`refused` compares the store before and after)."""

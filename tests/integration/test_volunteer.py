@@ -150,8 +150,8 @@ def project(tmp_path_factory):
         p.stop()
 
 
-def _post(url: str, body: bytes) -> tuple[int, str]:
-    req = urllib.request.Request(url, body, {"Content-Type": "application/octet-stream"})
+def _post(url: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    req = urllib.request.Request(url, body, {"Content-Type": "application/octet-stream", **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=20) as r:
             return r.status, r.read().decode(errors="replace")
@@ -251,6 +251,11 @@ def test_bad_scheduler_requests_get_a_clear_answer(project):
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(project.url + "download/0000/gridbot_wrapper_102.sh", timeout=10)
     assert refused.value.code == 404
+    for route in ("scheduler", "file_upload_handler"):  # found by review: a 500 and a traceback, without a key
+        for encoding in ("gzip", "deflate"):
+            status, body = _post(project.url + route, b"garbage", {"Content-Encoding": encoding})
+            assert status == 400 and "the body cannot be read" in body, (route, encoding, status, body)
+    assert "internal error" not in project.logs()
 
 
 def _tasks(client: BoincClient) -> dict[str, str]:

@@ -18,6 +18,8 @@ from typing import Any, TypeVar
 
 import msgspec
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from gridbot.errors import GridbotError, ServerUnavailable
 from gridbot.model.pacing import server_hold
@@ -81,6 +83,19 @@ def _decode(decoder: msgspec.msgpack.Decoder[T] | msgspec.json.Decoder[T], body:
         raise BadRequest(f"a string of the request is not valid UTF-8 ({e.reason} at byte {e.start} of it)") from None
     except (ValueError, OverflowError) as e:
         raise BadRequest(f"a value of the request cannot be read: {e}") from None
+    except RecursionError:
+        raise BadRequest("the body is nested too deeply to read: no message of gridbot's nests more than a few "
+                         "levels") from None
+
+
+def unreadable_body(e: Exception) -> str:
+    """Why a request's body could not be read, for the client (aiohttp's words, then what to do)."""
+    cause = e.__cause__ if isinstance(e, RequestPayloadError) and e.__cause__ is not None else e
+    what = getattr(cause, "message", "") or str(cause) or type(cause).__name__
+    return (f"the body cannot be read ({what[:200]}): send it as it is, or compressed exactly as its "
+            "Content-Encoding header says")
+
+
 _mp = msgspec.msgpack.Encoder()
 _js = msgspec.json.Encoder()
 
@@ -205,6 +220,8 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _error(request, 409, str(e), "conflict")
     except BadRequest as e:  # (a body the decoder refuses is one, in `_decode`; msgspec's errors elsewhere are ours)
         return _error(request, 400, f"bad request: {e}", "bad_request")
+    except (RequestPayloadError, HttpProcessingError) as e:  # a body aiohttp cannot read: a bad gzip, a cut chunk
+        return _error(request, 400, f"bad request: {unreadable_body(e)}", "bad_request")
     except ServerUnavailable as e:
         response = _error(request, 503, str(e), "unavailable")
         response.headers["Retry-After"] = "2"

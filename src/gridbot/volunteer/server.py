@@ -31,6 +31,8 @@ from xml.sax.saxutils import escape
 
 import msgspec
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from gridbot.core.view import DispatchView
 from gridbot.errors import GridbotError, ServerUnavailable
@@ -45,7 +47,7 @@ from gridbot.model.volunteer import (
     volunteer_prefetch,
 )
 from gridbot.protocol import ExchangeRequest, ExchangeResponse
-from gridbot.server.app import Server
+from gridbot.server.app import Server, unreadable_body
 from gridbot.volunteer.accounts import ACCOUNTS_NAME, HOSTS_NAME, AccountBook, AccountError, Hosts
 from gridbot.volunteer.jobs import (
     JOB_META,
@@ -127,6 +129,8 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return await handler(request)
     except web.HTTPException:
         raise
+    except (RequestPayloadError, HttpProcessingError) as e:  # a body aiohttp cannot read: a bad gzip, a cut chunk
+        return web.Response(status=400, text=unreadable_body(e))
     except Exception:
         log.exception("volunteer side: internal error on %s %s", request.method, request.path[:200])
         return web.Response(status=500, text="internal server error; the server log has the details")
