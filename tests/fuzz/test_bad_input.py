@@ -276,6 +276,30 @@ def test_a_bad_query_parameter_is_a_400(app, query):
     assert key in message
 
 
+def test_only_a_walk_to_the_end_of_the_results_counts_as_downloading_them(app):
+    """Found by the API review of 2026-11-27: an empty page, asked with `limit=0` or from beyond the last
+    job, marked the bag's results downloaded, and a plain `gridbot delete` then destroyed results nobody
+    had read."""
+    assert app.submit(BagSpec("small", "echo {x}", [Parameter("x", start="1", stop="3", step="1")])).status == 201
+    held = [a.instance_id for a in app.exchange(3, []).assignments]
+    while held:
+        reports = [{"instance_id": i, "outcome": "success", "exit_code": 0} for i in held]
+        held = [a.instance_id for a in app.exchange(3, [], reports).assignments]
+    row = app.service.store.bag("small")
+    assert row is not None and row.state.value == "completed", row
+    assert "limit='0'" in refused(app, "GET", "/v1/bags/small/results", params={"limit": "0"})
+    assert app.call("GET", "/v1/bags/small/results", params={"after": str(2**62)}).body == b"[]"
+    assert app.call("GET", "/v1/bags/small/results", params={"after": str(10**6)}).body == b"[]"
+    assert app.service.store.bag("small").downloaded_at is None
+    assert app.call("DELETE", "/v1/bags/small").status == 409, "the results were never read"
+    page = msgspec.json.decode(app.call("GET", "/v1/bags/small/results").body)
+    assert len(page) == 3
+    last = page[-1]["job"]["job_id"]
+    assert app.call("GET", "/v1/bags/small/results", params={"after": str(last)}).body == b"[]"
+    assert app.service.store.bag("small").downloaded_at is not None
+    assert app.call("DELETE", "/v1/bags/small").status == 200
+
+
 def test_a_route_that_does_not_exist_answers_json(app):
     reply = app.call("GET", "/v1/bags/")
     assert reply.status == 404 and "no such route" in reply.message

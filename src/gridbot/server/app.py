@@ -562,12 +562,12 @@ class Server:
         q = request.query
         state = job_state(q.get("state"))
         return _reply(request, self.service.jobs(self._bag(request), state,
-                                                 _int(q, "limit", 1000, MAX_PAGE), _int(q, "after", 0)))
+                                                 _int(q, "limit", 1000, MAX_PAGE, least=1), _int(q, "after", 0)))
 
     async def results(self, request: web.Request) -> web.Response:
         q = request.query
         return _reply(request, self.service.results(self._bag(request), _int(q, "after", 0),
-                                                    _int(q, "limit", 200, MAX_RESULTS_PAGE), time.time()))
+                                                    _int(q, "limit", 200, MAX_RESULTS_PAGE, least=1), time.time()))
 
     async def input_file(self, request: web.Request) -> web.Response:
         """An input file of a bag: to its owner (or an admin), or to a host that holds one of its instances."""
@@ -604,13 +604,13 @@ MAX_RESULTS_PAGE = 1_000
 """Most results one request returns (each may carry outputs up to the result size limit)."""
 
 
-def _int(query: Any, key: str, default: int, cap: int | None = None) -> int:
+def _int(query: Any, key: str, default: int, cap: int | None = None, least: int = 0) -> int:
     raw = query.get(key)
     if raw is None:
         return default
     value = whole_number(raw)
-    if value is None:
-        raise BadRequest(f"query parameter {key}={raw[:40]!r} is not a whole number from 0 to {2**63 - 1}")
+    if value is None or value < least:
+        raise BadRequest(f"query parameter {key}={raw[:40]!r} is not a whole number from {least} to {2**63 - 1}")
     return min(value, cap) if cap is not None else value
 
 

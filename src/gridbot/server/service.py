@@ -897,7 +897,9 @@ class Service:
     def results(self, row: BagRow, after: int, limit: int, now: float | None = None) -> list[ResultInfo]:
         """A page of ended jobs with their results, cut short once it holds more than twice the largest
         result (the client asks for the next page after the last job it got). The empty page after the
-        last of an ended bag marks its results as downloaded (`BagRow.downloaded_at`)."""
+        last of an ended bag marks its results as downloaded (`BagRow.downloaded_at`): the page after one of its
+        ended jobs, or from the start of a bag with none; not a page asked from beyond them, which only skipped
+        them (`gridbot delete` would then lose results nobody read)."""
         out: list[ResultInfo] = []
         size, budget = 0, 2 * self.config.dispatch.max_result_bytes
         specs = self._specs(row)
@@ -912,9 +914,15 @@ class Service:
                 inst.exit_code if inst else None, inst.wall_s if inst else None, inst.cpu_s if inst else None,
                 inst.host_id if inst else None, (inst.stdout_tail or "") if inst else "",
                 (inst.stderr_tail or "") if inst else "", r.outputs))
-        if not out and now is not None and row.state in BAG_TERMINAL and row.downloaded_at is None:
+        if not out and now is not None and row.state in BAG_TERMINAL and row.downloaded_at is None and (
+                after == 0 or self._ended_job(row.bag_id, after)):
             self.store.mark_downloaded(row.bag_id, now)
         return out
+
+    def _ended_job(self, bag_id: int, job_id: int) -> bool:
+        """Whether `job_id` is an ended job (done or failed) of the bag."""
+        first = self.store.jobs(bag_id, None, 1, job_id - 1)
+        return bool(first) and first[0].job_id == job_id and first[0].state in (JobState.DONE, JobState.FAILED)
 
     # -- read-only accessors for /metrics (gridbot.server.metrics) -------------------------------------
 
