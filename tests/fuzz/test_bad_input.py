@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -160,6 +162,23 @@ def test_a_spec_the_command_line_would_refuse_is_refused_by_the_server(app, spec
 def test_bag_names_are_checked_by_the_server(app, name):
     message = submit_refused(app, msgspec.structs.replace(SWEEP, name=name))
     assert "is not allowed" in message and "use 1-64 letters" in message and len(message) < 500
+
+
+@pytest.mark.parametrize("name", ["5", "0042"])
+def test_a_bag_name_of_digits_only_is_refused_everywhere(app, tmp_path, name):
+    """Found by the API review of 2026-11-27: a bag named "5" was accepted, could never be reached by its name,
+    and `DELETE /v1/bags/5` deleted the bag whose id is 5."""
+    assert app.submit(SWEEP).status == 201
+    message = submit_refused(app, msgspec.structs.replace(SWEEP, name=name))
+    assert "only of digits" in message and f"run-{name}" in message
+    with pytest.raises(SpecError, match="only of digits"):
+        parse_spec(f'name = "{name}"\ncommand = "true"\n', "sweep.toml", "sweep")
+    lines = tmp_path / f"{name}.txt"
+    lines.write_text("true\n")
+    proc = subprocess.run([sys.executable, "-m", "gridbot", "run", "--each-line", str(lines)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "only of digits" in proc.stderr and "--name" in proc.stderr, proc
+    assert "Traceback" not in proc.stderr
 
 
 def test_a_spec_and_its_toml_are_refused_with_the_same_words(app):

@@ -876,7 +876,11 @@ def _decimal(text: str) -> Decimal | None:
 
 
 def name_issue(name: str) -> Issue | None:
-    """Why `name` cannot name a bag (it names its results folder, and appears in URLs), or None."""
+    """Why `name` cannot name a bag (it names its results folder, and appears in URLs), or None. A name of
+    digits only would be read as a bag id wherever a bag is named (`gridbot status 5`, /v1/bags/5)."""
+    if NAME_RE.match(name) and name.isdigit():
+        return (f"bag name {_show(name)} is made only of digits, which would be read as a bag's id",
+                f"add a letter, e.g. 'run-{name[:59]}' (with --name where the name comes from a file's name)")
     if NAME_RE.match(name):
         return None
     return (f"bag name {_show(name)} is not allowed",
