@@ -313,6 +313,28 @@ def test_deleting_a_bag_removes_everything_of_it(store):
 
 
 
+@pytest.mark.parametrize("kind", ["sweep", "lines"])
+def test_no_id_of_a_deleted_bag_is_given_again_even_after_a_restart(store, kind):
+    """Found by the API review of 2026-11-27: SQLite gave a new bag the id of the newest one deleted (the highest
+    id + 1), and a worker's input cache, keyed by bag id, fed the new bag's jobs the deleted bag's input;
+    job ids came back the same way, and a restarted server numbered instances from the highest one stored."""
+    keep = store.create_bag(each_line_spec("keep"), ["true"], {}, 0.0)
+    gone = store.create_bag(SPEC, None, {"in": b"secret"}, 1.0)
+    _, answer = drive(store, 4, 2.0)
+    assert answer.assignments
+    gone_jobs = [j.job_id for j in store.jobs(gone.bag_id)]
+    gone_instances = [a.instance_id for a in answer.assignments]
+    store.delete_bag(gone.bag_id)
+    for s in (store, _reopened(store)):
+        spec = SPEC if kind == "sweep" else each_line_spec(f"new-{kind}")
+        new = s.create_bag(spec, None if kind == "sweep" else ["a", "b"], {"in": b"mine"}, 3.0)
+        assert new.bag_id > gone.bag_id > keep.bag_id
+        assert min(j.job_id for j in s.jobs(new.bag_id)) > max(gone_jobs)
+        assert s.snapshot().next_instance_id > max(gone_instances)
+        assert s.input_file(new.bag_id, "in") == b"mine"
+        s.delete_bag(new.bag_id)
+
+
 def test_a_job_with_an_overdue_and_a_running_instance_is_restored_running(store):
     """A job lost once (its first instance overdue) and sent again must come back running after a restart;
     it came back queued from the SQL stores, and the feeder could send it a third time (issue 12)."""

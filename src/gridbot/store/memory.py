@@ -71,6 +71,8 @@ class _Data:
     pilots: list[PilotRow] = field(default_factory=list)
     live_pilots: dict[tuple[str, str], int] = field(default_factory=dict)
     """Where each live pilot is in `pilots`, by pool and native id."""
+    floors: dict[str, int] = field(default_factory=lambda: {"bags": 0, "jobs": 0, "instances": 0})
+    """The highest bag, job and instance ids deleted bags had: no id is given twice (as `id_floors`)."""
 
 
 class MemoryStore(Store):
@@ -86,12 +88,12 @@ class MemoryStore(Store):
                    owner: str = "") -> BagRow:
         if any(b.name == spec.name for b in self.d.bags.values()):
             raise BagExists(f"a bag named '{spec.name}' exists already")
-        bag_id = max(self.d.bags, default=0) + 1
+        bag_id = max(max(self.d.bags, default=0), self.d.floors["bags"]) + 1
         total = len(lines) if lines is not None else spec.sweep_size
         row = BagRow(bag_id, spec.name, spec, spec_hash(spec, lines, inputs), BagState.ACTIVE,
                      BagCounts(queued=total), total, now, None, owner)
         self.d.bags[bag_id] = row
-        first = max(self.d.jobs, default=0) + 1
+        first = max(max(self.d.jobs, default=0), self.d.floors["jobs"]) + 1
         ids = list(range(first, first + total))
         self.d.job_ids[bag_id] = ids
         for i, job_id in enumerate(ids):
@@ -127,6 +129,10 @@ class MemoryStore(Store):
 
     def delete_bag(self, bag_id: int) -> None:
         d = self.d
+        jobs = d.job_ids.get(bag_id, [])
+        for name, top in (("bags", bag_id), ("jobs", max(jobs, default=0)),
+                          ("instances", max((i for j in jobs for i in d.by_job.get(j, [])), default=0))):
+            d.floors[name] = max(d.floors[name], top)
         for job_id in d.job_ids.pop(bag_id, []):
             del d.jobs[job_id]
             d.decisions.pop(job_id, None)
@@ -210,8 +216,9 @@ class MemoryStore(Store):
                 votes.append(VoteRow(iid, job.job_id, inst.bag_id, inst.row.host_id, inst.row.sent_at,
                                      inst.row.ended_at or 0.0, inst.row.cpu_s or 0.0, inst.vote, job.index, job.line,
                                      job.state, job.failures, job.attempts))
-        return Snapshot(bags, live, list(self.d.hosts.values()), max(self.d.instances, default=0) + 1,
-                        max(self.d.events, default=0) + 1, usage, history, votes)
+        next_instance = max(max(self.d.instances, default=0), self.d.floors["instances"]) + 1
+        return Snapshot(bags, live, list(self.d.hosts.values()), next_instance, max(self.d.events, default=0) + 1,
+                        usage, history, votes)
 
     def queued_jobs(self, bag_id: int, after: int, limit: int) -> list[QueuedJob]:
         ids = self.d.job_ids.get(bag_id, [])

@@ -174,6 +174,18 @@ CREATE INDEX instances_votes ON instances (job_id) WHERE vote IS NOT NULL;
 ALTER TABLE hosts ADD COLUMN account TEXT NOT NULL DEFAULT '';
 """,
     ),
+    (
+        9,
+        """
+CREATE TABLE id_floors (
+    name TEXT PRIMARY KEY,
+    floor BIGINT NOT NULL
+);
+INSERT INTO id_floors (name, floor) VALUES ('bags', 0);
+INSERT INTO id_floors (name, floor) VALUES ('jobs', 0);
+INSERT INTO id_floors (name, floor) VALUES ('instances', 0);
+""",
+    ),
 ]
 """Version 3: a job's state was in an index, so each of its moves (queued, running, done) rewrote an index
 entry; now only entering or leaving 'queued' (the feeder's query) or 'failed' (the listing people ask
@@ -192,6 +204,9 @@ with none are pruned. Indexes of the instances by their event columns would have
 price of two index entries per instance (about a tenth more time per batch on SQLite). Version 8 (issue 19):
 the results of quorum jobs waiting for their quorum, as the digest the quorum compares, so that a restart
 keeps the votes already in; only those rows are in the index, and a job retried or revised forgets them; and
-each host's account (a volunteer's), so that a restored vote is still its account's."""
+each host's account (a volunteer's), so that a restored vote is still its account's. Version 9: the highest
+bag, job and instance ids that deleted bags had, so that no id is given twice: SQLite gives a new row the
+highest id + 1, and a restarted server numbers instances from the highest stored, both of which fell back to
+a deleted bag's ids (a worker's input cache, keyed by bag id, then fed a new bag the deleted one's inputs)."""
 
 LATEST = MIGRATIONS[-1][0]
