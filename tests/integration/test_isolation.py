@@ -219,6 +219,22 @@ def test_a_job_cannot_change_another_bags_cached_input(cluster, tmp_path):
     assert cached.read_text() == "original\n" and cached.stat().st_mode & 0o777 == 0o444
 
 
+def test_inputs_named_with_what_a_url_must_escape_reach_the_job(cluster, tmp_path):
+    """Found by the API review of 2026-11-27: the worker put an input's name into the download's URL as it was,
+    so a name with `?`, `#` or `%` was cut or misread and every job of the bag failed to stage it (404)."""
+    names = ["a?b.txt", "c#d.txt", "e%41.txt", "sp ace.txt"]
+    for n, name in enumerate(names):
+        (tmp_path / name).write_text(f"{n}\n")
+    cluster.start_server()
+    cluster.start_worker("--slots", "1")
+    listed = ", ".join(f'"{name}"' for name in names)
+    submit(cluster, tmp_path, "odd", f'command = "cat a?b.txt c#d.txt e%41.txt \'sp ace.txt\' > seen.txt"\n'
+                                     f'inputs = [{listed}]\noutputs = ["seen.txt"]\nmax_failures = 1\n')
+    assert cluster.wait_bag("odd").state == "completed", only_job(cluster, "odd")["reason"]
+    with cluster.client() as c:
+        assert [r.outputs["seen.txt"] for r in c.results("odd")] == [b"0\n1\n2\n3\n"]
+
+
 def test_a_root_worker_needs_run_as_or_allow_root(tmp_path):
     with pytest.raises(UsageError, match=r"give --run-as USER .* or --allow-root"):
         resolve_user(None, False, euid=0)

@@ -22,6 +22,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 import aiohttp
 import msgspec
@@ -609,7 +610,7 @@ class Worker:
         """Fetch an input from the server into the cache, which keeps it by content (worker/inputs.py)."""
         assert self._session is not None
         started = time.monotonic()
-        async with self._session.get(f"{self.config.server}/v1/bags/{bag_id}/inputs/{name}",
+        async with self._session.get(f"{self.config.server}/v1/bags/{bag_id}/inputs/{quote(name, safe='')}",
                                      headers=self._headers()) as r:
             if r.status != 200:
                 self.inputs.pop(key, None)
