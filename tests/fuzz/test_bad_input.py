@@ -84,6 +84,23 @@ def test_a_constant_concurrency_below_one_is_refused_in_a_spec_and_live(app, tex
     assert "Concurrency" in message and "at least 1" in message
 
 
+@pytest.mark.parametrize(("name", "text", "fix"), [
+    ("Deadline", "1e309", "above 0"), ("Deadline", "-1", "above 0"), ("Deadline", "0", "above 0"),
+    ("Rank", "1e309", "finite"), ("Rank", "-1e309", "finite"), ("Deadline", "real(\"nan\")", "above 0")])
+def test_a_constant_rank_or_deadline_the_server_would_ignore_is_refused(app, name, text, fix):
+    """Found by the API review of 2026-11-27: `Deadline = 1e309` or `-1` and `Rank = 1e309` were accepted, and
+    every decision then counted the default instead, said only in the bag's diagnostics."""
+    message = submit_refused(app, msgspec.structs.replace(SWEEP, policy={name: text}))
+    assert name in message and "on every host" in message and fix in message, message
+    assert app.submit(SWEEP).status == 201
+    message = refused(app, "POST", "/v1/bags/sweep/policy", json.dumps({"name": name, "text": text}).encode(),
+                      content_type="application/json")
+    assert name in message and fix in message
+    ok = {"Deadline": "600", "Rank": "-5"}[name]
+    assert app.call("POST", "/v1/bags/sweep/policy", json.dumps({"name": name, "text": ok}).encode(),
+                    content_type="application/json").status == 200, "a sensible constant still goes"
+
+
 def test_the_command_line_refuses_it_with_the_same_code(tmp_path):
     with pytest.raises(PolicyError, match="on every host"):
         validate_policies({"Concurrency": "-5"}, 3600.0)

@@ -292,6 +292,17 @@ def validate_policies(written: Mapping[str, str], default_deadline: float,
             raise PolicyError("Concurrency", text, f"is {value:g} on every host, so no host may hold an instance of "
                               "the bag and it would never run", "write a number of at least 1, or an expression of "
                               "the host's attributes such as Host.Slots")
+    for name, least, fix in (("Rank", -math.inf, "write a finite number, or an expression of the host's attributes"),
+                             ("Deadline", 0.0, "write a number of seconds above 0, e.g. 3600, or leave it out for the "
+                                              "bag's instance_deadline")):
+        text = policies.texts[name]
+        if references(text):
+            continue
+        value = policies.exprs[name].eval(representative_context())
+        if isinstance(value, int | float) and not isinstance(value, bool) and not (
+                math.isfinite(value) and value > least):
+            raise PolicyError(name, text, f"is {value:g} on every host, which the server would ignore (it counts "
+                              "the default instead, and says so only in the bag's diagnostics)", fix)
     return policies
 
 
