@@ -192,8 +192,9 @@ def test_mistakes_that_ran_without_a_word_are_refused():
     negative spread was drawn as a positive one."""
     base = '[pools.p]\nsize = 5\n{pool}[bags.b]\njobs = 1\nruntime = {runtime}\n{policy}'
     for pool, runtime, policy, line, words in (
-        ("", "1", '[bags.b.policy]\nDeadline = "-5"\n', 7, "Deadline = '-5' is not a positive number"),
-        ("", "1", '[bags.b.policy]\nDeadline = "0"\n', 7, "not a positive number of seconds"),
+        ("", "1", '[bags.b.policy]\nDeadline = "-5"\n', 7, "Deadline = '-5': is -5 on every host"),
+        ("", "1", '[bags.b.policy]\nDeadline = "0"\n', 7, "above 0"),
+        ("", "1", '[bags.b.policy]\nDeadline = "undefined"\n', 7, "is UNDEFINED on every host"),
         ("", '{ dist = "lognormal", mu = 5, sigma = -1 }', "", 5, "sigma is a spread and cannot be negative"),
         ('speed = { dist = "normal", mean = 1, sd = -0.2 }\n', "1", "", 3, "sd is a spread and cannot be negative"),
     ):

@@ -103,6 +103,20 @@ def test_a_number_out_of_range_counts_as_the_default_and_leaves_a_diagnostic(pol
     assert message.startswith(f"{policy} evaluated to not a ") and "(last on host h1)" in message
 
 
+@pytest.mark.parametrize("policy", ["Concurrency", "Deadline", "Rank"])
+@pytest.mark.parametrize("value", ["undefined", "error"])
+def test_undefined_or_error_on_a_host_counts_as_the_default_not_as_its_enum_number(policy, value):
+    """Found in the review of 2026-11-27: the evaluator took UNDEFINED (an IntEnum of 2) for the number 2, so
+    `Deadline = Host.Memory > 4000 ? 7200 : undefined` gave instances on smaller hosts 2 seconds before they
+    were counted lost, and an UNDEFINED Rank ranked the bag 2."""
+    b = bag({policy: f'Host.Name == "h1" ? {value} : 5'})
+    d, plain = b.decide(host(Name="h1", Slots=4)), bag({}).decide(host(Name="h1", Slots=4))
+    assert d.matches and d.deadline == 3600.0 and d.rank == 0.0
+    assert d.concurrency == (1 if policy == "Concurrency" else plain.concurrency)
+    [message] = b.messages()
+    assert f"{policy} evaluated to {value.upper()}" in message and "(last on host h1)" in message
+
+
 def test_policies_may_name_each_other_and_bag_attributes_bare():
     b = bag({"Concurrency": "JobsLeft > 5 ? 4 : 1", "Deadline": "Concurrency * 10"})
     d = b.decide(host())

@@ -160,7 +160,7 @@ class BagPolicies:
 
     def _number(self, name: str, host: HostAd | None, default: float) -> float:
         value = self._eval(name, host)
-        if isinstance(value, bool) or not isinstance(value, int | float):
+        if isinstance(value, bool | Value) or not isinstance(value, int | float):  # (Value is an IntEnum)
             if not isinstance(value, Value):
                 self._note(name, f"not a number: {value!r}", host)
             return default

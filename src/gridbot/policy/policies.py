@@ -38,7 +38,8 @@ POLICIES: dict[str, PolicyDef] = {p.name: p for p in (
               "May this host run a job of the bag? Default: any host that is not a black hole."),
     PolicyDef("Rank", "0", float,
               "Priority of the bag on this host; the highest-ranked matching bag is served first. Default 0 "
-              "(equal ranks: oldest bag first)."),
+              "(equal ranks: oldest bag first). Where it is not a finite number (UNDEFINED included), the default "
+              "counts and the bag's diagnostics say so; such a constant is refused."),
     PolicyDef("Concurrency", "Host.Slots + (Host.Prefetch > Host.Slots ? Host.Prefetch : Host.Slots)", int,
               "Most slots a host's instances may hold at once (running and prefetched; a job of a bag with "
               "`cpus = 4` holds four, any other one); the value of the "
@@ -48,7 +49,8 @@ POLICIES: dict[str, PolicyDef] = {p.name: p for p in (
               "diagnostics say so) and bounds no other bag; a constant below 1 is refused."),
     PolicyDef("Deadline", "", float,
               "Seconds an instance may take before it is counted as lost and its job re-queued. Default: the "
-              "bag's instance_deadline."),
+              "bag's instance_deadline. Where it is not a positive finite number (UNDEFINED included), the "
+              "default counts and the bag's diagnostics say so; such a constant is refused."),
     PolicyDef("ReplicationRequirements",
               "Tail && NumberOfReplicas < 2 && Bag.MeanRunTime > 0 && Job.Replica1.RunTime > 2 * Bag.MeanRunTime",
               bool,
@@ -288,7 +290,7 @@ def validate_policies(written: Mapping[str, str], default_deadline: float,
     text = policies.texts["Concurrency"]
     if not references(text):
         value = policies.exprs["Concurrency"].eval(representative_context())
-        if isinstance(value, int | float) and not isinstance(value, bool) and not (math.isfinite(value) and value >= 1):
+        if is_number(value) and not (math.isfinite(value) and value >= 1):
             raise PolicyError("Concurrency", text, f"is {value:g} on every host, so no host may hold an instance of "
                               "the bag and it would never run", "write a number of at least 1, or an expression of "
                               "the host's attributes such as Host.Slots")
@@ -298,12 +300,22 @@ def validate_policies(written: Mapping[str, str], default_deadline: float,
         text = policies.texts[name]
         if references(text):
             continue
-        value = policies.exprs[name].eval(representative_context())
-        if isinstance(value, int | float) and not isinstance(value, bool) and not (
-                math.isfinite(value) and value > least):
-            raise PolicyError(name, text, f"is {value:g} on every host, which the server would ignore (it counts "
+        try:
+            value = policies.exprs[name].eval(representative_context())
+        except ClassAdException:
+            value = Value.Error
+        number = is_number(value)
+        if not number or not (math.isfinite(value) and value > least):
+            shown = f"{value:g}" if number else "UNDEFINED" if value is Value.Undefined else "ERROR"
+            raise PolicyError(name, text, f"is {shown} on every host, which the server would ignore (it counts "
                               "the default instead, and says so only in the bag's diagnostics)", fix)
     return policies
+
+
+def is_number(value: object) -> bool:
+    """Whether an expression's value is a number: not a boolean, nor UNDEFINED or ERROR (`Value` is an IntEnum,
+    so they are ints to isinstance: an UNDEFINED Deadline was counted as 2 seconds)."""
+    return isinstance(value, int | float) and not isinstance(value, bool | Value)
 
 
 def references(text: str) -> list[str]:

@@ -35,7 +35,7 @@ from gridbot.model.spec import (
     with_qos_placement,
 )
 from gridbot.model.volunteer import DEFAULT_RPC_DELAY, DEFAULT_RUNTIME
-from gridbot.policy.policies import PolicyError, PolicySet, references, representative_context, validate_policies
+from gridbot.policy.policies import PolicyError, validate_policies
 from gridbot.schedulers import registry
 from gridbot.schedulers.base import StrategyError
 from gridbot.sim import traces
@@ -427,20 +427,14 @@ class _Reader:
         return tuple(out)
 
     def policies(self, written: dict[str, str], deadline: float, path: tuple[str, ...], what: str) -> bool:
-        """Validate a bag's policies as a submitted spec's are, and refuse a constant Deadline that is not a
-        positive number of seconds: the dispatcher would give every instance the bag's instance_deadline
-        instead, saying so only in the bag's diagnostics (issue 14: `Deadline = "-5"` ran as 1 day)."""
+        """Validate a bag's policies as a submitted spec's are (which refuses a constant Deadline that is not a
+        positive number of seconds: issue 14's `Deadline = "-5"` ran as 1 day)."""
         try:
-            compiled = validate_policies(written, deadline)
+            validate_policies(written, deadline)
         except PolicyError as e:
             self.fail((*path, "policy", e.policy), f"{what}: {e}")
             return False
-        problem = _constant_deadline_problem(compiled)
-        if problem:
-            self.fail((*path, "policy", "Deadline"), f"{what}: {problem}",
-                      'write a positive number of seconds, like Deadline = "7200", or leave Deadline out to use '
-                      "instance_deadline")
-        return not problem
+        return True
 
     def bag(self, name: str, t: object) -> list[BagModel]:
         path = ("bags", name)
@@ -586,18 +580,6 @@ class _Reader:
                   "ends (wherever other hosts are free to take the copies)",
                   f'raise instance_deadline above the longest run (instance_deadline = '
                   f'"{math.ceil(longest / 86400)}d"), or leave the long jobs out (queue = [...], user = [...])')
-
-
-def _constant_deadline_problem(policies: PolicySet) -> str:
-    """Why a Deadline policy that reads no attribute is wrong on every host ("" if it is not)."""
-    text = policies.texts["Deadline"]
-    if references(text):
-        return ""
-    value = policies.exprs["Deadline"].eval(representative_context())
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
-        return ""
-    return (f"policy Deadline = {text!r} is not a positive number of seconds, so the bag's instance_deadline "
-            "would be used for every instance instead")
 
 
 def _swf_filter(key: str) -> Callable[[Any], traces.SwfFilter]:
