@@ -265,6 +265,18 @@ def test_a_body_that_does_not_decompress_is_a_400(app, caplog, encoding):
                     headers={"Content-Encoding": encoding}).status == 200  # a good one still reads
 
 
+@pytest.mark.parametrize(("at", "needle"), [(1.0, "has passed"), (time.time() - 60, "has passed"),
+                                            (-1e300, "from 1970"), (1e300, "from 1970"), (0.0, "from 1970")])
+def test_a_bag_deadline_already_past_or_out_of_time_is_refused_at_submission(app, at, needle):
+    """Found by the API review of 2026-11-27: a bag submitted with `bag_deadline_at` in the past (or at
+    -1e300, 1e300) was accepted and at once given up ("nothing more is started"), where `gridbot qos` refuses
+    the same time."""
+    message = submit_refused(app, msgspec.structs.replace(SWEEP, bag_deadline_at=at))
+    assert needle in message, message
+    later = time.time() + 3600
+    assert app.submit(msgspec.structs.replace(SWEEP, bag_deadline_at=later)).status == 201
+
+
 def test_a_bad_deadline_or_budget_change_is_a_400_naming_the_fix(app):
     """Issue 16's `gridbot qos` route: bad values are refused with a message that says what to give, and the
     bag's stored spec does not change (`refused` compares the store before and after)."""

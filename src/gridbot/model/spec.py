@@ -1138,12 +1138,19 @@ def _number_issues(spec: BagSpec) -> list[tuple[str, Issue]]:
         out.append(("budget", (problem, "")))
     if spec.bag_deadline is not None and (problem := duration_problem(spec.bag_deadline)):
         out.append(("bag_deadline", (f"'bag_deadline': {problem}", "")))
-    if spec.bag_deadline_at is not None and not math.isfinite(spec.bag_deadline_at):
-        out.append(("bag_deadline_at", ("'bag_deadline_at' must be a finite time", "")))
+    if spec.bag_deadline_at is not None and not (math.isfinite(spec.bag_deadline_at)
+                                                 and 0 < spec.bag_deadline_at <= MAX_EPOCH):
+        out.append(("bag_deadline_at", (f"'bag_deadline_at' must be a time from 1970 to the year 33658 (0 to "
+                                        f"{MAX_EPOCH:.0e} s), not {spec.bag_deadline_at:g}",
+                                        "give a date with its time zone, e.g. 2026-12-01T17:00:00Z")))
     if spec.bag_deadline is not None and spec.bag_deadline_at is not None:
         out.append(("bag_deadline", ("give 'bag_deadline' (after submission) or 'bag_deadline_at' (absolute), "
                                      "not both", "")))
     return out
+
+
+MAX_EPOCH = 1e12
+"""The latest time a spec may name, in seconds since 1970 (the year 33658; as times a host reports)."""
 
 
 def _render_value(v: str | int | float) -> str:

@@ -419,6 +419,10 @@ class Service:
         self.ready()
         spec = self._placed(spec)
         self._check_work(spec, lines, inputs)
+        if spec.bag_deadline_at is not None and spec.bag_deadline_at <= now:  # (a revision may keep a past one)
+            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(spec.bag_deadline_at))
+            raise BadRequest(f"bag_deadline {when} has passed: give a later time, or a duration from the "
+                             "submission (2h)")
         self._check_room(owner)
         row = self.store.create_bag(spec, lines, inputs, now, owner)
         if self.only is not None:
