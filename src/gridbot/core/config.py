@@ -50,8 +50,10 @@ class DispatchConfig:
         "count", "Queued jobs held in memory for dispatch (shared among bags).", "--buffer-size", low=1))
     """Queued jobs held in memory over all bags; each of n bags gets at least 1/n of it."""
     max_assign: int = field(default=1_000, metadata=_knob(
-        "count", "Most instances sent in one answer, whatever a host asks for.", "--max-assign", low=1))
-    """Most instances sent in one answer, whatever a host asks for."""
+        "count", "Most instances sent in one answer, whatever a host asks for (a host with more slots gets as many "
+        "as its slots).", "--max-assign", low=1))
+    """Most instances sent in one answer, whatever a host asks for; a host that says it has more slots gets as many
+    as its slots, so that one answer can fill it (what a host may hold in all is its bags' Concurrency)."""
     host_timeout: float = field(default=600.0, metadata=_knob(
         "seconds", "Seconds of silence after which a host's instances are re-queued.", "--host-timeout", low=1))
     """A host silent this long loses its running instances (they become overdue and are re-queued)."""
