@@ -225,6 +225,14 @@ def test_invalid_utf8_in_a_msgpack_string_is_a_400(app):
                                         token=app.access.workers["local"])
 
 
+def test_json_sent_where_msgpack_is_taken_is_a_400_that_says_so(app):
+    """Found by the API review of 2026-11-27: a JSON spec sent to POST /v1/bags got "Expected `object`, got
+    `int`" (a `{` is msgpack's 123) and no word of msgpack."""
+    message = refused(app, "POST", "/v1/bags", b'{"spec": {"name": "j", "command": "true"}}',
+                      content_type="application/json")
+    assert "looks like JSON" in message and "application/msgpack" in message
+
+
 def test_json_that_is_not_json_is_a_400(app):
     assert app.submit(SWEEP).status == 201
     for body in (b'{"name": "Rank", "text": "\\ud800"}', b"\xff", b'{"name": 1}', b""):

@@ -224,6 +224,11 @@ def test_forged_uploads_are_refused(project):
     assert status == 403
     status, body = _upload(project, mine, good, limit, b"x" * (limit + 1))  # larger than the limit
     assert status == 413 and "<status>-1</status>" in body
+    header = (f"<data_server_request>\n<file_upload>\n<file_info>\n<name>{mine}</name>\n<xml_signature>\n{good}\n"
+              f"</xml_signature>\n<max_nbytes>{limit}</max_nbytes>\n</file_info>\n<nbytes>-1</nbytes>\n"
+              "<md5_cksum>0</md5_cksum>\n<offset>0</offset>\n<data>\n")
+    status, body = _post(project.url + "file_upload_handler", header.encode())
+    assert status == 400 and "a file's size is 0 or more" in body, body  # review: was "-1 bytes is over its limit"
     status, body = _upload(project, "gb1_00000000_out", good, limit, b"x")  # a name the server never made
     assert status == 403
     status, body = _post(project.url + "file_upload_handler", b"garbage")

@@ -106,6 +106,9 @@ def test_job_files_and_uploads_outlive_a_restart(tmp_path: Path) -> None:
         assert status == 206 and rest == job_b[3:]
         assert _http(url + path_b, headers={"Range": f"bytes={len(job_b)}-"})[0] == 416
         assert _http(url + path_b, headers={"Range": "bytes=abc"})[0] == 416  # unreadable: refused, not a 500
+        assert _http(url + path_b, headers={"Range": "bytes=-0"})[0] == 416  # the last 0 bytes (review: was 206)
+        status, tail = _http(url + path_b, headers={"Range": "bytes=-4"})
+        assert status == 206 and tail == job_b[-4:]
         assert _http(url + path_b.replace("download/", "download/0", 1))[0] == 404  # a token not the server's
         name, limit, token = tokens[result_b]
         assert b"<status>0</status>" in _upload(url, name, token, limit, _result_file(b"job " + i_b, i_b))

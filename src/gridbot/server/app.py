@@ -75,10 +75,11 @@ def _decode(decoder: msgspec.msgpack.Decoder[T] | msgspec.json.Decoder[T], body:
         return decoder.decode(body)
     except msgspec.ValidationError as e:
         text = str(e)  # it may quote the value: an enum of 100 KB was echoed whole
-        raise BadRequest(text if len(text) <= 400 else f"{text[:200]}...{text[-150:]}") from None
+        raise BadRequest((text if len(text) <= 400 else f"{text[:200]}...{text[-150:]}") + _json_hint(decoder, body)) \
+            from None
     except msgspec.DecodeError as e:
         kind = "JSON" if isinstance(decoder, msgspec.json.Decoder) else "msgpack"
-        raise BadRequest(f"the body is not a valid {kind} message ({e})") from None
+        raise BadRequest(f"the body is not a valid {kind} message ({e}){_json_hint(decoder, body)}") from None
     except UnicodeDecodeError as e:
         raise BadRequest(f"a string of the request is not valid UTF-8 ({e.reason} at byte {e.start} of it)") from None
     except (ValueError, OverflowError) as e:
@@ -86,6 +87,14 @@ def _decode(decoder: msgspec.msgpack.Decoder[T] | msgspec.json.Decoder[T], body:
     except RecursionError:
         raise BadRequest("the body is nested too deeply to read: no message of gridbot's nests more than a few "
                          "levels") from None
+
+
+def _json_hint(decoder: object, body: bytes) -> str:
+    """What to do when a route that takes msgpack was sent what looks like JSON (a `{` reads as the number 123)."""
+    if isinstance(decoder, msgspec.msgpack.Decoder) and body.lstrip()[:1] in (b"{", b"["):
+        return ("; the body looks like JSON, and this route takes msgpack (Content-Type: application/msgpack): "
+                "gridbot.Client sends it so")
+    return ""
 
 
 def unreadable_body(e: Exception) -> str:

@@ -95,6 +95,10 @@ def _xml_response(body: bytes, status: int = 200) -> web.Response:
     return web.Response(body=body, status=status, content_type="text/xml")
 
 
+_EMPTY_SUFFIX = re.compile(r"\s*bytes\s*=\s*-0+\s*")
+"""A Range of the last 0 bytes, which aiohttp reads as `bytes=0-` (the whole file); RFC 9110 says 416."""
+
+
 def _ranged(request: web.Request, data: bytes) -> web.Response:
     """`data` as a download, its Range honoured (the client resumes a download with `bytes=N-`)."""
     headers = {"Content-Type": "application/octet-stream", "Accept-Ranges": "bytes"}
@@ -106,7 +110,7 @@ def _ranged(request: web.Request, data: bytes) -> web.Response:
     if wanted.start is None and wanted.stop is None:
         return web.Response(body=data, headers=headers)
     start, stop, _ = wanted.indices(total)
-    if start >= stop:
+    if start >= stop or _EMPTY_SUFFIX.fullmatch(request.headers.get("Range", "")):  # `bytes=-0`: the last 0 bytes
         return web.Response(status=416, headers={"Content-Range": f"bytes */{total}"})
     return web.Response(body=data[start:stop], status=206,
                         headers={**headers, "Content-Range": f"bytes {start}-{stop - 1}/{total}"})
@@ -568,7 +572,9 @@ class VolunteerPool:
             return _upload_reply(-1, f"no upload was asked for a file named {name[:80]!r}", 403)
         if not self.tokens.check(fields["xml_signature"], "upload", name, max_nbytes):
             return _upload_reply(-1, "bad upload token", 403)
-        if not 0 <= nbytes <= max_nbytes:
+        if nbytes < 0:
+            return _upload_reply(-1, f"nbytes is {nbytes:,}: a file's size is 0 or more", 400)
+        if nbytes > max_nbytes:
             return _upload_reply(-1, f"a file of {nbytes:,} bytes is over its limit of {max_nbytes:,}", 413)
         if self.server.service.dispatcher.view.instance(iid) is None:
             # reported, cancelled or never sent: a token has no expiry, so whether its result is still out decides
