@@ -198,6 +198,39 @@ def test_a_bag_name_of_digits_only_is_refused_everywhere(app, tmp_path, name):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize(("toml", "needle"), [
+    ('command = "echo {x} {X}"\n[parameters]\nx = ["a"]\nX = ["b"]\n', "differ only in case"),
+    ('command = "true"\n[env]\nGRIDBOT_RUN = "mine"\n', "GRIDBOT_RUN is gridbot's own"),
+    ('command = "true"\n[env]\nGRIDBOT_PARAM_X = "1"\n', "GRIDBOT_PARAM_X is gridbot's own"),
+    ('command = ""\n', "the command is empty"), ('command = "   "\n', "the command is empty"),
+])
+def test_specs_the_review_found_accepted_are_refused_by_the_command_line_and_the_server(app, toml, needle):
+    """Found by the command-line review of 2026-11-27: parameters x and X both became GRIDBOT_PARAM_X (one
+    lost); [env] could set the worker's own variables (GRIDBOT_RUN hid the job from its memory limit); an
+    empty command made every job "succeed" having run nothing."""
+    with pytest.raises(SpecError) as e:
+        parse_spec(toml, "bad.toml", "bad")
+    assert needle in str(e.value), str(e.value)
+    spec = msgspec.json.decode(msgspec.json.encode(_spec_of(toml)), type=BagSpec)
+    assert needle in submit_refused(app, spec)
+
+
+def _spec_of(toml: str) -> BagSpec:
+    """The BagSpec a TOML spec would make if its checks let it through (a client that skipped them)."""
+    import tomllib
+
+    data = tomllib.loads(toml)
+    params = [Parameter(k, values=[str(v) for v in vs]) for k, vs in data.get("parameters", {}).items()]
+    return BagSpec("bad", data["command"], params, env=data.get("env", {}))
+
+
+def test_an_each_line_file_is_split_at_line_feeds_only():
+    """Found by the command-line review: splitlines() also split at \\x0b, \\x0c, \\x1c-\\x1e, \\x85 and
+    \\u2028, so one line of a file became several broken commands."""
+    text = 'printf "a\x1cb" ; echo c\x0becho d\nsecond\r\n\u2028third\n'
+    assert parse_lines(text, "c.txt") == ['printf "a\x1cb" ; echo c\x0becho d', "second", "third"]
+
+
 def test_a_spec_and_its_toml_are_refused_with_the_same_words(app):
     """The server's check and the TOML validator share their code: the same problem, the same message."""
     text = 'name = "s"\ncommand = "echo {y}"\n[parameters]\nx = { from = 1, to = 10, step = 0 }\n'

@@ -78,3 +78,18 @@ def test_exit_codes_and_outputs_are_the_programs(tmp_path):
     assert (r.outcome, r.exit_code) == (Outcome.FAILURE, 1)
     r = run(tmp_path, "echo plain words")
     assert (r.outcome, r.stdout_tail) == (Outcome.SUCCESS, "plain words\n")
+
+
+def test_a_bags_env_cannot_take_the_run_mark_by_which_the_worker_watches_its_jobs(tmp_path):
+    """Found by the review of 2026-11-27: `[env] GRIDBOT_RUN = "mine"` replaced the worker's mark, so the reaper
+    no longer found the job's processes and its memory limit went unenforced. Specs now refuse GRIDBOT_* in
+    [env]; a bag stored before that still cannot take the mark."""
+    a = Assignment(1, 1, 1, "b", 0, 'echo "$GRIDBOT_RUN $MINE"', {"GRIDBOT_RUN": "mine", "MINE": "kept"}, [], [],
+                   60.0)
+
+    async def no_inputs(bag_id: int, name: str) -> Path:
+        raise AssertionError("no inputs")
+
+    base = {"PATH": os.environ["PATH"], "GRIDBOT_RUN": "the-workers-token"}
+    report = asyncio.run(run_instance(a, tmp_path / "job", no_inputs, 1 << 20, KillSwitch(), base_env=base))
+    assert report.outcome is Outcome.SUCCESS and report.stdout_tail == "the-workers-token kept\n"

@@ -496,7 +496,7 @@ def each_line_spec(name: str, max_failures: int = DEFAULT_MAX_FAILURES) -> BagSp
 def parse_lines(text: str, source: str, max_jobs: int = DEFAULT_MAX_JOBS) -> list[str]:
     """Commands of an each-line file: one shell command per non-blank line (each one checked as the server
     checks the lines it is sent)."""
-    lines = [ln.strip() for ln in text.splitlines()]
+    lines = [ln.strip() for ln in text.split("\n")]  # not splitlines(): \x0b, \x1c, \x85... are no line's end
     commands = [ln for ln in lines if ln]
     if not commands:
         raise SpecError(source, [Problem("the file has no commands", None, "write one shell command per line")])
@@ -947,6 +947,10 @@ def env_issues(env: Mapping[str, str]) -> list[tuple[str, Issue]]:
         if not ENV_RE.match(k):
             out.append((k, (f"env {_show(k)} is not a variable name",
                             "use letters, digits and '_', starting with a letter or '_'")))
+        elif k.startswith("GRIDBOT_"):
+            out.append((k, (f"env {k} is gridbot's own: the worker sets GRIDBOT_* for every job (its index, its "
+                            "parameters, the mark by which it finds the job's processes to watch and kill them)",
+                            "give the variable another name")))
         elif "\0" in v:
             out.append((k, (f"env {k} contains a NUL character", "no environment variable can hold one")))
     return out
@@ -976,8 +980,17 @@ def command_issues(spec: BagSpec) -> list[tuple[str, Issue]]:
     template failed on every host, three times, "Argument list too long"). For a spec whose parameters and
     placeholders are valid."""
     out: list[tuple[str, Issue]] = []
+    if not spec.each_line and not spec.command.strip():
+        out.append(("command", ("the command is empty: every job would succeed having run nothing",
+                                "write the shell command each job runs, with {name} for its parameters")))
     if "\0" in spec.command:
         out.append(("command", ("the command contains a NUL character", "no shell command can hold one")))
+    by_variable: dict[str, str] = {}
+    for p in spec.parameters:  # each parameter is also the job's variable GRIDBOT_PARAM_<NAME>
+        other = by_variable.setdefault(p.name.upper(), p.name)
+        if other != p.name:
+            out.append(("parameters", (f"parameters '{other}' and '{p.name}' differ only in case, and both would "
+                                       f"be the job's variable GRIDBOT_PARAM_{p.name.upper()}", "rename one")))
     widest = {p.name: _widest(p) for p in spec.parameters}
     size = _filled(spec.command, widest)
     if size > MAX_COMMAND_BYTES:
@@ -1171,7 +1184,7 @@ def key_lines(text: str) -> dict[tuple[str, ...], int]:
     """
     lines: dict[tuple[str, ...], int] = {}
     table: tuple[str, ...] = ()
-    for n, raw in enumerate(text.splitlines(), 1):
+    for n, raw in enumerate(text.split("\n"), 1):  # TOML's lines end at LF (CRLF keeps its CR: no matter here)
         if m := _HEADER.match(raw):
             table = tuple(part.strip().strip('"') for part in m.group(1).split("."))
             for i in range(1, len(table) + 1):

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from gridbot.model.records import Assignment, InstanceReport, Limits, Outcome
-from gridbot.worker.isolation import RunAs, apply_limits
+from gridbot.worker.isolation import RUN_VAR, RunAs, apply_limits
 
 TAIL_BYTES = 64 * 1024
 STDOUT, STDERR = ".gridbot-stdout", ".gridbot-stderr"
@@ -291,8 +291,11 @@ async def _run(a: Assignment, jobdir: Path, fetch: FetchInput, max_result_bytes:
             _stage(await fetch(a.bag_id, name), jobdir / name, user)
     except Exception as e:  # staging is part of the job: its failure is reported, never a crash
         return report(Outcome.FAILURE, f"could not stage inputs: {e}")
-    env = dict(base_env if base_env is not None else os.environ)
+    base = base_env if base_env is not None else os.environ
+    env = dict(base)
     env.update(a.env)
+    if RUN_VAR in base:  # a bag's [env] (stored before specs were refused it) cannot hide the job from the reaper
+        env[RUN_VAR] = base[RUN_VAR]
     env.update(GRIDBOT_JOB_INDEX=str(a.index), GRIDBOT_JOB_ID=str(a.job_id), GRIDBOT_INSTANCE=str(a.instance_id),
                GRIDBOT_BAG=a.bag_name, GRIDBOT_CPUS=str(a.cpus))
     if a.cpus > 1 and "OMP_NUM_THREADS" not in a.env:
