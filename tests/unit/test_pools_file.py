@@ -76,3 +76,12 @@ def test_pilots_of_a_pool_get_its_run_as_and_allow_root():
     args = PilotRequest("http://s:1").worker_args(cloud)
     assert args[args.index("--run-as") + 1] == "ec2-user" and "--allow-root" not in args
     assert "--run-as" not in PilotRequest("http://s:1").worker_args(fast)
+
+
+@pytest.mark.parametrize("name", ["a/b", "a\nb", "", "-x", "x" * 65])
+def test_a_pool_name_that_names_nothing_safely_is_refused(name):
+    """Found by the command-line review of 2026-11-27: `[pools."a/b"]`, a name with a line break, or an empty one
+    were accepted and given worker keys (`gridbot access show` printed a line broken in two)."""
+    quoted = name.replace("\n", "\\n")
+    with pytest.raises(SpecError, match="is not allowed"):
+        parse_pools(f'[pools."{quoted}"]\nkind = "local"\n', "pools.toml")

@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 
 from gridbot.model.hierarchy import QueueSpec, parse_queues
-from gridbot.model.spec import Problem, SpecError, closest, key_lines, parse_duration
+from gridbot.model.spec import NAME_RE, Problem, SpecError, closest, key_lines, parse_duration
 from gridbot.model.validators import ValidatorSpec, parse_validators
 from gridbot.model.volunteer import KEYS as VOLUNTEER_KEYS
 from gridbot.model.volunteer import volunteer_problems
@@ -225,6 +225,10 @@ def parse_server_file(text: str, source: str) -> tuple[list[PoolSpec], list[Queu
 
 def _pool(name: str, table: object, fail: Any) -> PoolSpec | None:
     path = ("pools", name)
+    if not NAME_RE.match(name):  # it names worker keys, pilots' jobs, metrics' labels and `--pool`
+        fail(path, f"pool name {name[:64]!r} is not allowed", "use 1-64 letters, digits, '.', '_' or '-', starting "
+             "with a letter or digit")
+        return None
     if not isinstance(table, dict):
         fail(path, f"pool '{name}' must be a table", f'[pools.{name}]\nkind = "local"')
         return None
