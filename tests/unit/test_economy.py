@@ -354,6 +354,19 @@ def test_the_budget_stops_dispatch_once_it_is_spent_and_the_bag_says_so():
     assert sim.d.view.bag(bag).queued == 7
 
 
+def test_a_budget_of_zero_runs_on_free_pools_only():
+    """Found by the command-line review of 2026-11-27: `budget = 0` is valid (the docs say >= 0) and means
+    "free resources only", but such a bag never started, not even on a free pool ("the budget is spent")."""
+    sim = priced({**ADS, "free": {"Name": "free", "PricePerCpuHour": 0.0, "MaxRunning": 3, "Cpus": 1, "Speed": 1.0}})
+    bag = qos_bag(sim, 10, 0, "1d")
+    qos = plan_at(sim, bag, 0.0)
+    assert set(qos.planned) == {"free"}, qos
+    got = ask_all(sim, 0.0)
+    got["free"] = sum(len(sim.ask(h, 1, 0.0)) for h in [host(f"free{i}", "free") for i in range(3)])
+    assert got == {"cheap": 0, "mid": 0, "dear": 0, "free": 3}
+    assert not any("budget is spent" in n for n in sim.d.diagnostics(bag, 1.0))
+
+
 def test_limit_bounds_what_one_host_gets_in_one_request():
     sim = priced()
     bag = qos_bag(sim, 10, 2, "2h")

@@ -532,10 +532,11 @@ class DbcPlacement(Placement):
         return budget - used
 
     def _broke(self, bag: BagView) -> bool:
-        """Whether the budget left pays for no job on any pool whose cost is known."""
+        """Whether the budget left pays for no job on any pool whose cost is known (a budget of 0 pays for
+        jobs on free pools: it means free resources only)."""
         costs = [p.reserve for p in self.pools.values() if p.seconds is not None and p.slots > 0]
         left = self._budget_left(bag)
-        return left <= 0 or (bool(costs) and left < min(costs))
+        return left < 0 or (bool(costs) and left < min(costs)) or (not costs and left <= 0)
 
     def _room(self, bag: BagView, pool: str, now: float) -> int:
         """How many more instances the bag may start on the pool now."""
@@ -549,7 +550,7 @@ class DbcPlacement(Placement):
         if room <= 0:
             return 0
         left = self._budget_left(bag)
-        if left <= 0:
+        if left < 0 or (left == 0 and p.reserve > 0):  # a free pool's jobs cost nothing: a budget of 0 pays them
             return 0
         if p.reserve > 0:
             room = min(room, int(_affordable(left, p.reserve)))
