@@ -203,11 +203,15 @@ def test_a_bag_name_of_digits_only_is_refused_everywhere(app, tmp_path, name):
     ('command = "true"\n[env]\nGRIDBOT_RUN = "mine"\n', "GRIDBOT_RUN is gridbot's own"),
     ('command = "true"\n[env]\nGRIDBOT_PARAM_X = "1"\n', "GRIDBOT_PARAM_X is gridbot's own"),
     ('command = ""\n', "the command is empty"), ('command = "   "\n', "the command is empty"),
+    ('command = "touch {x}"\noutputs = ["{x}"]\n[parameters]\nx = ["ok", "a/../b"]\n', "with x = 'a/../b'"),
+    ('command = "true"\noutputs = ["out-{x}/{y}"]\n[parameters]\nx = ["a"]\ny = ["r.txt", ".."]\n',
+     "with y = '..'"),
 ])
 def test_specs_the_review_found_accepted_are_refused_by_the_command_line_and_the_server(app, toml, needle):
     """Found by the command-line review of 2026-11-27: parameters x and X both became GRIDBOT_PARAM_X (one
     lost); [env] could set the worker's own variables (GRIDBOT_RUN hid the job from its memory limit); an
-    empty command made every job "succeed" having run nothing."""
+    empty command made every job "succeed" having run nothing; an output named by a parameter whose value
+    leaves the job's folder was accepted, and those jobs failed at their end."""
     with pytest.raises(SpecError) as e:
         parse_spec(toml, "bad.toml", "bad")
     assert needle in str(e.value), str(e.value)
@@ -221,7 +225,7 @@ def _spec_of(toml: str) -> BagSpec:
 
     data = tomllib.loads(toml)
     params = [Parameter(k, values=[str(v) for v in vs]) for k, vs in data.get("parameters", {}).items()]
-    return BagSpec("bad", data["command"], params, env=data.get("env", {}))
+    return BagSpec("bad", data["command"], params, env=data.get("env", {}), outputs=data.get("outputs", []))
 
 
 def test_an_each_line_file_is_split_at_line_feeds_only():

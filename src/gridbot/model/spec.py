@@ -985,6 +985,8 @@ def command_issues(spec: BagSpec) -> list[tuple[str, Issue]]:
                                 "write the shell command each job runs, with {name} for its parameters")))
     if "\0" in spec.command:
         out.append(("command", ("the command contains a NUL character", "no shell command can hold one")))
+    out.extend(("outputs", (problem, "keep the values of the parameters it names to plain file names"))
+               for problem in _filled_output_problems(spec)[:MAX_PROBLEMS])
     by_variable: dict[str, str] = {}
     for p in spec.parameters:  # each parameter is also the job's variable GRIDBOT_PARAM_<NAME>
         other = by_variable.setdefault(p.name.upper(), p.name)
@@ -1009,6 +1011,32 @@ def command_issues(spec: BagSpec) -> list[tuple[str, Issue]]:
 def _widest(p: Parameter) -> int:
     """Most bytes a value of `p` takes in a command."""
     return max(len(v.encode()) for v in p.values) if p.values is not None else _RANGE_CHARS
+
+
+def _filled_output_problems(spec: BagSpec) -> list[str]:
+    """Why outputs filled in with the values of listed parameters would leave the job's folder (a value `..` or
+    `a/../b`), each value tried with the first of the others': every job named so would fail at its end. Ranges
+    give numbers, which make no such name; a problem that needs two values together goes unseen here."""
+    templated = [o for o in spec.outputs if "{" in o]
+    if not templated or spec.each_line:
+        return []
+    first = {p.name: p.value_of()(0) for p in spec.parameters}
+    problems: list[str] = []
+    for p in spec.parameters:
+        if p.values is None:
+            continue
+        for value in dict.fromkeys(p.values):
+            values = {**first, p.name: value}
+            for template in templated:
+                try:
+                    name = template.format_map(values)
+                except (KeyError, ValueError, IndexError, AttributeError):
+                    continue  # the template's own problem, reported by template_issues
+                if problem := output_name_problem(name):
+                    problems.append(f"{problem}, with {p.name} = {value[:60]!r}")
+                    if len(problems) >= MAX_PROBLEMS:
+                        return problems
+    return problems
 
 
 def _filled(template: str, widest: Mapping[str, int]) -> int:
