@@ -327,3 +327,11 @@ def test_the_expression_parser_refuses_anything_else(text):
 def test_a_named_utility_with_a_bad_bound_says_how_to_write_it():
     with pytest.raises(ExpressionError, match="deadline:5000"):
         utility("deadline:soon")
+
+
+@pytest.mark.parametrize("text", ["deadline:-5", "deadline:0", "budget:nan", "budget:inf", "deadline:-inf"])
+def test_a_named_utility_whose_bound_no_strategy_can_meet_is_refused(text):
+    """Found by the command-line review of 2026-11-27: `deadline:-5` and `budget:nan` were accepted in a spec's
+    [strategy] and by `gridbot plan --utility`, and no strategy could ever meet them."""
+    with pytest.raises(ExpressionError, match="finite number above 0"):
+        utility(text)

@@ -272,3 +272,15 @@ def test_a_task_queued_again_and_routed_to_the_reliable_pool_holds_a_machine_aga
     sim.tick(t_tail + 91)
     chosen = [d for d in decisions(sim, bag) if d.why.endswith("(on cloud)")]
     assert [d.job_id for d in chosen] == [requeued, timed] and chosen[-1].action == "replicate"
+
+
+@pytest.mark.parametrize(("key", "value"), [("price_reliable", -5.0), ("price_unreliable", -0.5),
+                                            ("charging_period", 0.0), ("charging_period", -2.0),
+                                            ("price_reliable", float("inf"))])
+def test_prices_and_charging_periods_are_minus_one_or_in_range(key, value):
+    """Found by the command-line review of 2026-11-27: any negative price or period silently meant "the pools
+    file's" (the docs name only -1), and charging_period = 0 was shown as "by 1 s"."""
+    with pytest.raises(StrategyError, match=f"{key} must be -1 \\(the pools file's\\)"):
+        registry.check(StrategyChoice("expert", options={key: value}))
+    registry.check(StrategyChoice("expert", options={key: -1.0}))
+    registry.check(StrategyChoice("expert", options={key: 3.0}))

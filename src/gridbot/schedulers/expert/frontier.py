@@ -8,6 +8,7 @@ marks on its Figure 8 are built in, and a user may write one over `Makespan` and
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -100,6 +101,8 @@ def utility(spec: str) -> Utility:
             bound = float(arg)
         except ValueError:
             raise ExpressionError(f"utility '{spec}': {key} takes a number, as in '{key}:5000'") from None
+        if not (math.isfinite(bound) and bound > 0):  # no strategy meets a bound of 0 or less, NaN compares false
+            raise ExpressionError(f"utility '{spec}': {key} takes a finite number above 0, as in '{key}:5000'")
         return Utility.deadline(bound) if key == "deadline" else Utility.budget(bound)
     return Utility.expression(spec)
 

@@ -109,6 +109,13 @@ class ExpertTail(TailStrategy):
                                                        and (key != "mr_max" or value > 0)):
                 raise StrategyError(f"tail = 'expert': option {key} must be a number from {low:g} to {high:g}"
                                     f"{' (above 0)' if key == 'mr_max' else ''}, not {value!r}")
+        for key in ("price_unreliable", "price_reliable", "charging_period"):  # -1: the pools file's
+            value = options.get(key, cls.options[key])
+            if isinstance(value, int | float) and value != -1 and not (
+                    math.isfinite(value) and 0 <= value <= MAX_PIN_VALUE and (key != "charging_period" or value > 0)):
+                raise StrategyError(f"tail = 'expert': option {key} must be -1 (the pools file's) or a number from "
+                                    f"0 to {MAX_PIN_VALUE:g}{' (above 0)' if key == 'charging_period' else ''}, "
+                                    f"not {value!r}")
 
     def __init__(self, bag_id: int, seed: int, options: Mapping[str, StrategyOption]) -> None:
         super().__init__(bag_id, seed, options)
