@@ -11,10 +11,12 @@ from __future__ import annotations
 import difflib
 import math
 import random
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gridbot.errors import GridbotError
+from gridbot.model.spec import MAX_DURATION, duration_problem
 from gridbot.sim import traces
 
 DIST_KEYS: dict[str, tuple[str, ...]] = {
@@ -31,6 +33,8 @@ DIST_KEYS: dict[str, tuple[str, ...]] = {
 OPTIONAL_KEYS = ("min", "max", "unit")
 TRACE_KEYS = ("trace", "swf", "fta", "lanl")
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_LOG_MAX = math.log(sys.float_info.max)
+"""The largest logarithm of a float (about 709.8): a lognormal's mean exp(mu + sigma²/2) overflows above it."""
 
 
 class DistError(GridbotError, ValueError):
@@ -39,7 +43,8 @@ class DistError(GridbotError, ValueError):
 
 
 def seconds(value: object, allow_zero: bool = True) -> float:
-    """Seconds from a number or a string like `"90s"`, `"10m"`, `"2h"`, `"1.5d"`."""
+    """Seconds from a number or a string like `"90s"`, `"10m"`, `"2h"`, `"1.5d"`, at most MAX_DURATION as a
+    spec's durations are: a runtime of 1e300 s would run the simulation to its horizon without a word."""
     if isinstance(value, bool):
         raise DistError("a duration is a number of seconds or a string like '90s', '10m', '2h', '1d'")
     if isinstance(value, int | float):
@@ -55,8 +60,10 @@ def seconds(value: object, allow_zero: bool = True) -> float:
                             "'1d'") from None
     else:
         raise DistError(f"{value!r} is not a duration: write a number of seconds or '90s', '10m', '2h', '1d'")
-    if not math.isfinite(out) or out < 0 or (out == 0 and not allow_zero):
+    if math.isnan(out) or out < 0 or (out == 0 and not allow_zero):
         raise DistError(f"{value!r} must be {'zero or more' if allow_zero else 'more than zero'}")
+    if out > MAX_DURATION:
+        raise DistError(f"{value!r}: {duration_problem(out)}")
     return out
 
 
@@ -101,7 +108,7 @@ def parse_dist(value: object, what: str, durations: bool = True) -> Dist:
                         '{ dist = "uniform", low = 1, high = 2 }')
     traced = [k for k in TRACE_KEYS if k in value]
     if traced:
-        return _scaled(_trace(value, traced[0], what), value, what, durations)
+        return _in_range(_scaled(_trace(value, traced[0], what), value, what, durations), what, durations)
     name = value.get("dist")
     if name not in DIST_KEYS:
         names = ", ".join(DIST_KEYS)
@@ -144,12 +151,12 @@ def parse_dist(value: object, what: str, durations: bool = True) -> Dist:
         mu, sigma = num("mu", False), num("sigma", False)
         _not_negative(what, sigma=sigma)
         dist = Dist(f"lognormal(mu {mu:g}, sigma {sigma:g})", lambda rng: rng.lognormvariate(mu, sigma),
-                    math.exp(mu + sigma**2 / 2))
+                    _lognormal_mean(what, mu, sigma, durations))
     elif name == "weibull":
         shape, scale = num("shape", False), num("scale")
         _positive(what, shape=shape, scale=scale)
         dist = Dist(f"weibull(shape {shape:g}, scale {scale:g})", lambda rng: rng.weibullvariate(scale, shape),
-                    scale * math.gamma(1 + 1 / shape))
+                    _weibull_mean(what, shape, scale))
     elif name == "gamma":
         shape, scale = num("shape", False), num("scale")
         _positive(what, shape=shape, scale=scale)
@@ -160,7 +167,47 @@ def parse_dist(value: object, what: str, durations: bool = True) -> Dist:
         if not isinstance(values, list) or not values:
             raise DistError(f"{what}: 'values' must be a non-empty list")
         dist = empirical([seconds(v) if durations else _number(v, what) for v in values], "listed values")
-    return _scaled(dist, value, what, durations, unit_allowed=name in ("lognormal",))
+    return _in_range(_scaled(dist, value, what, durations, unit_allowed=name in ("lognormal",)), what, durations)
+
+
+def _in_range(dist: Dist, what: str, durations: bool) -> Dist:
+    """The distribution, if its mean is a number the simulator can use: finite, and for durations at most
+    MAX_DURATION (a spec's longest), or the simulation would only run to its horizon with nothing ending."""
+    limit = MAX_DURATION if durations else sys.float_info.max
+    if not dist.mean <= limit:
+        unit = " s" if durations else ""
+        raise DistError(f"{what}: the mean of {dist.describe} is out of range ({dist.mean:g}{unit}); it must be at "
+                        f"most {limit:g}{unit}{' (about 31 years)' if durations else ''}: lower its parameters, "
+                        "or add a max")
+    return dist
+
+
+def _lognormal_mean(what: str, mu: float, sigma: float, durations: bool) -> float:
+    """exp(mu + sigma²/2), or DistError naming mu and sigma when it overflows (mu = 1000, or sigma = 40)."""
+    try:
+        exponent = mu + sigma**2 / 2
+    except OverflowError:
+        exponent = math.inf
+    if exponent <= _LOG_MAX:
+        return math.exp(exponent)
+    advice = (f"for a duration in seconds keep it at most {math.log(MAX_DURATION):.1f} (a mean of 31 years): "
+              "mu and sigma are those of the logarithm of the value (mu = 6, sigma = 1 is a median of 400 s)"
+              if durations else f"keep it at most {math.floor(_LOG_MAX)}")
+    raise DistError(f"{what}: the mean of the lognormal, exp(mu + sigma²/2), is out of range: mu + sigma²/2 is "
+                    f"{exponent:g} (mu {mu:g}, sigma {sigma:g}); {advice}")
+
+
+def _weibull_mean(what: str, shape: float, scale: float) -> float:
+    """scale × Γ(1 + 1/shape), or DistError naming the shape when it overflows (shape = 0.001)."""
+    try:
+        mean = scale * math.gamma(1 + 1 / shape)
+    except OverflowError:
+        mean = math.inf
+    if math.isfinite(mean):
+        return mean
+    raise DistError(f"{what}: the mean of the weibull, scale × Γ(1 + 1/shape), is out of range: shape {shape:g} is "
+                    "too small (the mean grows as Γ(1 + 1/shape), 3.6 million times the scale at a shape of 0.1); "
+                    "raise shape to 0.1 or more")
 
 
 def _scaled(dist: Dist, table: dict[str, object], what: str, durations: bool, unit_allowed: bool = True) -> Dist:

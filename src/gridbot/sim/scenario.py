@@ -21,6 +21,7 @@ from gridbot.core.config import DispatchConfig, Knob, knobs
 from gridbot.model.hierarchy import QueueSpec, parse_queues
 from gridbot.model.pools import RELIABILITY, PoolSpec
 from gridbot.model.spec import (
+    HARD_MAX_JOBS,
     MAX_CPUS,
     NAME_RE,
     BagSpec,
@@ -208,6 +209,8 @@ class _Reader:
         self.warnings: list[Problem] = []
         self.has_queues = False
         """The scenario declares the hierarchy's queues (its bags are then placed by "hierarchy")."""
+        self.horizon = 365 * 86400.0
+        """The simulation's horizon (`[simulation] horizon`): a bag arriving after it never runs."""
 
     def line(self, path: tuple[str, ...]) -> int | None:
         """The line of `path`'s key in the file, or of the nearest table holding it."""
@@ -242,7 +245,7 @@ class _Reader:
         self.keys(sim, SIM_KEYS, ("simulation",), "[simulation]")
         p = ("simulation",)
         seed = self.get(sim, "seed", p, 1, _int(0))
-        horizon = self.get(sim, "horizon", p, 365 * 86400.0, _dur(False))
+        horizon = self.horizon = self.get(sim, "horizon", p, self.horizon, _dur(False))
         tick = self.get(sim, "tick", p, 60.0, _dur(False))
         overlay_interval = self.get(sim, "overlay_interval", p, 60.0, _dur(False))
         sample = self.get(sim, "sample", p, 0.0, _dur(False))
@@ -382,6 +385,10 @@ class _Reader:
                       '{ dist = "uniform", low = 0.01, high = 1 } for a community grid')
         if model.speed.mean <= 0:
             self.fail((*path, "speed"), f"speed of {what} must be positive (1 = the runtimes as written)")
+        if top == 0 and "size" in t:
+            self.warn((*path, "size"), f"pool '{name}' has a size of 0 at all times, so it never holds a host and "
+                      "runs nothing (a scenario whose pools all do runs to its horizon, a year by default, for "
+                      "nothing)", "give it a size, or steps that grow ([[0, 0], [\"6h\", 100]]); or remove the pool")
         return model if len(self.problems) == before else None
 
     def cluster(self, name: str, t: dict[str, Any], path: tuple[str, ...], kind: str, cpus: int,
@@ -454,6 +461,9 @@ class _Reader:
         deadline = self.get(t, "instance_deadline", path, 24 * 3600.0, _dur(False))
         max_failures = self.get(t, "max_failures", path, 3, _int(1))
         copies = self.get(t, "copies", path, 1, _int(1))
+        if not self.too_many_jobs(path, name, jobs, copies):
+            copies = 1  # (not a loop of a trillion copies to report the problem)
+        self.arrives_late(path, f"bag '{name}'", [arrival], "arrival = \"0s\"")
         cpus = self.get(t, "cpus", path, 1, _int(1, MAX_CPUS))
         policy = t.get("policy", {})
         if not isinstance(policy, dict) or not all(isinstance(v, str) for v in policy.values()):
@@ -471,6 +481,37 @@ class _Reader:
             out.append(BagModel(bag_name, jobs, runtime, arrival, deadline, max_failures, written, strategy=strategy,
                                 bag_deadline=qos.bag_deadline, budget=qos.budget, cpus=cpus))
         return out if len(self.problems) == before else []
+
+    def too_many_jobs(self, path: tuple[str, ...], name: str, jobs: int, copies: int) -> bool:
+        """Refuse a bag of more than HARD_MAX_JOBS jobs (its copies together), as a spec is refused: the simulator
+        keeps a byte or more of every job in memory (`jobs = 1e12` asked for a terabyte, and died of MemoryError).
+        Return whether the bag is within the limit."""
+        if jobs > HARD_MAX_JOBS:
+            self.fail((*path, "jobs"), f"bag '{name}' has {jobs:,} jobs; a bag takes at most {HARD_MAX_JOBS:,}, as a "
+                      "spec does (the simulator keeps every job in memory)",
+                      f"jobs = {HARD_MAX_JOBS:,} at most; a smaller bag shows the same shape sooner")
+            return False
+        if jobs * copies > HARD_MAX_JOBS:
+            self.fail((*path, "copies"), f"bag '{name}' has {copies:,} copies of {jobs:,} jobs, {jobs * copies:,} in "
+                      f"all; its copies take at most {HARD_MAX_JOBS:,} jobs together (the simulator keeps every job "
+                      "in memory)", f"copies = {max(1, HARD_MAX_JOBS // jobs):,} at most, or fewer jobs")
+            return False
+        return True
+
+    def arrives_late(self, path: tuple[str, ...], what: str, arrivals: list[float], fix: str) -> None:
+        """Warn of bags that arrive after the horizon: the run stops before they are submitted, and reports them
+        "not arrived"."""
+        late = [a for a in arrivals if a > self.horizon]
+        if not late:
+            return
+        when = f"after the simulation's horizon ({_span(self.horizon)})"
+        if len(arrivals) == 1:
+            which = f"it arrives at {_span(late[0])}, {when}: the run stops first, and reports it"
+        else:
+            which = (f"{len(late)} of its {len(arrivals)} bags arrive {when}, the last at {_span(max(late))}: the "
+                     "run stops first, and reports them")
+        self.warn((*path, "arrival"), f'{what}: {which} "not arrived"',
+                  f'raise [simulation] horizon above it (horizon = "{math.ceil(max(late) / 86400) + 1}d"), or {fix}')
 
     def qos(self, t: dict[str, Any], path: tuple[str, ...], name: str) -> BagSpec:
         """A bag's deadline (after it arrives: a duration) and budget, as a spec holds them."""
@@ -523,7 +564,7 @@ class _Reader:
         skip = self.get(t, "skip", path, 0, _int(0))
         count = self.get(t, "count", path, 20, _int(1))
         scale = self.get(t, "time_scale", path, 1.0, _fraction(math.inf))
-        max_jobs = self.get(t, "max_jobs", path, 10_000, _int(1))
+        max_jobs = self.get(t, "max_jobs", path, 10_000, _int(1, HARD_MAX_JOBS))
         deadline = self.get(t, "instance_deadline", path, 24 * 3600.0, _dur(False))
         max_failures = self.get(t, "max_failures", path, 3, _int(1))
         burst = self.get(t, "burst", path, None, _dur(True))
@@ -560,6 +601,8 @@ class _Reader:
             runs = tuple(r.run for r in g for _ in range(min(r.procs, max_jobs)))[:max_jobs]
             bags.append(BagModel(f"{name}-{g[0].number}", len(runs), empirical(runs, f"burst of {len(g)} jobs"),
                                  arrival, deadline, max_failures, dict(policy), runs, strategy=strategy))
+        self.arrives_late(path, f"swf_bags '{name}'", [b.arrival for b in bags],
+                          "lower time_scale or count (or skip the first records)")
         return bags
 
     def warn_overdue(self, path: tuple[str, ...], name: str, records: list[traces.SwfJob], max_failures: int,
@@ -626,9 +669,11 @@ def _int(low: int, high: int | None = None) -> Callable[[Any], int]:
 
 
 def _fraction(high: float) -> Callable[[Any], float]:
+    """A number from 0 to `high`, finite even when `high` is not (`time_scale = inf` made a NaN arrival)."""
     def convert(v: Any) -> float:
-        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= high:
-            raise ValueError(f"must be a number from 0 to {high:g}, not {v!r}")
+        if isinstance(v, bool) or not isinstance(v, int | float) or not (0 <= v <= high and math.isfinite(v)):
+            rule = f"from 0 to {high:g}" if math.isfinite(high) else "of 0 or more, finite"
+            raise ValueError(f"must be a number {rule}, not {v!r}")
         return float(v)
     return convert
 

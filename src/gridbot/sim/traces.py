@@ -11,8 +11,10 @@ import csv
 import gzip
 import io
 import lzma
+import math
+import zlib
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
@@ -36,20 +38,34 @@ class TraceError(GridbotError, ValueError):
     callers caught it)."""
 
 
+_COMPRESSED: dict[str, tuple[str, Callable[[bytes], bytes]]] = {
+    ".gz": ("gzip", gzip.decompress), ".xz": ("xz", lzma.decompress)}
+"""How a trace file is decompressed, by its suffix."""
+
+
 def _open_text(name_or_path: str) -> io.TextIOBase:
+    """A shipped trace or a file, decompressed by its suffix; TraceError if missing, unreadable, cut or garbled."""
     packaged = resources.files("gridbot.sim") / "traces" / name_or_path
     data: bytes
-    if packaged.is_file():
-        data = packaged.read_bytes()
-    else:
-        path = Path(name_or_path).expanduser()
-        if not path.is_file():
-            raise TraceError(f"no trace file {name_or_path!r} (neither shipped with gridbot nor a file here)")
-        data = path.read_bytes()
-    if name_or_path.endswith(".gz"):
-        data = gzip.decompress(data)
-    elif name_or_path.endswith(".xz"):
-        data = lzma.decompress(data)
+    try:
+        if packaged.is_file():
+            data = packaged.read_bytes()
+        else:
+            path = Path(name_or_path).expanduser()
+            if not path.is_file():
+                raise TraceError(f"no trace file {name_or_path!r} (neither shipped with gridbot nor a file here)")
+            data = path.read_bytes()
+    except OSError as e:
+        raise TraceError(f"cannot read trace file {name_or_path!r}: {e.strerror or e}") from None
+    for suffix, (kind, decompress) in _COMPRESSED.items():
+        if not name_or_path.endswith(suffix):
+            continue
+        try:
+            data = decompress(data)
+        except (EOFError, OSError, zlib.error, lzma.LZMAError) as e:  # gzip.BadGzipFile is an OSError
+            raise TraceError(f"trace file {name_or_path!r} cannot be decompressed ({e}): it is cut short or is not "
+                             f"{kind}-compressed as its suffix {suffix} says; copy it again, or drop the suffix "
+                             "if the file is plain text") from None
     return io.StringIO(data.decode("utf-8", errors="replace"))
 
 
@@ -147,11 +163,25 @@ def swf_jobs(name_or_path: str) -> tuple[SwfJob, ...]:
             n = [int(float(x)) for x in (*f[4:18], *["-1"] * (18 - len(f)))]
             procs = n[0] if n[0] > 0 else n[3]
             alea = f[19] if len(f) > 19 and f[18].startswith("{") else ""
-            out.append(SwfJob(int(f[0]), float(f[1]), float(f[3]), procs, n[6], n[7], n[10], n[11], alea))
-        except ValueError:
+            job = SwfJob(int(f[0]), float(f[1]), float(f[3]), procs, n[6], n[7], n[10], n[11], alea)
+        except (ValueError, OverflowError):  # int(float("inf")) overflows
             raise TraceError(f"{name_or_path}: line {line.strip()[:60]!r} holds a field that is not a number") \
                 from None
+        if problem := _swf_times_problem(job):
+            raise TraceError(f"{name_or_path}: line {line.strip()[:60]!r} {problem}; correct or delete that line")
+        out.append(job)
     return tuple(out)
+
+
+def _swf_times_problem(job: SwfJob) -> str:
+    """Why a record's submit or run time cannot be replayed, or "": an infinite run time crashed the check of
+    overdue jobs, and an infinite, NaN or negative submit time made a bag that never arrives."""
+    if not (math.isfinite(job.submit) and job.submit >= 0):
+        return (f"has a submit time (field 2) of {job.submit:g}: it is seconds from the log's start, a finite "
+                "number of zero or more")
+    if not math.isfinite(job.run):
+        return f"has a run time (field 4) of {job.run:g}: it is a finite number of seconds (-1 when not recorded)"
+    return ""
 
 
 def swf_runtimes(name_or_path: str, keep: SwfFilter = SwfFilter()) -> tuple[float, ...]:

@@ -1,0 +1,178 @@
+"""Scenario mistakes a review found crashing or running without a word: each is now a problem with its line
+and a fix (or a warning, where the scenario is allowed but surely not meant)."""
+
+from __future__ import annotations
+
+import gzip
+import lzma
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gridbot.model.spec import SpecError
+from gridbot.sim.scenario import Scenario, parse_scenario
+
+POOL = '[pools.c]\nkind = "cluster"\nsize = 2\n'
+SWF = "".join(f"{n} {10 * n} 5 {100 + n} 4 -1 -1 4 -1 -1 1 1 1 -1 1 -1 -1 -1\n" for n in range(1, 200))
+"""A small SWF log of 199 completed jobs, long enough that its gzip is more than a header."""
+
+
+def bag(runtime: str, extra: str = "") -> str:
+    return f"{POOL}[bags.b]\njobs = 2\nruntime = {runtime}\n{extra}"
+
+
+def refused(text: str, tmp_path: Path | None = None) -> str:
+    """The problems parse_scenario reports, as the CLI prints them."""
+    source = str(tmp_path / "s.toml") if tmp_path else "s.toml"
+    with pytest.raises(SpecError) as e:
+        parse_scenario(text, source)
+    return str(e.value)
+
+
+def simulate(text: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "s.toml").write_text(text)
+    return subprocess.run([sys.executable, "-m", "gridbot", "simulate", "s.toml"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+
+
+# 1. Distributions whose mean overflows crashed with OverflowError.
+
+@pytest.mark.parametrize(("runtime", "words"), [
+    ('{ dist = "lognormal", mu = 1000, sigma = 1 }', "mu + sigma²/2 is 1000.5"),
+    ('{ dist = "lognormal", mu = 1, sigma = 40 }', "mu + sigma²/2 is 801"),
+    ('{ dist = "lognormal", mu = 1, sigma = 1e200 }', "mu + sigma²/2 is inf"),
+    ('{ dist = "weibull", shape = 0.001, scale = "1h" }', "shape 0.001 is too small"),
+    ('{ dist = "lognormal", mu = 30, sigma = 1 }', "at most 1e+09 s"),
+])
+def test_a_distribution_whose_mean_overflows_is_a_problem_not_a_crash(runtime: str, words: str) -> None:
+    message = refused(bag(runtime))
+    assert "s.toml:6:" in message and "runtime of bag 'b'" in message and "out of range" in message
+    assert words in message, message
+
+
+def test_a_speed_whose_mean_overflows_is_a_problem_too() -> None:
+    message = refused(bag("1").replace("size = 2", 'size = 2\nspeed = { dist = "lognormal", mu = 800, sigma = 1 }'))
+    assert "speed of pool 'c'" in message and "keep it at most 709" in message, message
+
+
+def test_an_overflowing_mean_exits_2_from_the_command_line(tmp_path: Path) -> None:
+    p = simulate(bag('{ dist = "weibull", shape = 0.001, scale = "1h" }'), tmp_path)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert "raise shape" in p.stderr
+
+
+# 2. Compressed trace files cut short or garbled printed "Aborted!" or a traceback.
+
+def broken_logs(tmp_path: Path) -> dict[str, Path]:
+    good = gzip.compress(SWF.encode())
+    assert len(good) > 120
+    logs = {"trunc.swf.gz": good[:60], "garbage.swf.gz": bytes(range(100, 200)),
+            "trunc.swf.xz": lzma.compress(SWF.encode())[:60], "garbage.swf.xz": bytes(range(100))}
+    for name, data in logs.items():
+        (tmp_path / name).write_bytes(data)
+    return {name: tmp_path / name for name in logs}
+
+
+@pytest.mark.parametrize("name", ["trunc.swf.gz", "garbage.swf.gz", "trunc.swf.xz", "garbage.swf.xz"])
+def test_a_cut_or_garbled_compressed_log_is_named(tmp_path: Path, name: str) -> None:
+    path = broken_logs(tmp_path)[name]
+    kind = "gzip" if name.endswith(".gz") else "xz"
+    for text in (bag(f'{{ swf = "{path}" }}'), f'{POOL}[swf_bags.s]\nswf = "{name}"\n'):
+        message = refused(text, tmp_path)
+        assert f"trace file {str(path)!r} cannot be decompressed" in message, message
+        assert f"cut short or is not {kind}-compressed" in message, message
+
+
+@pytest.mark.parametrize("name", ["trunc.swf.gz", "garbage.swf.gz"])
+def test_a_cut_log_exits_2_from_the_command_line(tmp_path: Path, name: str) -> None:
+    broken_logs(tmp_path)
+    p = simulate(bag(f'{{ swf = "{name}" }}'), tmp_path)
+    assert p.returncode == 2 and "Traceback" not in p.stderr and "Aborted" not in p.stderr, p.stderr
+    assert name in p.stderr and "cut short" in p.stderr
+
+
+# 3. Infinite, NaN and negative times in SWF logs crashed or made bags that never arrive.
+
+@pytest.mark.parametrize(("record", "words"), [
+    ("1 0 10 inf 4 -1 -1 4 -1 -1 1 1 1 -1 1 -1 -1 -1", "run time (field 4) of inf"),
+    ("1 0 10 nan 4 -1 -1 4 -1 -1 1 1 1 -1 1 -1 -1 -1", "run time (field 4) of nan"),
+    ("1 inf 10 50 4 -1 -1 4 -1 -1 1 1 1 -1 1 -1 -1 -1", "submit time (field 2) of inf"),
+    ("1 nan 10 50 4 -1 -1 4 -1 -1 1 1 1 -1 1 -1 -1 -1", "submit time (field 2) of nan"),
+    ("1 -1e300 10 50 4 -1 -1 4 -1 -1 1 1 1 -1 1 -1 -1 -1", "submit time (field 2) of -1e+300"),
+    ("1 0 10 50 inf -1 -1 4 -1 -1 1 1 1 -1 1 -1 -1 -1", "holds a field that is not a number"),
+])
+def test_an_swf_record_with_impossible_times_is_named(tmp_path: Path, record: str, words: str) -> None:
+    (tmp_path / "bad.swf").write_text("; a log\n2 0 10 100 4 -1 -1 4 -1 -1 1 1 1 -1 1 -1 -1 -1\n" + record + "\n")
+    for text in (f'{POOL}[swf_bags.s]\nswf = "bad.swf"\n', bag(f'{{ swf = "{tmp_path / "bad.swf"}" }}')):
+        message = refused(text, tmp_path)
+        assert f"line {record!r}" in message and words in message, message
+
+
+def test_an_infinite_run_time_exits_2_from_the_command_line(tmp_path: Path) -> None:
+    (tmp_path / "inf.swf").write_text("1 0 10 inf 4 -1 -1 4 -1 -1 1 1 1 -1 1 -1 -1 -1\n")
+    p = simulate(f'{POOL}[swf_bags.s]\nswf = "inf.swf"\n', tmp_path)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert "run time (field 4) of inf" in p.stderr
+
+
+def test_an_infinite_time_scale_is_refused() -> None:
+    message = refused(f'{POOL}[swf_bags.s]\nswf = "NASA-iPSC"\ncount = 2\ntime_scale = inf\n')
+    assert "swf_bags.s.time_scale: must be a number of 0 or more, finite, not inf" in message, message
+
+
+# 4. A bag of a trillion jobs died of MemoryError; a runtime of 1e300 s ran a year without a word.
+
+def test_a_bag_of_more_jobs_than_a_spec_takes_is_refused() -> None:
+    message = refused(bag("10").replace("jobs = 2", "jobs = 1000000000000"))
+    assert "s.toml:5: bag 'b' has 1,000,000,000,000 jobs; a bag takes at most 100,000,000" in message, message
+    message = refused(bag("10", "copies = 1000000000000\n"))  # (and not a loop over its copies)
+    assert "copies of 2 jobs" in message and "copies = 50,000,000 at most" in message, message
+    message = refused(f'{POOL}[swf_bags.s]\nswf = "NASA-iPSC"\nmax_jobs = 1000000000000\n')
+    assert "max_jobs: must be a whole number of at most 100,000,000" in message, message
+
+
+@pytest.mark.parametrize("text", [bag("1e300"), bag('"1e12d"'), bag('{ dist = "exponential", mean = 1e300 }'),
+                                  bag("1", "arrival = 1e300\n"), f'[simulation]\nhorizon = "inf"\n{bag("1")}'])
+def test_durations_longer_than_a_spec_takes_are_refused(text: str) -> None:
+    message = refused(text)
+    assert "a duration must be at most 1,000,000,000 s (about 31 years)" in message, message
+
+
+# 5. A pool that never holds a host simulated a year for nothing.
+
+def warnings(text: str, tmp_path: Path) -> list[str]:
+    sc: Scenario = parse_scenario(text, str(tmp_path / "s.toml"))
+    return [w.message for w in sc.warnings]
+
+
+@pytest.mark.parametrize("size", ["0", "[[0, 0]]", '[[0, 0], ["6h", 0]]', '{ min = 0, max = 0, every = "1h" }',
+                                  '{ trace = "zero.csv" }'])
+def test_a_pool_of_size_zero_at_all_times_is_warned_of(tmp_path: Path, size: str) -> None:
+    (tmp_path / "zero.csv").write_text("0,0\n")
+    said = warnings(bag("10").replace("size = 2", f"size = {size}"), tmp_path)
+    assert any("pool 'c' has a size of 0 at all times" in w for w in said), said
+
+
+@pytest.mark.parametrize("size", ['[[0, 0], ["6h", 10]]', '{ min = 0, max = 5, every = "1h" }', "3"])
+def test_a_pool_that_starts_empty_and_grows_is_not_warned_of(tmp_path: Path, size: str) -> None:
+    assert warnings(bag("10").replace("size = 2", f"size = {size}"), tmp_path) == []
+
+
+# 6. A bag arriving after the horizon was reported "not arrived" without a word.
+
+def test_a_bag_arriving_after_the_horizon_is_warned_of(tmp_path: Path) -> None:
+    [said] = warnings(bag("10", 'arrival = "400d"\n'), tmp_path)
+    assert "bag 'b': it arrives at 400 d, after the simulation's horizon (365 d)" in said, said
+    sc = parse_scenario(bag("10", 'arrival = "400d"\n'), "s.toml")
+    assert sc.warnings[0].line == 7 and 'horizon = "401d"' in sc.warnings[0].hint
+    assert warnings('[simulation]\nhorizon = "500d"\n' + bag("10", 'arrival = "400d"\n'), tmp_path) == []
+
+
+def test_swf_bags_arriving_after_the_horizon_are_warned_of(tmp_path: Path) -> None:
+    (tmp_path / "log.swf").write_text(SWF)
+    text = f'[simulation]\nhorizon = "10m"\n{POOL}[swf_bags.s]\nswf = "log.swf"\ncount = 100\n'
+    said = warnings(text, tmp_path)
+    assert any("swf_bags 's': 39 of its 100 bags arrive after the simulation's horizon (10 min)" in w
+               for w in said), said
