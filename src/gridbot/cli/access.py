@@ -22,6 +22,7 @@ from gridbot.security.keys import (
     Role,
     load_registry,
     save_registry,
+    write_private,
 )
 
 access_file_option = click.option("--access-file", type=click.Path(dir_okay=False, path_type=Path),
@@ -37,6 +38,53 @@ def _files(access_file: Path, keys_file: Path | None) -> tuple[Path, Path, Regis
         raise AccessError(f"no key registry at {registry_path}: run this on the server's machine, in the folder "
                           "of its access file, or pass --access-file/--keys-file")
     return access_file, registry_path, load_registry(registry_path), read_access(access_file)
+
+
+OUT_FIX = "give --out a file in a folder you may write"
+IN_PLACE_FIX = "make it writable (or pass --access-file/--keys-file), then run this again"
+
+
+def _write(path: Path, grants: Access, fix: str) -> None:
+    """Write the access file `path`, or an AccessError naming it, what is wrong and what to do (`fix`)."""
+    from gridbot.cli.main import unwritable  # not at the top: cli/main.py imports this module as it loads
+
+    try:
+        write_access(path, grants)
+    except OSError as e:
+        raise AccessError(str(unwritable(path, e, "the access file", fix))) from None
+
+
+def _commit(registry_path: Path, registry: Registry, access_path: Path, grants: Access, fix: str) -> None:
+    """Write the access file that holds new keys, then save the registry that makes them valid.
+
+    In this order a failure changes nothing: an access file that cannot be written leaves the registry as
+    it was (a key is never registered while its secret, kept nowhere else, is lost), and a registry that
+    cannot be saved puts the access file back as it was (or removes a new one), so that its keys stay the
+    ones the registry knows. Either is an AccessError naming the file and what is wrong.
+    """
+    before = access_path.read_bytes() if access_path.is_file() else None
+    _write(access_path, grants, fix)
+    try:
+        _save(registry_path, registry)
+    except AccessError as e:
+        try:
+            if before is None:
+                access_path.unlink(missing_ok=True)
+            else:
+                write_private(access_path, before)
+        except OSError:
+            raise AccessError(f"{e}; and {access_path} could not be put back as it was: it holds keys the server "
+                              "does not know, so restore it from a backup") from None
+        raise
+
+
+def _save(registry_path: Path, registry: Registry) -> None:
+    """Save the key registry, or an AccessError naming it and what is wrong."""
+    try:
+        save_registry(registry_path, registry)
+    except OSError as e:
+        raise AccessError(f"cannot save the key registry {registry_path}: {e.strerror or e}; {IN_PLACE_FIX}") \
+            from None
 
 
 @click.group()
@@ -79,8 +127,8 @@ def add_submitter(name: str, out: Path, access_file: Path, keys_file: Path | Non
     if out.exists():
         raise AccessError(f"{out} exists; choose another --out")
     token = registry.add("submitter", name, time.time())
-    save_registry(registry_path, registry)
-    write_access(out, Access(server=grants.server, fingerprint=grants.fingerprint, submitter=token))
+    _commit(registry_path, registry, out, Access(server=grants.server, fingerprint=grants.fingerprint,
+                                                 submitter=token), OUT_FIX)
     click.echo(f"wrote {out}: give it to {name} (gridbot submit --access {out.name} ...)")
 
 
@@ -97,8 +145,8 @@ def export_worker(pool: str, out: Path, access_file: Path, keys_file: Path | Non
         raise AccessError(f"{out} exists; choose another --out")
     if pool not in grants.workers:
         raise AccessError(f"the access file has no worker key for pool '{pool}'; it has {sorted(grants.workers)}")
-    write_access(out, Access(server=grants.server, fingerprint=grants.fingerprint,
-                             workers={pool: grants.workers[pool]}))
+    _write(out, Access(server=grants.server, fingerprint=grants.fingerprint, workers={pool: grants.workers[pool]}),
+           OUT_FIX)
     click.echo(f"wrote {out}: gridbot worker --access {out.name} --pool {pool}")
 
 
@@ -134,8 +182,7 @@ def rotate(role: str, pool: str | None, access_file: Path, keys_file: Path | Non
             changed.append(f"worker of pool {name}")
     if not changed:
         raise AccessError("nothing to rotate: the access file has no such key")
-    save_registry(registry_path, registry)
-    write_access(access_path, grants)
+    _commit(registry_path, registry, access_path, grants, IN_PLACE_FIX)
     click.echo(f"rotated: {', '.join(changed)}; new keys in {access_path}")
 
 
@@ -152,7 +199,7 @@ def revoke(key_id: str | None, pool: str | None, access_file: Path, keys_file: P
     hit = registry.revoke(key_id=key_id) if key_id else registry.revoke(role="worker", name=pool)
     if not hit:
         raise AccessError(f"no live key {'with id ' + key_id if key_id else 'for pool ' + str(pool)}")
-    save_registry(registry_path, registry)
+    _save(registry_path, registry)  # first: a revocation never waits on the access file
     revoked = {k.key_id for k in hit}
     kept = msgspec.structs.replace(grants, workers={p: t for p, t in grants.workers.items()
                                                     if t.split(".")[1] not in revoked})
@@ -160,5 +207,7 @@ def revoke(key_id: str | None, pool: str | None, access_file: Path, keys_file: P
         token = getattr(kept, field)
         if token and token.split(".")[1] in revoked:
             kept = msgspec.structs.replace(kept, **{field: ""})
-    write_access(access_path, kept)
+    if kept != grants:
+        _write(access_path, kept, "the keys are revoked all the same (refused within a second); remove them from "
+                                  "it by hand, or make it writable and run `gridbot access rotate`")
     click.echo(f"revoked {', '.join(f'{k.role} key {k.key_id} ({k.name})' for k in hit)}")

@@ -6,6 +6,7 @@ Exit codes: 0 all went well; 1 a job failed for good or something broke; 2 the i
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import os
@@ -19,7 +20,7 @@ import msgspec
 from rich.markup import escape
 
 from gridbot.cli import render
-from gridbot.cli.options import KNOBS, DispatchCommand, dispatch_options, knob_option
+from gridbot.cli.options import KNOBS, DispatchCommand, Finite, dispatch_options, knob_option
 from gridbot.client import DEFAULT_SERVER, ApiError, Client, load_lines_file, load_spec_file, with_policies
 from gridbot.core.config import DispatchConfig
 from gridbot.errors import GridbotError, ServerUnavailable
@@ -34,8 +35,30 @@ from gridbot.model.spec import (
 )
 from gridbot.model.states import BagState, JobState
 from gridbot.protocol import QosChange
+from gridbot.results import ResultsFolder
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def unwritable(path: Path, error: OSError, what: str, fix: str) -> GridbotError:
+    """The error for `what` that cannot be written to `path`: the path, why, and what to do (`fix`), instead
+    of the OSError's traceback. It names `path` and its folder, never the temporary file an atomic write
+    was making beside it."""
+    if error.errno == errno.ENOENT:
+        why = f"{path.parent} does not exist or takes no files"
+    elif error.errno in (errno.EEXIST, errno.ENOTDIR):
+        why = f"a file is in the way: {path.parent} is not a folder"
+    elif error.errno == errno.EISDIR:
+        why = f"{path} is a folder"
+    elif error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        why = f"no permission to write in {path.parent} ({error.strerror})"
+    elif error.errno == errno.ENOSPC:
+        why = "the disk is full"
+    else:
+        why = error.strerror or str(error)
+    return GridbotError(f"cannot write {what} {path}: {why}; {fix}")
+
+
 server_option = click.option("--server", envvar="GRIDBOT_SERVER", default=None,
                              help=f"URL of the gridbot server (or set GRIDBOT_SERVER) [default: the access file's, "
                                   f"else {DEFAULT_SERVER}].")
@@ -55,7 +78,7 @@ max_failures_option = click.option("--max-failures", type=click.IntRange(1),
 deadline_option = click.option("--deadline", metavar="WHEN",
                                help="The bag's QoS deadline: a duration after submission (2h) or a time with its zone "
                                     "(2026-11-27T17:00:00Z); with a budget, DBC scheduling keeps both.")
-budget_option = click.option("--budget", type=click.FloatRange(0), metavar="MONEY",
+budget_option = click.option("--budget", type=Finite(0), metavar="MONEY",
                              help="What the bag may spend on priced pools at most, in their currency.")
 timeout_option = click.option("--timeout", metavar="DURATION",
                               help="With --each-line: kill a job that runs longer than this (90, 10m, 2h), as a "
@@ -171,7 +194,7 @@ def run(spec: Path | None, each_line: Path | None, workers: int, db: str, result
 @click.option("--port", type=click.IntRange(0, 65535), default=8470, show_default=True)
 @dispatch_options
 @max_jobs_option
-@click.option("--heartbeat", type=click.FloatRange(0.1), default=15.0, show_default=True,
+@click.option("--heartbeat", type=Finite(0.1), default=15.0, show_default=True,
               help="Seconds between a busy worker's contacts (how soon it learns of a cancel).")
 @click.option("--pools", "pools_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Pools file: submit pilots to these pools as demand comes (the overlay).")
@@ -228,9 +251,12 @@ def server(db: str, host: str, port: int, dispatch: DispatchConfig, max_jobs: in
     validators: list[ValidatorSpec] = []
     if pools_file is not None:
         try:
-            text = pools_file.read_text()
+            text = pools_file.read_text(encoding="utf-8")
         except OSError as e:
             raise GridbotError(f"cannot read pools file {pools_file}: {e.strerror}") from e
+        except UnicodeDecodeError:
+            raise GridbotError(f"{pools_file} is not a text file; a pools file is TOML in UTF-8 (see "
+                               "docs/pools.md)") from None
         pool_specs, queues, validators = parse_server_file(text, str(pools_file))
     secure.check_options(host, no_auth, tls_mode, tls_cert, tls_key)
     store = open_store(db)  # a wrong --db is refused before any key or certificate is made
@@ -272,6 +298,7 @@ def server(db: str, host: str, port: int, dispatch: DispatchConfig, max_jobs: in
         store.close()
 
 
+
 @cli.command()
 @server_option
 @access_option
@@ -283,19 +310,19 @@ def server(db: str, host: str, port: int, dispatch: DispatchConfig, max_jobs: in
               help="Slot name: with the machine, it makes the stable host id.")
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=Path("gridbot-work"),
               show_default=True, help="Where job directories are made.")
-@click.option("--idle-timeout", type=click.FloatRange(0), default=300.0, show_default=True,
+@click.option("--idle-timeout", type=Finite(0), default=300.0, show_default=True,
               help="Exit after this many seconds with no work (0: never).")
-@click.option("--give-up-after", type=click.FloatRange(0), default=0.0, show_default=True,
+@click.option("--give-up-after", type=Finite(0), default=0.0, show_default=True,
               help="Exit when the server stays unreachable this long (0: never).")
 @click.option("--pool", default="local", show_default=True, help="Pool this worker belongs to.")
 @click.option("--keep-dirs", is_flag=True, help="Keep job directories after each job.")
-@click.option("--lifetime", type=click.FloatRange(0), default=0.0, show_default=True,
+@click.option("--lifetime", type=Finite(0), default=0.0, show_default=True,
               help="Stop after this many seconds, giving back what is held (0: never); pilots set it.")
-@click.option("--min-cpu", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+@click.option("--min-cpu", type=Finite(0, 1), default=0.0, show_default=True,
               help="Leave when a job uses less than this fraction of a CPU over --cpu-window (0: never).")
-@click.option("--cpu-window", type=click.FloatRange(1), default=600.0, show_default=True)
+@click.option("--cpu-window", type=Finite(1), default=600.0, show_default=True)
 @click.option("--exit-with-parent", is_flag=True, hidden=True)
-@click.option("--prefetch-seconds", type=click.FloatRange(0), default=0.0, show_default=True,
+@click.option("--prefetch-seconds", type=Finite(0), default=0.0, show_default=True,
               help="Also hold enough instances for this many seconds of work, judged from the jobs run so far "
                    "(short jobs then come in bundles; 0: --prefetch only).")
 @click.option("--executor", type=click.Choice(["shell", "noop"]), default="shell", show_default=True,
@@ -309,7 +336,7 @@ def server(db: str, host: str, port: int, dispatch: DispatchConfig, max_jobs: in
 @click.option("--max-jobs", type=click.IntRange(0), default=0, show_default=True,
               help="Ask for no more after this many jobs and leave once they are done (0: no limit): a pilot that "
                    "is one job's own batch job.")
-@click.option("--drop", type=click.FloatRange(0, 1), default=0.0, hidden=True,
+@click.option("--drop", type=Finite(0, 1), default=0.0, hidden=True,
               help="Testing: hold this fraction of instances without running them until their deadline, and never "
                    "report them (a host of an unreliable pool that loses work silently).")
 @friendly
@@ -582,7 +609,7 @@ def policy(bag: str, name: str | None, expression: str | None, server: str | Non
 @click.option("--utility", metavar="NAME|EXPR",
               help="makespan, cost, product (makespan x cost), or an expression over Makespan and Cost "
                    "[default: the bag's expert utility, else product].")
-@click.option("--budget", type=click.FloatRange(0), help="The fastest strategy costing at most this per task.")
+@click.option("--budget", type=Finite(0), help="The fastest strategy costing at most this per task.")
 @click.option("--deadline", metavar="DURATION", help="The cheapest strategy whose tail ends within this (90, 10m, 2h).")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the frontier as a PNG (the paper's Figures 8 and 9a).")
@@ -608,6 +635,8 @@ def plan(bag: str | None, scenario: Path | None, utility: str | None, budget: fl
 
     if history_file is not None and from_bag is not None:
         raise click.UsageError("give one of --history and --from-bag")
+    if plot_file is not None:
+        planning.plot_format(plot_file)  # a name that cannot be an image is refused before the work
     previous = planning.read_history(history_file) if history_file is not None else None
 
     seconds = None
@@ -624,6 +653,8 @@ def plan(bag: str | None, scenario: Path | None, utility: str | None, budget: fl
             with Client(server, access=access, admin=admin) as client:
                 previous = planning.previous_bag(client.bag_history(from_bag))
         report = planning.for_scenario(scenario, bag, utility, budget, seconds, previous)
+        if plot_file is not None:
+            planning.write_plot(report, plot_file)
     else:
         if bag is None:
             raise click.UsageError("give a running BAG, or --scenario FILE")
@@ -632,12 +663,12 @@ def plan(bag: str | None, scenario: Path | None, utility: str | None, budget: fl
                 previous = planning.previous_bag(client.bag_history(from_bag))
             given = client.plan_input(bag)
             report = planning.for_bag(given, utility, budget, seconds, previous)
+            if plot_file is not None:  # before --apply: a plot that cannot be written leaves the bag as it was
+                planning.write_plot(report, plot_file)
             if apply_it:
                 text = planning.settings(given.strategy, planning.chosen_utility(utility, budget, seconds)).utility
                 chosen = planning.apply_choice(given.strategy, text)
                 client.set_strategy(bag, chosen)
-    if plot_file is not None:
-        planning.write_plot(report, plot_file)
     if as_json:
         render.print_json(planning.as_dict(report))
         return
@@ -715,7 +746,11 @@ def delete(bag: str, keep_results: Path | None, force: bool, server: str | None,
     kept = None
     with Client(server, access=access, admin=admin) as client:
         if keep_results is not None:
-            if client.bag(bag).state == BagState.ACTIVE:
+            info = client.bag(bag)
+            # the folder is checked (and made) before the bag is cancelled: a folder that cannot take its
+            # results must leave an active bag running, since a cancelled bag cannot be retried
+            ResultsFolder(keep_results, info, force).prepare()
+            if info.state == BagState.ACTIVE:
                 client.cancel(bag)
             kept = client.download_results(bag, keep_results, force)
         gone = client.delete(bag, force)
@@ -831,7 +866,7 @@ def hosts(server: str | None, access: Path | None, admin: bool, as_json: bool) -
 @click.option("--seed", type=click.IntRange(0), help="Seed of the run [default: the scenario's].")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Folder for metrics.json and the plots (incomplete.png, throughput.png).")
-@click.option("--scale", type=click.FloatRange(0, 1, min_open=True), default=1.0,
+@click.option("--scale", type=Finite(0, 1, min_open=True), default=1.0,
               help="Run at this fraction of the size: jobs, pools and buffer scaled alike (try 0.1 first).")
 @click.option("--no-plots", is_flag=True, help="Write metrics.json only.")
 @click.option("--quiet", is_flag=True, help="Print nothing but errors.")

@@ -4,6 +4,7 @@ each field's kind gives the option's type and range, its default and help come f
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -11,6 +12,19 @@ import click
 
 from gridbot.cli import render
 from gridbot.core.config import DispatchConfig, Knob, knobs
+
+
+class Finite(click.FloatRange):
+    """A click.FloatRange that refuses nan and infinity as well: click's range check lets nan through (every
+    comparison with it is false) and an open end lets inf through, and no option here means either (a
+    duration, a fraction or an amount of money; "never" is 0 where an option has it)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        number: float = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number; give one in the range {self._describe_range()}", param,
+                      ctx)
+        return number
 
 F = TypeVar("F", bound=Callable[..., Any])
 DISPATCH_SECTION = "Dispatcher options (a simulation's [server] keys too: see docs/simulation.md)"
@@ -47,7 +61,7 @@ def knob_option(k: Knob) -> Callable[[F], F]:
     if k.kind == "count":
         kind: click.ParamType[Any] = click.IntRange(int(k.low))
     else:
-        kind = click.FloatRange(k.low, min_open=k.low == 0)
+        kind = Finite(k.low, min_open=k.low == 0)
     return click.option(k.option, k.name, type=kind, default=k.default, show_default=True,
                         metavar="N" if k.kind == "count" else "SECONDS", help=k.help)
 

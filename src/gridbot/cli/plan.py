@@ -142,9 +142,12 @@ def for_scenario(path: Path, bag_name: str | None, name: str | None, budget: flo
     from gridbot.sim.scenario import parse_scenario
 
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise GridbotError(f"cannot read scenario {path}: {e.strerror}") from e
+    except UnicodeDecodeError:
+        raise GridbotError(f"{path} is not a text file; a scenario is TOML in UTF-8 (see docs/simulation.md)") \
+            from None
     sc = parse_scenario(text, str(path))
     bags = [b for b in sc.bags if bag_name is None or b.name == bag_name]
     if not bags:
@@ -272,8 +275,28 @@ def show(r: Report) -> None:
             "task", soft_wrap=True)
 
 
+def plot_format(path: Path) -> str:
+    """The format `--plot path` is written in: its suffix's (png, pdf, svg, ...), PNG without one; a
+    GridbotError for a path with no file name or a suffix matplotlib cannot write. `gridbot plan` asks
+    before it plans, so a wrong name fails at once and not after the work (or after --apply)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    if not path.name or path.name in (".", ".."):
+        raise GridbotError(f"--plot {str(path)!r} names no file; give the image to write, such as frontier.png")
+    formats = FigureCanvasBase.get_supported_filetypes()
+    suffix = path.suffix[1:].lower() or "png"
+    if suffix not in formats:
+        raise GridbotError(f"--plot {path}: cannot write a .{suffix} image; end the name with one of "
+                           f"{', '.join('.' + f for f in sorted(formats))}")
+    return suffix
+
+
 def write_plot(r: Report, path: Path) -> None:
-    """The frontier, the sampled strategies, the static ones and the bests, as the paper's Figures 8 and 9a."""
+    """The frontier, the sampled strategies, the static ones and the bests, as the paper's Figures 8 and 9a;
+    a GridbotError naming the path if it cannot be written."""
+    from gridbot.cli.main import unwritable
+
+    kind = plot_format(path)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -303,9 +326,13 @@ def write_plot(r: Report, path: Path) -> None:
     ax.legend(fontsize=7, loc="upper right")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, format=kind)
+    except OSError as e:
+        raise unwritable(path, e, "the plot", "give --plot a file in a folder you may write") from None
+    finally:
+        plt.close(fig)
 
 
 def apply_choice(current: StrategyChoice, chosen: str) -> StrategyChoice:

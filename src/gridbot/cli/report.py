@@ -7,6 +7,7 @@ so a million-job bag makes a report of a few tens of kilobytes.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import math
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 import msgspec
 
 from gridbot.client import Client
+from gridbot.errors import GridbotError
 from gridbot.protocol import CostInfo, JobInfo
 from gridbot.server.console import BagSeries, HostPage
 
@@ -46,11 +48,21 @@ def fetch(client: Client, bag: str) -> ReportData:
 
 
 def write_report(client: Client, bag: str, out: Path) -> Path:
-    """Write the report of `bag` to `out` (made atomically: a reader never sees half a file)."""
+    """Write the report of `bag` to `out` (made atomically: a reader never sees half a file); a GridbotError
+    naming `out` and what is wrong with it if it names no file or cannot be written there."""
+    from gridbot.cli.main import unwritable
+
+    if not out.name or out.name in (".", ".."):
+        raise GridbotError(f"--out {str(out)!r} names no file; give the HTML file to write, such as report.html")
     text = render(fetch(client, bag))
     tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(out)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(out)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise unwritable(out, e, "the report", "give --out a file in a folder you may write") from None
     return out
 
 

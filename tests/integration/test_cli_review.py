@@ -1,0 +1,175 @@
+"""Bad input to the commands a reviewer tried: each is refused with a message naming the problem and exit
+status 2, never a traceback, and a refusal changes nothing (no key registered, no bag cancelled).
+
+Real `gridbot` processes, as a user types them; a real server where the command needs one.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gridbot.security.keys import load_registry
+from tests.integration.harness import gridbot
+
+SCENARIO = """
+[simulation]
+seed = 5
+
+[pools.cluster]
+kind = "cluster"
+size = 20
+
+[bags.sweep]
+jobs = 50
+runtime = { dist = "uniform", low = "1m", high = "3m" }
+"""
+
+NOT_UTF8 = b"\xff\xfe[pools.local]\n"
+
+
+def refused(proc: subprocess.CompletedProcess[str], *words: str) -> None:
+    """The command was refused as bad input: exit status 2, each of `words` in its message, no traceback."""
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    message = " ".join(proc.stderr.split())  # the console wraps long lines
+    for w in words:
+        assert w in message, (w, proc.stderr)
+
+
+def scenario(tmp_path: Path) -> Path:
+    path = tmp_path / "s.toml"
+    path.write_text(SCENARIO)
+    return path
+
+
+def submit_queued(cluster, tmp_path: Path, name: str = "q") -> None:
+    """An active bag that stays active: no worker takes its jobs."""
+    spec = tmp_path / f"{name}.toml"
+    spec.write_text(f'name = "{name}"\ncommand = "echo {{i}}"\n[parameters]\ni = [1, 2, 3]\n')
+    with cluster.client() as c:
+        c.submit_file(spec)
+
+
+# -- 1: nan and infinity -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("args", "option"), [
+    (("simulate", "{scenario}", "--scale", "nan"), "--scale"),
+    (("plan", "--scenario", "{scenario}", "--budget", "nan"), "--budget"),
+    (("plan", "--scenario", "{scenario}", "--budget", "inf"), "--budget"),
+    # --pools of a missing file: were the option taken, the server would stop there instead of serving
+    (("server", "--heartbeat", "nan", "--pools", "missing.toml"), "--heartbeat"),
+    (("server", "--host-timeout", "nan", "--pools", "missing.toml"), "--host-timeout"),  # cli/options.py's
+    (("worker", "--idle-timeout", "inf", "--access", "missing.json"), "--idle-timeout"),
+    (("worker", "--min-cpu", "nan", "--access", "missing.json"), "--min-cpu"),
+    (("submit", "--each-line", "missing.txt", "--budget", "nan"), "--budget"),
+])
+def test_nan_and_infinity_are_refused_by_float_options(tmp_path, args, option):
+    path = scenario(tmp_path)
+    proc = gridbot(*(a.format(scenario=path) for a in args), cwd=tmp_path, timeout=60)
+    refused(proc, f"Invalid value for '{option}'", "is not a finite number", "give one in the range")
+
+
+# -- 2: gridbot report --out -------------------------------------------------------------------------------
+
+
+def test_report_refuses_an_out_it_cannot_write_naming_it(cluster, tmp_path):
+    cluster.start_server()
+    submit_queued(cluster, tmp_path)
+    (tmp_path / "afile").write_text("")
+    refused(gridbot("report", "q", "--out", "/proc/x.html"),
+            "cannot write the report /proc/x.html", "/proc does not exist or takes no files", "give --out a file")
+    refused(gridbot("report", "q", "--out", "afile/x.html", cwd=tmp_path),
+            "cannot write the report afile/x.html", "afile is not a folder")
+    refused(gridbot("report", "q", "--out", ""), "names no file", "such as report.html")
+    assert not list(tmp_path.glob(".*.tmp")), "no temporary file left behind"
+    done = gridbot("report", "q", "--out", str(tmp_path / "r.html"))
+    assert done.returncode == 0, done.stderr
+
+
+# -- 3: gridbot plan --plot --------------------------------------------------------------------------------
+
+
+def test_plan_refuses_a_plot_it_cannot_write_naming_it(tmp_path):
+    path = scenario(tmp_path)
+    (tmp_path / "afile").write_text("")
+    refused(gridbot("plan", "--scenario", str(path), "--plot", "/proc/x.png"),
+            "cannot write the plot /proc/x.png", "/proc does not exist or takes no files", "give --plot a file")
+    refused(gridbot("plan", "--scenario", str(path), "--plot", "afile/x.png", cwd=tmp_path),
+            "cannot write the plot afile/x.png", "afile is not a folder")
+    refused(gridbot("plan", "--scenario", str(path), "--plot", "x.txt", cwd=tmp_path),
+            "cannot write a .txt image", ".png")
+    refused(gridbot("plan", "--scenario", str(path), "--plot", "", cwd=tmp_path), "names no file")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "s.toml"], "nothing written"
+
+
+# -- 4 and 5: gridbot access -------------------------------------------------------------------------------
+
+
+def test_export_worker_refuses_an_out_it_cannot_write(cluster, tmp_path):
+    cluster.start_server()
+    (tmp_path / "afile").write_text("")
+    for out, why in (("afile/w.json", "afile is not a folder"), ("/proc/w.json", "/proc does not exist")):
+        proc = gridbot("access", "export-worker", "local", "--out", out, "--access-file", str(cluster.access),
+                       cwd=tmp_path)
+        refused(proc, f"cannot write the access file {out}", why, "give --out a file in a folder you may write")
+
+
+def test_add_submitter_with_a_bad_out_registers_nothing(cluster, tmp_path):
+    cluster.start_server()
+    (tmp_path / "afile").write_text("")
+    registry = tmp_path / "gridbot-keys.json"
+    before = registry.read_bytes()
+    for out, why in (("afile/b.json", "afile is not a folder"), ("/proc/b.json", "/proc does not exist")):
+        proc = gridbot("access", "add-submitter", "bob", "--out", out, "--access-file", str(cluster.access),
+                       cwd=tmp_path)
+        refused(proc, f"cannot write the access file {out}", why, "give --out a file in a folder you may write")
+        assert registry.read_bytes() == before, "the registry is as it was"
+        assert not load_registry(registry).live("submitter", "bob")
+    bob = tmp_path / "bob.json"
+    again = gridbot("access", "add-submitter", "bob", "--out", str(bob), "--access-file", str(cluster.access))
+    assert again.returncode == 0, again.stderr
+    assert load_registry(registry).live("submitter", "bob") and json.loads(bob.read_text())["submitter"]
+
+
+# -- 6: files that are not UTF-8 ---------------------------------------------------------------------------
+
+
+def test_files_that_are_not_text_are_refused_by_plan_and_server(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_bytes(NOT_UTF8)
+    refused(gridbot("plan", "--scenario", str(bad)), f"{bad} is not a text file", "a scenario is TOML")
+    refused(gridbot("server", "--pools", str(bad), "--db", "memory://", "--no-auth", cwd=tmp_path, timeout=60),
+            f"{bad} is not a text file", "a pools file is TOML")
+    refused(gridbot("simulate", str(bad)), f"{bad} is not a text file")  # as simulate did already
+
+
+# -- 7: gridbot delete --keep-results ----------------------------------------------------------------------
+
+
+def test_delete_checks_where_the_results_go_before_it_cancels(cluster, tmp_path):
+    cluster.start_server()
+    submit_queued(cluster, tmp_path)
+    (tmp_path / "afile").write_text("")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / ".gridbot-results.json").write_text(json.dumps({"bag": "x", "bag_id": 99, "created_at": 1.0}))
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "notes.txt").write_text("mine")
+    for folder, words in ((tmp_path / "afile" / "sub", ("cannot write the results to",)),
+                          (Path("/proc/kept"), ("cannot write the results to /proc/kept",)),
+                          (other, ("holds the results of another bag", "--force")),
+                          (busy, ("is not empty", "--force"))):
+        refused(gridbot("delete", "q", "--keep-results", str(folder)), str(folder), *words)
+        with cluster.client() as c:
+            assert c.bag("q").state == "active", f"{folder}: the bag is not cancelled"
+    assert (busy / "notes.txt").read_text() == "mine" and not (other / "jobs.jsonl").exists()
+    kept = tmp_path / "kept"
+    done = gridbot("delete", "q", "--keep-results", str(kept))
+    assert done.returncode == 0, done.stderr
+    assert "deleted bag" in done.stdout and (kept / "jobs.jsonl").exists()
