@@ -184,3 +184,13 @@ def test_any_text_is_a_bag_or_a_spec_error(lines):
         assert e.problems and all(p.message for p in e.problems)
     else:
         assert spec.command and spec.sweep_size >= 1
+
+
+def test_an_unterminated_brace_placeholder_is_refused_and_the_shells_own_is_written_with_two_dollars():
+    """Found by the command-line review of 2026-11-27: `./calc $x ${x` became the command `./calc 1 ${x`, which
+    every job's shell then refused."""
+    text = "parameter x integer range from 1 to 2;\n" + task("node:execute ./calc $x ${x")
+    [(line, message, hint)] = problems(text)
+    assert line == 3 and "'${' without a name" in message and "$${" in hint
+    spec = plan("parameter x integer range from 1 to 2;\n" + task("node:execute echo $${HOME:-none} $x"))
+    assert spec.command == "echo ${{HOME:-none}} {x}"

@@ -85,7 +85,7 @@ _UNSUPPORTED = {
 _TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|;|[^\s";]+|"')
 _ARG = re.compile(r'"(?:[^"\\]|\\.)*"|[^\s"]+|"')
 _NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d{1,3})?", re.ASCII)
-_DOLLAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)|[{}]")
+_DOLLAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$\{|\$([A-Za-z_][A-Za-z0-9_]*)|[{}]")
 _SHELL_SAFE = re.compile(r"[A-Za-z0-9_./=:,+@%-]+")
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0"}
 
@@ -502,6 +502,10 @@ class _Translator:
             word = m.group(0)
             if word == "$$":
                 return "$"
+            if word == "${":  # not `${name}`: unterminated, or the shell's own syntax
+                self.fail(line, f"'${{' without a name and its '}}' in the {where}",
+                          "write ${name} for a parameter, or $${ for the shell's own ${...}")
+                return ""
             if word in "{}":
                 return word * 2
             name = m.group(1) or m.group(2)
