@@ -16,7 +16,11 @@
    up first (bench/peers/run_peer.py); every result is checked (count, return code 0). The systems take
    turns within each repetition, in an order that rotates from one repetition to the next, so the
    machine's drift falls on all of them alike. Seconds to the first result: gridbot's from the server's
-   record of it, the peers' from the tasks' own completion timestamps.
+   record of it, the peers' from the tasks' own completion timestamps. One more row, not a peer: the
+   chunked map with a gridbot worker's per-job duties besides the job (output files, a session, the
+   output tails, the slot emptied; bench/peers/run_peer.py `ppe-duties`), the most a worker doing them
+   could reach with no server, report or event loop: the target of 85% of the plain map is judged
+   beside it.
 2. dispatch capacity: noop workers (`--executor noop`: every instance reported done at once), so the
    server, the protocol and the store are measured alone, with two fleets: 2 hosts of 1,000 slots
    (1,000-job bundles per round trip) and HOSTS hosts of 2 slots with 2 prefetched (bundles of up to 4,
@@ -62,12 +66,15 @@ from gridbot.model.spec import BagSpec, parse_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERS_VENV = ROOT / ".venv-peers"
-PEERS = ("ppe", "ppe-map", "dask", "parsl", "ray", "hq")
+PEERS = ("ppe", "ppe-map", "ppe-duties", "dask", "parsl", "ray", "hq")
 ALL_PEERS = (*PEERS, "hq-files")
 CEILING = "ppe-map"
 """ProcessPoolExecutor's chunked map: no middleware, the spawn ceiling of the machine."""
-NOT_MIDDLEWARE = ("ppe", "ppe-map")
+DUTIES = "ppe-duties"
+"""The chunked map doing a gridbot worker's per-job duties besides the job: the most such a worker can reach."""
+NOT_MIDDLEWARE = ("ppe", "ppe-map", DUTIES)
 PEER_NAMES = {"ppe": "ProcessPoolExecutor(2), submit()", "ppe-map": "ProcessPoolExecutor(2), chunked map()",
+              DUTIES: "chunked map() with gridbot's per-job duties",
               "dask": "Dask LocalCluster", "parsl": "Parsl HTEX", "ray": "Ray", "hq": "HyperQueue",
               "hq-files": "HyperQueue, default output files"}
 E2E_COMMAND = {"shell": "sh -c true", "exec": "true"}
@@ -213,9 +220,12 @@ def scenario_1(jobs: int, runs: int, peers: list[str], task: str) -> str:
     lines = []
     if best is not None:
         lines.append(f"gridbot / best middleware peer ({best.name}): {grid.median / best.median:.2f}x (target 2x)")
-    for s, target in ((CEILING, " (the spawn ceiling; target 85%)"), ("ppe", "")):
+    for s, target in ((CEILING, " (the spawn ceiling; target 85%)"), (DUTIES, ""), ("ppe", "")):
         if s in rate and rate[s].values:
             lines.append(f"gridbot / {rate[s].name}: {grid.median / rate[s].median:.0%}{target}")
+    if all(s in rate and rate[s].values for s in (DUTIES, CEILING)):
+        lines.append(f"{rate[DUTIES].name} / {rate[CEILING].name}: {rate[DUTIES].median / rate[CEILING].median:.0%} "
+                     "(the most a worker doing those duties could reach, with no server, report or event loop)")
     return out_text + ("\n".join(lines) + "\n" if lines else "")
 
 
@@ -421,8 +431,8 @@ def main() -> None:
     parser.add_argument("--host-prefetch", type=int, default=2, help="instances each of those hosts prefetches")
     parser.add_argument("--many-hosts-jobs", type=int, default=100_000, help="jobs of the many-hosts rows")
     parser.add_argument("--capacity-peers", nargs="*", default=None, choices=ALL_PEERS,
-                        help="peers whose no-op rate scenario 2 shows (default: --peers but HyperQueue, which "
-                             "runs programs)")
+                        help="peers whose no-op rate scenario 2 shows (default: --peers but HyperQueue and "
+                             f"{DUTIES}, which run programs)")
     parser.add_argument("--peer-noop-jobs", type=int, default=20_000)
     parser.add_argument("--no-pg", action="store_true", help="skip PostgreSQL in scenario 2")
     parser.add_argument("--scale-jobs", type=int, default=10_000_000)
@@ -437,8 +447,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="also write the tables to this Markdown file")
     args = parser.parse_args()
     harness.DB_DIR = args.db_dir
-    capacity_peers = [p for p in args.peers if not p.startswith("hq")] if args.capacity_peers is None \
-        else args.capacity_peers
+    capacity_peers = [p for p in args.peers if not p.startswith("hq") and p != DUTIES] \
+        if args.capacity_peers is None else [p for p in args.capacity_peers if p != DUTIES]
     pg = 2 in args.only and not args.no_pg
     started_at = time.time()
     parts = [f"machine: {harness.machine()}", f"command: {' '.join(sys.argv)}", harness.storage()]

@@ -5,6 +5,8 @@
 SYSTEM, each with WORKERS processes (or cores) running tasks:
   ppe       concurrent.futures ProcessPoolExecutor(WORKERS), one submit() per task
   ppe-map   the same pool's map() in chunks of --chunksize: no middleware at all, the spawn ceiling
+  ppe-duties  that chunked map with what a gridbot worker does around each job besides running it (see
+            `duties_task`): the most a worker keeping those duties could reach, with no server at all
   dask      distributed.LocalCluster, WORKERS processes of one thread
   parsl     HighThroughputExecutor on a LocalProvider, WORKERS workers
   ray       ray.init(num_cpus=WORKERS)
@@ -32,8 +34,12 @@ Written from each system's documented API only; nothing of theirs is copied here
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import os
+import signal
+import stat
 import sys
 import tempfile
 import time
@@ -68,6 +74,63 @@ def noop_task(_: int) -> Result:
 
 
 TASKS: dict[str, Callable[[int], Result]] = {"shell": shell_task, "exec": exec_task, "noop": noop_task}
+DUTY_ARGV = {"shell": ["sh", "-c", "true"], "exec": ["true"]}
+DUTY_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "USER", "LOGNAME", "TZ", "SHELL")
+OUT, ERR = ".gridbot-stdout", ".gridbot-stderr"
+_slot = ""
+
+
+def _slot_init(parent: str) -> None:
+    """A pool process's own job directory under `parent`, reused by every task it runs (a gridbot slot's);
+    none without a parent (the tasks that need none)."""
+    global _slot
+    if parent:
+        _slot = tempfile.mkdtemp(prefix="slot-", dir=parent)
+
+
+def _tail(path: str, limit: int = 64 * 1024) -> str:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not st.st_size or not stat.S_ISREG(st.st_mode):
+            return ""
+        return os.pread(fd, min(st.st_size, limit), max(0, st.st_size - limit)).decode(errors="replace")
+    finally:
+        os.close(fd)
+
+
+def duties_task(argv: list[str], i: int) -> Result:
+    """Run `argv` as a gridbot worker runs a job (gridbot.worker.executor, same system calls, written
+    again here so that this process imports nothing of gridbot's): the worker's environment filtered
+    plus the job's variables; stdout and stderr into files of the slot's directory, created or
+    truncated by the child; a session of its own; started in the slot's directory; reaped with its
+    resource usage; its process group killed; both output tails read; the directory emptied of anything
+    else. No server, no report, no event loop: what is left of gridbot's per-job cost once those are gone."""
+    started = time.monotonic()
+    env = {k: os.environ[k] for k in DUTY_ENV if k in os.environ}
+    env.update(GRIDBOT_JOB_INDEX=str(i), GRIDBOT_JOB_ID=str(i), GRIDBOT_INSTANCE=str(i), GRIDBOT_BAG="bench",
+               GRIDBOT_CPUS="1")
+    out, err = f"{_slot}/{OUT}", f"{_slot}/{ERR}"
+    actions = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+               (os.POSIX_SPAWN_OPEN, 1, out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644),
+               (os.POSIX_SPAWN_OPEN, 2, err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)]
+    home = os.getcwd()
+    os.chdir(_slot)
+    try:
+        pid = os.posix_spawnp(argv[0], argv, env, file_actions=actions, setsid=True,
+                              setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
+    finally:
+        os.chdir(home)
+    _, status, usage = os.wait4(pid, 0)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+    report = (os.waitstatus_to_exitcode(status), time.monotonic() - started, usage.ru_utime + usage.ru_stime,
+              _tail(out), _tail(err))
+    with os.scandir(_slot) as entries:
+        for entry in entries:
+            if entry.name not in (OUT, ERR):
+                os.unlink(entry.path)
+    return report[0], time.time()
 HQ_ARGS = {"shell": ["/bin/sh", "-c", "true"], "exec": ["true"]}
 
 
@@ -101,8 +164,8 @@ def check(results: list[Result], jobs: int, m: Measured) -> float:
     return min(t for _, t in results) - m.wall_start
 
 
-def run_ppe(fn: Any, jobs: int, workers: int, m: Measured, chunksize: int = 0) -> list[Result]:
-    with ProcessPoolExecutor(workers) as pool:
+def run_ppe(fn: Any, jobs: int, workers: int, m: Measured, chunksize: int = 0, slots: str = "") -> list[Result]:
+    with ProcessPoolExecutor(workers, initializer=_slot_init, initargs=(slots,)) as pool:
         list(pool.map(noop_task, range(workers * 4)))  # started: every process up
         m.begin()
         if chunksize:
@@ -229,7 +292,15 @@ def measure(system: str, task: str, jobs: int, workers: int, chunksize: int) -> 
         if m.bound:
             m.config += f"; its client sees the end once a second: at most {m.bound:,.0f} jobs/s"
     else:
-        if system in ("ppe", "ppe-map"):
+        if system == "ppe-duties":
+            if task not in DUTY_ARGV:
+                raise SystemExit(f"ppe-duties runs a program: task {task!r} is not one (shell or exec)")
+            m = Measured(f"Python {sys.version.split()[0]}", f"ProcessPoolExecutor({workers}), "
+                         f"map(chunksize={chunksize}), a gridbot worker's per-job duties")
+            with tempfile.TemporaryDirectory(prefix="ppe-duties-") as slots:
+                results = run_ppe(functools.partial(duties_task, DUTY_ARGV[task]), jobs, workers, m, chunksize,
+                                  slots)
+        elif system in ("ppe", "ppe-map"):
             m = Measured(f"Python {sys.version.split()[0]}", f"ProcessPoolExecutor({workers}), " +
                          (f"map(chunksize={chunksize})" if system == "ppe-map" else "a submit() per task"))
             results = run_ppe(fn, jobs, workers, m, chunksize if system == "ppe-map" else 0)
@@ -253,7 +324,7 @@ def measure(system: str, task: str, jobs: int, workers: int, chunksize: int) -> 
     return {"rate": jobs / m.total, "first": first, "results": count, "version": m.version, "config": m.config}
 
 
-SYSTEMS = ("ppe", "ppe-map", "dask", "parsl", "ray", "hq", "hq-files")
+SYSTEMS = ("ppe", "ppe-map", "ppe-duties", "dask", "parsl", "ray", "hq", "hq-files")
 
 
 def main() -> None:
