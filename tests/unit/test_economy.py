@@ -602,3 +602,13 @@ def test_a_bag_without_a_dbc_placement_reports_no_qos():
     bag = sim.bag("plain", 3)
     assert sim.d.qos(bag, 0.0) is None
     assert sim.d.qos(999, 0.0) is None, "no such bag"
+
+
+def test_a_note_of_jobs_left_unplanned_says_why_without_a_deadline_or_budget():
+    """Found by the command-line review of 2026-11-27: a `cost` bag with neither a deadline nor a budget had its
+    unplanned jobs noted as "cannot  (cost: ..." (the reason left empty)."""
+    sim = priced({"cheap": {**ADS["cheap"], "MaxRunning": 0}})
+    bag = qos_bag(sim, 10, None, None, placement="cost")
+    plan_at(sim, bag, 0.0)
+    notes = sim.d.diagnostics(bag, 1.0)
+    assert not any("cannot  (" in n for n in notes), notes

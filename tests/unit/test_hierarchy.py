@@ -144,6 +144,8 @@ def _replace(old: str, new: str) -> str:
     pytest.param(QUEUE + '[queues.q1b]\nlevel = 1\npools = ["a"]\nqueue_time_limit = 60\nexec_time_limit = 60\n'
                  "max_cpus = 1\n", 13, "pool 'a' is in queues 'q1' and 'q1b' of the same level 1",
                  "share load by moving bags", id="one level sharing a pool"),
+    pytest.param(_replace('pools = ["a"]', 'pools = ["a", "a"]'), 7, "pool 'a' is listed twice in queue 'q1'",
+                 "list it once", id="a pool listed twice (review: said 'in queues q1 and q1')"),
     pytest.param(_replace("level = 1", "level = 2"), 5, "the top level is 2, not 1", "number the levels from 1",
                  id="top level not 1"),
     pytest.param(_replace('pools = ["a"]', "pools = []"), 7, "'pools' must be a list", 'pools = ["cluster"]',

@@ -67,7 +67,9 @@ def parse_queues(table: object, pool_names: list[str], fail: Fail) -> list[Queue
     for q in out:
         for p in q.pools:
             other = seen.get((p, q.level))
-            if other is not None:
+            if other == q.name:
+                fail(("queues", q.name, "pools"), f"pool '{p}' is listed twice in queue '{q.name}'", "list it once")
+            elif other is not None:
                 fail(("queues", q.name, "pools"), f"pool '{p}' is in queues '{other}' and '{q.name}' of the same "
                      f"level {q.level}", "queues of one level share load by moving bags, not by sharing pools")
             seen.setdefault((p, q.level), q.name)

@@ -377,6 +377,7 @@ class DbcPlacement(Placement):
             finish = _when(report.projected_finish, now)
             why = " and ".join(w for w, given in (("finish by the deadline", report.deadline_at is not None),
                                                   ("be paid within the budget", report.budget is not None)) if given)
+            why = why or "be placed (the bag has neither a deadline nor a budget for its placement to keep)"
             out.append(f"{report.unplanned:,} of the {bag.queued:,} jobs not started cannot {why} ({report.strategy}:"
                        f" projected {finish}, cost {report.projected_cost:,.2f}"
                        f"{'' if report.budget is None else f' of {report.budget:,.2f}'}); {fix}")
