@@ -231,8 +231,8 @@ def _spec_of(toml: str) -> BagSpec:
 def test_an_each_line_file_is_split_at_line_feeds_only():
     """Found by the command-line review: splitlines() also split at \\x0b, \\x0c, \\x1c-\\x1e, \\x85 and
     \\u2028, so one line of a file became several broken commands."""
-    text = 'printf "a\x1cb" ; echo c\x0becho d\nsecond\r\n\u2028third\n'
-    assert parse_lines(text, "c.txt") == ['printf "a\x1cb" ; echo c\x0becho d', "second", "third"]
+    text = 'printf "a\x1cb" ; echo c\x0becho d\nsecond\r\n\u2028third\rfourth\n'
+    assert parse_lines(text, "c.txt") == ['printf "a\x1cb" ; echo c\x0becho d', "second", "third", "fourth"]
 
 
 def test_a_spec_and_its_toml_are_refused_with_the_same_words(app):

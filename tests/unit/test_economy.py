@@ -358,6 +358,10 @@ def test_a_budget_of_zero_runs_on_free_pools_only():
     """Found by the command-line review of 2026-11-27: `budget = 0` is valid (the docs say >= 0) and means
     "free resources only", but such a bag never started, not even on a free pool ("the budget is spent")."""
     sim = priced({**ADS, "free": {"Name": "free", "PricePerCpuHour": 0.0, "MaxRunning": 3, "Cpus": 1, "Speed": 1.0}})
+    probing = qos_bag(sim, 10, 0, "1d", options="")  # no runtime given: it probes first (found by review)
+    assert plan_at(sim, probing, 0.0).planned == {"free": 1}, "a probe on the free pool only"
+    assert not any("budget is spent" in n for n in sim.d.diagnostics(probing, 1.0))
+    sim = priced({**ADS, "free": {"Name": "free", "PricePerCpuHour": 0.0, "MaxRunning": 3, "Cpus": 1, "Speed": 1.0}})
     bag = qos_bag(sim, 10, 0, "1d")
     qos = plan_at(sim, bag, 0.0)
     assert set(qos.planned) == {"free"}, qos

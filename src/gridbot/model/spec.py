@@ -493,10 +493,14 @@ def each_line_spec(name: str, max_failures: int = DEFAULT_MAX_FAILURES) -> BagSp
     return BagSpec(name=name, each_line=True, max_failures=max_failures)
 
 
+_LINE_END = re.compile(r"\r\n|\r|\n")
+"""Where a line of a text file ends: LF, CRLF or a lone CR (an old Mac's), and nowhere else."""
+
+
 def parse_lines(text: str, source: str, max_jobs: int = DEFAULT_MAX_JOBS) -> list[str]:
     """Commands of an each-line file: one shell command per non-blank line (each one checked as the server
     checks the lines it is sent)."""
-    lines = [ln.strip() for ln in text.split("\n")]  # not splitlines(): \x0b, \x1c, \x85... are no line's end
+    lines = [ln.strip() for ln in _LINE_END.split(text)]  # not splitlines(): \x0b, \x1c, \x85... end no line
     commands = [ln for ln in lines if ln]
     if not commands:
         raise SpecError(source, [Problem("the file has no commands", None, "write one shell command per line")])
@@ -1021,9 +1025,10 @@ def _filled_output_problems(spec: BagSpec) -> list[str]:
     if not templated or spec.each_line:
         return []
     first = {p.name: p.value_of()(0) for p in spec.parameters}
+    named = {field for t in templated for _, field, _, _ in string.Formatter().parse(t) if field}
     problems: list[str] = []
     for p in spec.parameters:
-        if p.values is None:
+        if p.values is None or p.name not in named:  # (a list of millions that no output names costs nothing)
             continue
         for value in dict.fromkeys(p.values):
             values = {**first, p.name: value}

@@ -436,7 +436,7 @@ class DbcPlacement(Placement):
     def _probe(self, pools: Sequence[PoolEstimate], jobs: int, budget: float) -> Plan:
         plan = Plan()
         groups = _groups([p for p in pools if p.slots > 0], self.number("cost_tolerance"))
-        if groups and budget > 0:
+        if groups and (budget > 0 or groups[0][0].unit_cost == 0):  # a budget of 0 probes the free pools
             for p in groups[0]:
                 if jobs > 0 and p.running == 0:
                     plan.assigned[p.name] = 1
@@ -537,7 +537,8 @@ class DbcPlacement(Placement):
         jobs on free pools: it means free resources only)."""
         costs = [p.reserve for p in self.pools.values() if p.seconds is not None and p.slots > 0]
         left = self._budget_left(bag)
-        return left < 0 or (bool(costs) and left < min(costs)) or (not costs and left <= 0)
+        free = any(p.unit_cost == 0 and p.slots > 0 for p in self.pools.values())  # (probed while none is known)
+        return left < 0 or (bool(costs) and left < min(costs)) or (not costs and left <= 0 and not free)
 
     def _room(self, bag: BagView, pool: str, now: float) -> int:
         """How many more instances the bag may start on the pool now."""

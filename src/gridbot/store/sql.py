@@ -79,8 +79,8 @@ SQL = {
                      "VALUES (?, ?, ?, ?, 'active', ?, ?, ?, ?) RETURNING id",
     "id_floor": "SELECT floor FROM id_floors WHERE name = ?",
     "raise_floor": "UPDATE id_floors SET floor = ? WHERE name = ? AND floor < ?",
-    "bag_top_ids": "SELECT (SELECT MAX(id) FROM jobs WHERE bag_id = ?), "
-                   "(SELECT MAX(id) FROM instances WHERE bag_id = ?)",
+    "bag_top_ids": "SELECT (SELECT MAX(id) FROM jobs WHERE bag_id = ?), "  # by instances_by_job: bag_id has no index
+                   "(SELECT MAX(id) FROM instances WHERE job_id IN (SELECT id FROM jobs WHERE bag_id = ?))",
     "set_spec": "UPDATE bags SET spec = ? WHERE id = ?",
     "keep_revision": "INSERT INTO bag_revisions (bag_id, revision, spec, spec_hash, replaced_at) "
                      "SELECT id, revision, spec, spec_hash, ? FROM bags WHERE id = ?",
