@@ -13,6 +13,7 @@ import click
 import msgspec
 
 from gridbot.cli import render
+from gridbot.errors import unwritable
 from gridbot.security.access import ACCESS_NAME, REGISTRY_NAME, Access, read_access, write_access
 from gridbot.security.keys import (
     ADMIN_NAME,
@@ -46,7 +47,6 @@ IN_PLACE_FIX = "make it writable (or pass --access-file/--keys-file), then run t
 
 def _write(path: Path, grants: Access, fix: str) -> None:
     """Write the access file `path`, or an AccessError naming it, what is wrong and what to do (`fix`)."""
-    from gridbot.cli.main import unwritable  # not at the top: cli/main.py imports this module as it loads
 
     try:
         write_access(path, grants)

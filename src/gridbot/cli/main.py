@@ -6,7 +6,6 @@ Exit codes: 0 all went well; 1 a job failed for good or something broke; 2 the i
 
 from __future__ import annotations
 
-import errno
 import functools
 import logging
 import os
@@ -38,25 +37,6 @@ from gridbot.protocol import QosChange
 from gridbot.results import ResultsFolder
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def unwritable(path: Path, error: OSError, what: str, fix: str) -> GridbotError:
-    """The error for `what` that cannot be written to `path`: the path, why, and what to do (`fix`), instead
-    of the OSError's traceback. It names `path` and its folder, never the temporary file an atomic write
-    was making beside it."""
-    if error.errno == errno.ENOENT:
-        why = f"{path.parent} does not exist or takes no files"
-    elif error.errno in (errno.EEXIST, errno.ENOTDIR):
-        why = f"a file is in the way: {path.parent} is not a folder"
-    elif error.errno == errno.EISDIR:
-        why = f"{path} is a folder"
-    elif error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        why = f"no permission to write in {path.parent} ({error.strerror})"
-    elif error.errno == errno.ENOSPC:
-        why = "the disk is full"
-    else:
-        why = error.strerror or str(error)
-    return GridbotError(f"cannot write {what} {path}: {why}; {fix}")
 
 
 server_option = click.option("--server", envvar="GRIDBOT_SERVER", default=None,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gridbot import history
-from gridbot.errors import GridbotError
+from gridbot.errors import GridbotError, unwritable
 from gridbot.model.spec import StrategyChoice
 from gridbot.protocol import BagHistory, PlanInput
 from gridbot.schedulers.expert.characterize import Characterization, CharacterizationError, from_runtimes
@@ -294,7 +294,6 @@ def plot_format(path: Path) -> str:
 def write_plot(r: Report, path: Path) -> None:
     """The frontier, the sampled strategies, the static ones and the bests, as the paper's Figures 8 and 9a;
     a GridbotError naming the path if it cannot be written."""
-    from gridbot.cli.main import unwritable
 
     kind = plot_format(path)
     import matplotlib

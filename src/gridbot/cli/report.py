@@ -17,7 +17,7 @@ from pathlib import Path
 import msgspec
 
 from gridbot.client import Client
-from gridbot.errors import GridbotError
+from gridbot.errors import GridbotError, unwritable
 from gridbot.protocol import CostInfo, JobInfo
 from gridbot.server.console import BagSeries, HostPage
 
@@ -50,7 +50,6 @@ def fetch(client: Client, bag: str) -> ReportData:
 def write_report(client: Client, bag: str, out: Path) -> Path:
     """Write the report of `bag` to `out` (made atomically: a reader never sees half a file); a GridbotError
     naming `out` and what is wrong with it if it names no file or cannot be written there."""
-    from gridbot.cli.main import unwritable
 
     if not out.name or out.name in (".", ".."):
         raise GridbotError(f"--out {str(out)!r} names no file; give the HTML file to write, such as report.html")
