@@ -335,3 +335,51 @@ def test_a_named_utility_whose_bound_no_strategy_can_meet_is_refused(text):
     [strategy] and by `gridbot plan --utility`, and no strategy could ever meet them."""
     with pytest.raises(ExpressionError, match="finite number above 0"):
         utility(text)
+
+
+# -- the range stated with a prediction --------------------------------------------------------------------------
+
+
+def _lossy_tail(tasks: int = 16, machines: int = 16):
+    from gridbot.schedulers.expert.planner import Observed, PoolFacts
+
+    pools = (PoolFacts("grid", False, 1.0, slots=machines), PoolFacts("cloud", True, 34.0, 1.0, capacity=4))
+    ages = tuple(float(a) for a in np.random.default_rng(3).uniform(0.0, 20.0, tasks))
+    return Observed(now=0.0, records=(), out=(), ages=ages, tasks=tasks, pools=pools, throughput_deadline=25.0)
+
+
+def test_the_stated_range_holds_99_percent_of_tails_the_standard_deviation_does_not():
+    """The CI failure that made the range: a lossy tail measured 41.5 s against 21.4 ± 6.3 s predicted. Tails
+    are skewed, often bimodal (a task whose N instances are all lost waits N x T for the reliable pool, and
+    pays for it), so a multiple of the standard deviation holds fewer of them than a normal's would: here 2 sd
+    above the mean misses 6% of the makespans, 3 sd 1.7% of the costs. The range (RANGE_QUANTILES) holds 99%.
+    Tails drawn with another seed stand for the measured ones."""
+    from gridbot.schedulers.expert.planner import Settings, plan_with
+
+    char = from_runtimes([3.1, 4.1, 5.1, 6.1], 0.75)
+    obs = _lossy_tail()
+    planning = plan_with(char, "offline", obs, Settings(repetitions=30, pin="N=3 T=2Tur D=2Tur Mr=0.0625"))
+    assert planning.ranges is not None and planning.chosen is not None
+    (m_lo, m_hi), (c_lo, c_hi) = planning.ranges
+    mean, cost = planning.prediction()
+    assert m_lo < mean < m_hi and c_lo < cost < c_hi
+    setup = Setup(obs.tasks, 16, planning.prices, ages=obs.ages, throughput_deadline=25.0, step=planning.setup.step,
+                  horizon=planning.setup.horizon)
+    other = estimate(char, [planning.space[planning.chosen]], setup, repetitions=3000, seed=99)
+    tails, costs = other.runs_tail_makespan[0], other.runs_cost[0]
+    assert np.mean((tails >= m_lo) & (tails <= m_hi)) >= 0.985
+    assert np.mean((costs >= c_lo) & (costs <= c_hi)) >= 0.985
+    assert np.mean(tails > mean + 2.0 * planning.error[0]) > 0.05
+    assert np.mean(costs > cost + 3.0 * planning.error[1]) > 0.01
+
+
+def test_the_range_widens_when_gamma_was_measured_on_few_instances():
+    from gridbot.schedulers.expert.planner import Settings, plan_with
+
+    char = from_runtimes([3.1, 4.1, 5.1, 6.1], 0.75)
+    settings = Settings(repetitions=30, pin="N=3 T=2Tur D=2Tur Mr=0.0625")
+    known = plan_with(char, "offline", _lossy_tail(), settings)
+    few = plan_with(char, "online", _lossy_tail(), settings, sample=40)
+    assert known.ranges is not None and few.ranges is not None
+    assert few.ranges[0][1] > known.ranges[0][1] and few.ranges[1][1] > known.ranges[1][1]
+    assert few.ranges[0][0] <= known.ranges[0][0]

@@ -212,7 +212,8 @@ def as_dict(r: Report) -> dict[str, Any]:
                    "charging_period": p.prices.charging_period},
         "tasks": p.observed.tasks, "simulated_tasks": p.setup.tasks, "whole_bag": p.setup.bag,
         "repetitions": int(est.runs_cost.shape[1]), "sampled": len(p.space), "utility": p.utility.name,
-        "chosen": {**point(p.chosen), **_predicted(p), "tail_makespan_error": p.error[0], "cost_error": p.error[1]}
+        "chosen": {**point(p.chosen), **_predicted(p), "tail_makespan_error": p.error[0], "cost_error": p.error[1],
+                   **_ranges(p)}
         if p.chosen is not None else None,
         "frontier": [point(i) for i in p.distinct_frontier()],
         "statics": {name: {"tail_makespan": _finite(m), "cost": c,
@@ -230,6 +231,14 @@ def _predicted(p: Planning) -> dict[str, Any]:
 
 def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
+
+
+def _ranges(p: Planning) -> dict[str, Any]:
+    """Where 99% of the chosen strategy's simulated tails fell (`planner.spread_range`); JSON has no inf."""
+    if p.ranges is None:
+        return {}
+    (m_lo, m_hi), (c_lo, c_hi) = p.ranges
+    return {"tail_makespan_range": [_finite(m_lo), _finite(m_hi)], "cost_range": [c_lo, c_hi]}
 
 
 def show(r: Report) -> None:
@@ -270,9 +279,14 @@ def show(r: Report) -> None:
     else:
         m, c = p.prediction()
         ms, cs = p.error
+        within = ""
+        if p.ranges is not None:
+            (m_lo, m_hi), (c_lo, c_hi) = p.ranges
+            within = (f" (99% of simulated tails: {render.span(m_lo)} to {render.span(m_hi)}, cost {c_lo:.4g} to "
+                      f"{c_hi:.4g} per task)")
         out(f"best for {p.utility.name}: [bold]{p.describe(p.space[p.chosen])}[/] (T and D in units of T_ur = "
             f"{p.char.tur:.0f} s): tail {render.duration(m)} ± {render.duration(ms)}, cost {c:.4g} ± {cs:.2g} per "
-            "task", soft_wrap=True)
+            f"task{within}", soft_wrap=True)
 
 
 def plot_format(path: Path) -> str:

@@ -114,12 +114,16 @@ def tail_plan(bag: BagInfo) -> str | None:
         return None
     times = f"{p.plans} times" if p.plans > 1 else "once"
     text = (f"bag {bag.name}: tail strategy {p.strategy}, best for {p.utility} of {len(p.frontier)} on the "
-            f"frontier (planned {times}; {p.characterization}). Predicted tail {_span(p.predicted_makespan)} "
-            f"± {_span(p.makespan_error)}, cost {p.predicted_cost:.4g} ± {p.cost_error:.2g} per task")
+            f"frontier (planned {times}; {p.characterization}). Predicted tail {span(p.predicted_makespan)} "
+            f"± {span(p.makespan_error)}, cost {p.predicted_cost:.4g} ± {p.cost_error:.2g} per task")
+    if p.makespan_range is not None and p.cost_range is not None:
+        (m_lo, m_hi), (c_lo, c_hi) = p.makespan_range, p.cost_range
+        text += (f" (99% of simulated tails: {span(m_lo)} to {span(m_hi)}, cost {c_lo:.4g} to {c_hi:.4g} per "
+                 "task)")
     if p.actual_makespan is not None:
-        return text + (f"; measured tail {_span(p.actual_makespan)}, cost {p.actual_cost or 0.0:.4g} per task "
+        return text + (f"; measured tail {span(p.actual_makespan)}, cost {p.actual_cost or 0.0:.4g} per task "
                        f"({p.done} of {p.tasks} tail tasks done)")
-    return text + (f"; so far {p.done} of {p.tasks} tail tasks done in {_span(p.elapsed)}, cost "
+    return text + (f"; so far {p.done} of {p.tasks} tail tasks done in {span(p.elapsed)}, cost "
                    f"{p.actual_cost or 0.0:.4g} per task")
 
 
@@ -188,7 +192,8 @@ def cost_table(info: CostInfo) -> Table:
     return t
 
 
-def _span(seconds: float) -> str:
+def span(seconds: float) -> str:
+    """A duration, or "never" for an infinite one."""
     return duration(seconds) if seconds < float("inf") else "never"
 
 

@@ -35,6 +35,9 @@ function secs(edge) {
 const int = n => (n === null || n === undefined) ? "" : Number(n).toLocaleString("en-US");
 const pct = x => (100 * x).toFixed(x < 0.1 ? 1 : 0) + "%";
 const money = x => (x === null || x === undefined) ? "" : Number(x).toFixed(2);
+// a tail's cost per task is often a fraction of a cent: three significant digits, not two decimals
+const perTask = x => (x === null || x === undefined) ? "" : Math.abs(x) >= 1 ? money(x) : Number(x).toPrecision(3);
+const within = (range, f) => range ? ` (99% of simulated tails: ${f(range[0])} to ${f(range[1])})` : "";
 
 function dur(s) {
   if (s === null || s === undefined || !Number.isFinite(s)) return "–";
@@ -365,15 +368,15 @@ class BagPage {
       h("dt", {}, "strategy"), h("dd", {dataset: {field: "tail-strategy"}}, t.strategy),
       h("dt", {}, "tail from"), h("dd", {}, when(t.tail_start)),
       h("dt", {}, "tail tasks"), h("dd", {}, `${int(t.done)} of ${int(t.tasks)} done`),
-      h("dt", {}, "makespan"), h("dd", {}, `${dur(t.predicted_makespan)} predicted` +
+      h("dt", {}, "makespan"), h("dd", {}, `${dur(t.predicted_makespan)} predicted` + within(t.makespan_range, dur) +
         (t.actual_makespan !== null ? `, ${dur(t.actual_makespan)} actual` : `, ${dur(t.elapsed)} so far`)),
-      h("dt", {}, "cost / task"), h("dd", {}, `${money(t.predicted_cost)} predicted` +
-        (t.actual_cost !== null ? `, ${money(t.actual_cost)} actual` : "")))
+      h("dt", {}, "cost / task"), h("dd", {}, `${perTask(t.predicted_cost)} predicted` + within(t.cost_range, perTask) +
+        (t.actual_cost !== null ? `, ${perTask(t.actual_cost)} actual` : "")))
       : h("p", {class: "sub"}, "No tail detected yet (a tail strategy reports it here when the bag's tail begins)."));
     if (t && t.frontier.length) {
       this.frontier.hidden = false;
       Plot.scatter(this.frontier, t.frontier.map(([name, makespan, cost]) => ({x: makespan, y: cost,
-        label: `${name}: ${dur(makespan)}, ${money(cost)}/task`, chosen: name === t.strategy})),
+        label: `${name}: ${dur(makespan)}, ${perTask(cost)}/task`, chosen: name === t.strategy})),
         {yLabel: "cost/task", xLabel: "tail makespan (s)", title: "ExPERT's Pareto frontier"});
     } else {
       this.frontier.hidden = true;

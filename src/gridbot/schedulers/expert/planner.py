@@ -48,6 +48,13 @@ from gridbot.schedulers.expert.strategy import NTDMr, Plan, Prices, StrategyValu
 BUDGET = 300 * 10 * 50
 """Strategies x repetitions x simulated tasks per estimate (the event loop waits for it: well under 1 s)."""
 MIN_REPETITIONS = 3
+RANGE_REPETITIONS = 400
+"""Repetitions of the chosen strategy alone for its range (`spread_range`): enough for its 0.5% quantiles."""
+RANGE_QUANTILES = (0.005, 0.995)
+"""The range stated with a prediction holds 99% of the tails simulated (gamma at either end of its
+uncertainty); a tail is one draw, and its makespan, the longest of its tasks, is skewed and often bimodal
+(a task whose instances are all lost waits N x T for the reliable pool), so one standard deviation says
+little of where it falls."""
 MR_MIN = 0.02
 """The paper's lowest Mr (section 6.1)."""
 
@@ -131,6 +138,8 @@ class Planning:
     seed: int = 0
     error: tuple[float, float] = (0.0, 0.0)
     """One standard deviation of the chosen strategy's tail makespan and cost (`uncertainty`)."""
+    ranges: tuple[tuple[float, float], tuple[float, float]] | None = None
+    """Where 99% of the chosen strategy's tail makespans and costs per task fall (`spread_range`)."""
     refined: tuple[float, float] | None = None
     """The chosen strategy's tail makespan and cost estimated again on the whole tail with every repetition,
     when the space was simulated smaller or with fewer (None: it was not)."""
@@ -340,7 +349,8 @@ def plan_with(char: Characterization, source: str, obs: Observed, settings: Sett
     if chosen is None:
         return planning
     return dataclasses.replace(planning, error=uncertainty(planning, chosen, sample),
-                               refined=refine(planning, chosen, settings.repetitions))
+                               refined=refine(planning, chosen, settings.repetitions),
+                               ranges=spread_range(planning, chosen, sample))
 
 
 def refine(planning: Planning, index: int, repetitions: int) -> tuple[float, float] | None:
@@ -350,10 +360,38 @@ def refine(planning: Planning, index: int, repetitions: int) -> tuple[float, flo
     tasks, reps = max(1, obs.tasks), max(1, repetitions)
     if (setup.tasks >= tasks and planning.estimate.runs_cost.shape[1] >= reps) or tasks * reps > BUDGET:
         return None
-    ur = planning.unreliable
-    whole = dataclasses.replace(setup, tasks=tasks, unreliable=ur, ages=() if setup.bag else obs.ages[:min(tasks, ur)])
-    est = estimate(planning.char, [planning.space[index]], whole, repetitions=reps, seed=planning.seed)
+    est = estimate(planning.char, [planning.space[index]], _whole(planning), repetitions=reps, seed=planning.seed)
     return float(est.tail_makespan[0]), float(est.cost[0])
+
+
+def _whole(planning: Planning) -> Setup:
+    """The planning's setup on the whole tail: every task, #ur machines, the instances out."""
+    obs, setup, ur = planning.observed, planning.setup, planning.unreliable
+    tasks = max(1, obs.tasks)
+    return dataclasses.replace(setup, tasks=tasks, unreliable=ur, ages=() if setup.bag else obs.ages[:min(tasks, ur)])
+
+
+def spread_range(planning: Planning, index: int, sample: int) -> tuple[tuple[float, float], tuple[float, float]]:
+    """Where 99% of a strategy's tails fall, (makespan low, high) and (cost low, high): the strategy estimated
+    alone on the whole tail with RANGE_REPETITIONS (fewer if BUDGET says so), the low quantile with gamma two
+    binomial standard errors above the measured one, the high with it two below (gamma measured online on
+    `sample` instances; 0: known). A strategy's tails are skewed, often bimodal: the range, not the standard
+    deviation, is what a measured tail can be held to."""
+    whole = _whole(planning)
+    if 2 * MIN_REPETITIONS * whole.tasks > BUDGET:  # too long a tail to simulate whole: the space's scale
+        whole = planning.setup
+    reps = max(MIN_REPETITIONS, min(RANGE_REPETITIONS, BUDGET // (2 * whole.tasks)))
+    g = planning.char.gamma_future
+    se = math.sqrt(g * (1.0 - g) / sample) if sample > 0 else 0.0
+    runs = []
+    for gamma in (min(1.0, g + 2.0 * se), max(0.01, g - 2.0 * se)):
+        char = dataclasses.replace(planning.char, gamma_future=gamma)
+        est = estimate(char, [planning.space[index]], whole, repetitions=reps, seed=planning.seed)
+        runs.append((est.runs_tail_makespan[0], est.runs_cost[0]))
+    (m_lo, c_lo), (m_hi, c_hi) = runs
+    lo, hi = RANGE_QUANTILES
+    return ((float(np.quantile(m_lo, lo, method="lower")), float(np.quantile(m_hi, hi, method="higher"))),
+            (float(np.quantile(c_lo, lo, method="lower")), float(np.quantile(c_hi, hi, method="higher"))))
 
 
 def uncertainty(planning: Planning, index: int, sample: int) -> tuple[float, float]:

@@ -410,10 +410,16 @@ class ExpertTail(TailStrategy):
         finished = max((e.ended_at for e in history if e.success and e.ended_at is not None), default=None)
         actual = finished - start if ended and finished is not None else None
         frontier = [(planning.describe(planning.space[i]), *planning.point(i)) for i in planning.distinct_frontier()]
+        makespan_range = cost_range = None
+        if planning.ranges is not None:
+            (m_lo, m_hi), (c_lo, c_hi) = planning.ranges
+            makespan_range = (self.planned_at - start + m_lo, self.planned_at - start + m_hi)
+            cost_range = ((self.spent_at_plan + c_lo * left) / tasks, (self.spent_at_plan + c_hi * left) / tasks)
         return TailPlan(planning.describe(s), planning.utility.name, start, self.planned_at, self.plans, self.tasks,
                         self.planned_at - start + makespan, predicted_cost, makespan_sd, cost_sd * left / tasks,
                         planning.source, frontier, bag.counts.done - self.done_at_start,
-                        actual if actual is not None else max(0.0, self.last_now - start), spent / tasks, actual)
+                        actual if actual is not None else max(0.0, self.last_now - start), spent / tasks, actual,
+                        makespan_range, cost_range)
 
 
 def reliable_pools(view: DispatchView) -> frozenset[str]:
