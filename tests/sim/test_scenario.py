@@ -79,6 +79,18 @@ def test_a_scenario_reads_as_written():
     ('[bags.b]\njobs = 1\nruntime = 1\n', None, "no pool"),
     ('[pools.p]\nsize = 5\n[bags.b]\njobs = 1\nruntime = "10 minutes"\n', 5, "not a duration"),
     ('[pools.p]\nsize = 5\n[bags.b]\njobs = 1\nruntime = { trace = "blast" }\n', 5, "blastall (2,200)"),
+    # each host is simulated: a pool of 10^12 ran out of memory with a traceback
+    ('[pools.p]\nsize = 1000000000000\n[bags.b]\njobs = 1\nruntime = 1\n', 2, "over the simulator's 2,000,000"),
+    ('[pools.p]\nsize = 5\nhosts = 3000000\n[bags.b]\njobs = 1\nruntime = 1\n', 3, "simulate a sample"),
+    ('[pools.p]\nsize = 1500000\n[pools.q]\nsize = 1500000\n[bags.b]\njobs = 1\nruntime = 1\n', 1,
+     "3,000,000 hosts together"),
+    ('[pools.p]\nkind = "cluster"\ncluster_cpus = 4\nsize = 4\n[[pools.p.external]]\nruntime = 1\n'
+     'count = 100000000000\n[bags.b]\njobs = 1\nruntime = 1\n', 7, "at most 10,000,000"),
+    # the line of the table of an array of tables at fault, not the first one's (nor line 1)
+    ('[pools.p]\nkind = "cluster"\ncluster_cpus = 4\nsize = 4\n[[pools.p.external]]\nruntime = 1\n'
+     '[[pools.p.external]]\nruntime = 1\ncpus = 9\n[bags.b]\njobs = 1\nruntime = 1\n', 9, "never fits"),
+    ('[pools.p]\nkind = "cluster"\ncluster_cpus = 4\nsize = 4\n[[pools.p.external]]\nruntime = 1\n'
+     '[[pools.p.external]]\ncpus = 2\n[bags.b]\njobs = 1\nruntime = 1\n', 7, "has no runtime"),
 ])
 def test_each_mistake_is_named_with_its_line(text, line, words):
     with pytest.raises(SpecError) as e:

@@ -1206,6 +1206,7 @@ def _render_value(v: str | int | float) -> str:
 
 
 _HEADER = re.compile(r"^\s*\[\s*([^\[\]]+?)\s*\]\s*(#.*)?$")
+_ARRAY_HEADER = re.compile(r"^\s*\[\[\s*([^\[\]]+?)\s*\]\]\s*(#.*)?$")
 _KEY = re.compile(r'^\s*("[^"]*"|[A-Za-z0-9_.\-]+)\s*=')
 
 
@@ -1213,12 +1214,20 @@ def key_lines(text: str) -> dict[tuple[str, ...], int]:
     """Map each key path of a TOML text (`("parameters", "seed")`) to the line that defines it.
 
     tomllib keeps no positions, so semantic errors find their line here; dotted and quoted keys are
-    handled, keys inside inline tables report the line of their table.
+    handled, keys inside inline tables report the line of their table. The tables of an array of tables
+    (`[[pools.p.external]]`) are numbered from 0: `("pools", "p", "external", "1", "count")`.
     """
     lines: dict[tuple[str, ...], int] = {}
     table: tuple[str, ...] = ()
+    arrays: dict[tuple[str, ...], int] = {}
     for n, raw in enumerate(text.split("\n"), 1):  # TOML's lines end at LF (CRLF keeps its CR: no matter here)
-        if m := _HEADER.match(raw):
+        if m := _ARRAY_HEADER.match(raw):
+            array = tuple(part.strip().strip('"') for part in m.group(1).split("."))
+            index = arrays[array] = arrays.get(array, -1) + 1
+            table = (*array, str(index))
+            for i in range(1, len(table) + 1):
+                lines.setdefault(table[:i], n)
+        elif m := _HEADER.match(raw):
             table = tuple(part.strip().strip('"') for part in m.group(1).split("."))
             for i in range(1, len(table) + 1):
                 lines.setdefault(table[:i], n)

@@ -313,8 +313,9 @@ class Simulation:
             rng = random.Random(f"{self.seed}:{m.name}:external")
             for load in m.external:
                 for k in range(load.count):
-                    self._at(load.at + k * load.every, _EXT_ARRIVE, pool,
-                             _External(load.cpus, load.runtime.sample(rng)))
+                    runtime = load.runtime.sample(rng)  # drawn even past the horizon: the next load's draws stay
+                    if load.at + k * load.every <= sc.horizon:
+                        self._at(load.at + k * load.every, _EXT_ARRIVE, pool, _External(load.cpus, runtime))
         self._at(sc.tick, _TICK)
         self._at(0.0, _OVERLAY)
         self._at(0.0, _SAMPLE)

@@ -61,6 +61,11 @@ EXTERNAL_KEYS = ("at", "cpus", "runtime", "count", "every")
 BAG_KEYS = ("jobs", "runtime", "arrival", "instance_deadline", "max_failures", "copies", "policy", "strategy",
             "bag_deadline", "budget", "cpus")
 STORES = ("compact", "memory")
+MAX_HOSTS = 2_000_000
+"""Simulated hosts in a scenario, its pools' together: each is an object of its own, about 350 bytes (two
+million took 0.7 GB and 5 s to set up on the reference machine; a pool of 10^12 ran out of memory)."""
+MAX_EXTERNAL_JOBS = 10_000_000
+"""Jobs of one `[[pools.NAME.external]]` entry: each is an event set up before the run starts."""
 
 
 @dataclass(frozen=True)
@@ -260,6 +265,10 @@ class _Reader:
         pools = [m for name, t in self.table(data, "pools").items() if (m := self.pool(name, t)) is not None]
         if not pools and "pools" not in data:
             self.fail((), "the scenario defines no pool", '[pools.cluster]\nkind = "cluster"\nsize = 100')
+        if len(pools) > 1 and sum(m.hosts for m in pools) > MAX_HOSTS:
+            self.fail(("pools",), f"the pools have {sum(m.hosts for m in pools):,} hosts together, over the "
+                      f"simulator's {MAX_HOSTS:,} (each host is simulated on its own, about 350 bytes of memory)",
+                      "simulate a sample: smaller sizes, and fewer jobs to match")
         names = {m.name for m in pools}
         queues = parse_queues(data["queues"], sorted(names), self.fail) if "queues" in data else []
         self.has_queues = bool(queues)
@@ -326,7 +335,12 @@ class _Reader:
                       "steps, or { min = 10, max = 100, every = \"1h\" }")
         top = max([s.size for s in size] + ([fluctuate[1]] if fluctuate else []))
         hosts = self.get(t, "hosts", path, max(1, top), _int(1))
-        if hosts < top:
+        if hosts > MAX_HOSTS:
+            self.fail((*path, "hosts" if "hosts" in t else "size"),
+                      f"pool '{name}' has {hosts:,} hosts, over the simulator's {MAX_HOSTS:,} (each host is "
+                      "simulated on its own, about 350 bytes of memory)",
+                      "simulate a sample: a smaller size, and fewer jobs to match")
+        elif hosts < top:
             self.fail((*path, "hosts"), f"pool '{name}' has {hosts} hosts but a size of up to {top}",
                       "a pilot needs a host of its own: raise hosts, or leave it out (it defaults to the size)")
         self.cluster(name, t, path, kind, cpus, cluster_cpus)
@@ -419,18 +433,20 @@ class _Reader:
                       f'[[pools.{name}.external]]\nat = "0s"\ncpus = 2\nruntime = "200s"')
             return ()
         out = []
-        for e in entries:
-            self.keys(e, EXTERNAL_KEYS, p, f"the external load of pool '{name}'")
+        for i, e in enumerate(entries):
+            at = (*p, str(i))
+            self.keys(e, EXTERNAL_KEYS, at, f"the external load of pool '{name}'")
             if "runtime" not in e:
-                self.fail(p, f"an external job of pool '{name}' has no runtime", 'runtime = "200s"')
+                self.fail(at, f"an external job of pool '{name}' has no runtime", 'runtime = "200s"')
                 continue
-            cpus = self.get(e, "cpus", p, 1, _int(1))
+            cpus = self.get(e, "cpus", at, 1, _int(1))
             if cpus > cluster_cpus:
-                self.fail((*p, "cpus"), f"an external job of {cpus} CPUs never fits in pool '{name}' of "
+                self.fail((*at, "cpus"), f"an external job of {cpus} CPUs never fits in pool '{name}' of "
                           f"{cluster_cpus}", f"cpus = {cluster_cpus} at most")
-            out.append(ExternalLoad(self.get(e, "at", p, 0.0, _dur(True)), cpus,
-                                    self.get(e, "runtime", p, constant(0.0), _dist(f"external runtime of '{name}'")),
-                                    self.get(e, "count", p, 1, _int(1)), self.get(e, "every", p, 0.0, _dur(True))))
+            out.append(ExternalLoad(self.get(e, "at", at, 0.0, _dur(True)), cpus,
+                                    self.get(e, "runtime", at, constant(0.0), _dist(f"external runtime of '{name}'")),
+                                    self.get(e, "count", at, 1, _int(1, MAX_EXTERNAL_JOBS)),
+                                    self.get(e, "every", at, 0.0, _dur(True))))
         return tuple(out)
 
     def policies(self, written: dict[str, str], deadline: float, path: tuple[str, ...], what: str) -> bool:
