@@ -44,6 +44,8 @@ def test_a_spec_names_its_strategies_and_gridbots_are_the_default():
     ('placement = "no spaces allowed"', "strategy placement must be the name of a strategy"),
     ("options = [1, 2]", "strategy option 'options' must be a string, a number or true/false"),
     ('"bad-key" = 1', "strategy option 'bad-key' is not a valid name"),
+    ("complexity = 1e400", "strategy option 'complexity' = inf is not a finite number"),  # said: not a number
+    ("complexity = nan", "strategy option 'complexity' = nan is not a finite number"),
 ])
 def test_a_malformed_strategy_table_names_the_key_and_the_fix(table, says):
     with pytest.raises(SpecError, match=re.escape(says)):

@@ -459,7 +459,10 @@ def parse_size(value: object) -> int:
         size = value
     elif isinstance(value, str) and (m := re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", value,
                                                        re.IGNORECASE)):
-        size = int(Decimal(m.group(1)) * (1 << _SIZE_SHIFTS[m.group(2).upper()]))
+        exact = Decimal(m.group(1)) * (1 << _SIZE_SHIFTS[m.group(2).upper()])
+        size = int(exact)
+        if 0 < exact < 1:
+            raise ValueError(f"{value.strip()!r} is less than one byte (a size without a unit is in bytes)")
     else:
         raise ValueError(message)
     problem = size_problem(size)
@@ -770,7 +773,10 @@ class _Validator:
             elif isinstance(v, str) and len(v) > MAX_OPTION:
                 self.fail(("strategy", k), f"strategy option '{k}' has {len(v):,} characters, over the limit of "
                           f"{MAX_OPTION:,}")
-            elif isinstance(v, str | int | float | bool) and not (isinstance(v, float) and not math.isfinite(v)):
+            elif isinstance(v, float) and not math.isfinite(v):
+                self.fail(("strategy", k), f"strategy option '{k}' = {v!r} is not a finite number (TOML reads a "
+                          "number too large for a double, such as 1e400, as inf)", f"{k} = 1")
+            elif isinstance(v, str | int | float | bool):
                 options[k] = v
             else:
                 self.fail(("strategy", k), f"strategy option '{k}' must be a string, a number or true/false",
