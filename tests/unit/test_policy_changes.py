@@ -143,3 +143,34 @@ def test_a_grid_policy_that_reads_the_bag_is_judged_with_the_bags_attributes(whe
         sim.policy(g, "GridPolicy", grid)
     sim.tick(1)
     assert sim.demand(1.5) == {g: {"b"}}
+
+
+def test_a_policy_changed_on_an_ended_bag_steers_its_retry():
+    """`gridbot policy` is accepted on an ended bag (qos is not): its owner fixes what made it fail, then
+    retries it. The failed job ran on the grid's bad host; JobRequirements now keep it to the cluster, and
+    the retried job goes there and nowhere else."""
+    from gridbot.core.changes import BagSnapshot, QueuedJob
+    from gridbot.model.records import Outcome
+    from gridbot.model.states import JobState
+
+    sim = Sim()
+    bag = sim.bag("b", 1, max_failures=1)
+    grid, cluster = host("g", "grid"), host("c", "cluster")
+    assert len(sim.ask(grid, 1, 1.0)) == 1
+    sim.finish_all(grid, 2.0, Outcome.FAILURE)
+    row = sim.store.bag(bag)
+    assert row is not None and row.state.value == "failed"
+    written = {**row.spec.policy, "JobRequirements": 'Host.Pool == "cluster"'}  # as Service.set_policy does
+    validate_policies(written, row.spec.instance_deadline)
+    spec = msgspec.structs.replace(row.spec, policy=written)
+    sim.store.set_spec(bag, spec)
+    if bag in sim.d.view:
+        sim.d.set_policy(bag, spec, 3.0)
+    row = sim.store.bag(bag)
+    assert row is not None
+    queued = [QueuedJob(j.job_id, j.index, j.line, 0, j.attempts) for j in sim.store.jobs(bag, JobState.FAILED, 10, 0)]
+    sim.store.apply(sim.d.retry(BagSnapshot(row.bag_id, row.spec, row.counts, row.created_at, row.revision),
+                                row.state, queued, 4.0))
+    assert sim.ask(grid, 1, 5.0) == []
+    got = sim.ask(cluster, 1, 5.1)
+    assert [a.bag_name for a in got] == ["b"]
