@@ -348,11 +348,12 @@ def _lossy_tail(tasks: int = 16, machines: int = 16):
     return Observed(now=0.0, records=(), out=(), ages=ages, tasks=tasks, pools=pools, throughput_deadline=25.0)
 
 
-def test_the_stated_range_holds_99_percent_of_tails_the_standard_deviation_does_not():
+def test_the_stated_range_holds_999_in_1000_tails_the_standard_deviation_does_not():
     """The CI failure that made the range: a lossy tail measured 41.5 s against 21.4 ± 6.3 s predicted. Tails
     are skewed, often bimodal (a task whose N instances are all lost waits N x T for the reliable pool, and
     pays for it), so a multiple of the standard deviation holds fewer of them than a normal's would: here 2 sd
-    above the mean misses 6% of the makespans, 3 sd 1.7% of the costs. The range (RANGE_QUANTILES) holds 99%.
+    above the mean misses 6% of the makespans, 3 sd 1.7% of the costs. The range (RANGE_QUANTILES) holds 99.9%
+    (99.7% here: its ends are the extremes of 1,000 draws).
     Tails drawn with another seed stand for the measured ones."""
     from gridbot.schedulers.expert.planner import Settings, plan_with
 
@@ -367,8 +368,8 @@ def test_the_stated_range_holds_99_percent_of_tails_the_standard_deviation_does_
                   horizon=planning.setup.horizon)
     other = estimate(char, [planning.space[planning.chosen]], setup, repetitions=3000, seed=99)
     tails, costs = other.runs_tail_makespan[0], other.runs_cost[0]
-    assert np.mean((tails >= m_lo) & (tails <= m_hi)) >= 0.985
-    assert np.mean((costs >= c_lo) & (costs <= c_hi)) >= 0.985
+    assert np.mean((tails >= m_lo) & (tails <= m_hi)) >= 0.995
+    assert np.mean((costs >= c_lo) & (costs <= c_hi)) >= 0.995
     assert np.mean(tails > mean + 2.0 * planning.error[0]) > 0.05
     assert np.mean(costs > cost + 3.0 * planning.error[1]) > 0.01
 

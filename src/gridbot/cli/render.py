@@ -118,7 +118,7 @@ def tail_plan(bag: BagInfo) -> str | None:
             f"± {span(p.makespan_error)}, cost {p.predicted_cost:.4g} ± {p.cost_error:.2g} per task")
     if p.makespan_range is not None and p.cost_range is not None:
         (m_lo, m_hi), (c_lo, c_hi) = p.makespan_range, p.cost_range
-        text += (f" (99% of simulated tails: {span(m_lo)} to {span(m_hi)}, cost {c_lo:.4g} to {c_hi:.4g} per "
+        text += (f" (99.9% of simulated tails: {span(m_lo)} to {span(m_hi)}, cost {c_lo:.4g} to {c_hi:.4g} per "
                  "task)")
     if p.actual_makespan is not None:
         return text + (f"; measured tail {span(p.actual_makespan)}, cost {p.actual_cost or 0.0:.4g} per task "

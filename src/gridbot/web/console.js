@@ -37,7 +37,7 @@ const pct = x => (100 * x).toFixed(x < 0.1 ? 1 : 0) + "%";
 const money = x => (x === null || x === undefined) ? "" : Number(x).toFixed(2);
 // a tail's cost per task is often a fraction of a cent: three significant digits, not two decimals
 const perTask = x => (x === null || x === undefined) ? "" : Math.abs(x) >= 1 ? money(x) : Number(x).toPrecision(3);
-const within = (range, f) => range ? ` (99% of simulated tails: ${f(range[0])} to ${f(range[1])})` : "";
+const within = (range, f) => range ? ` (99.9% of simulated tails: ${f(range[0])} to ${f(range[1])})` : "";
 
 function dur(s) {
   if (s === null || s === undefined || !Number.isFinite(s)) return "–";

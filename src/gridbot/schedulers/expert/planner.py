@@ -48,10 +48,11 @@ from gridbot.schedulers.expert.strategy import NTDMr, Plan, Prices, StrategyValu
 BUDGET = 300 * 10 * 50
 """Strategies x repetitions x simulated tasks per estimate (the event loop waits for it: well under 1 s)."""
 MIN_REPETITIONS = 3
-RANGE_REPETITIONS = 400
-"""Repetitions of the chosen strategy alone for its range (`spread_range`): enough for its 0.5% quantiles."""
-RANGE_QUANTILES = (0.005, 0.995)
-"""The range stated with a prediction holds 99% of the tails simulated (gamma at either end of its
+RANGE_REPETITIONS = 1000
+"""Repetitions of the chosen strategy alone for its range (`spread_range`): enough for its 0.05% quantiles
+(0.15 s for a 16-task tail, 0.4 s for 150 tasks at 500 repetitions, which BUDGET allows there)."""
+RANGE_QUANTILES = (0.0005, 0.9995)
+"""The range stated with a prediction holds 99.9% of the tails simulated (gamma at either end of its
 uncertainty); a tail is one draw, and its makespan, the longest of its tasks, is skewed and often bimodal
 (a task whose instances are all lost waits N x T for the reliable pool), so one standard deviation says
 little of where it falls."""
@@ -139,7 +140,7 @@ class Planning:
     error: tuple[float, float] = (0.0, 0.0)
     """One standard deviation of the chosen strategy's tail makespan and cost (`uncertainty`)."""
     ranges: tuple[tuple[float, float], tuple[float, float]] | None = None
-    """Where 99% of the chosen strategy's tail makespans and costs per task fall (`spread_range`)."""
+    """Where 99.9% of the chosen strategy's tail makespans and costs per task fall (`spread_range`)."""
     refined: tuple[float, float] | None = None
     """The chosen strategy's tail makespan and cost estimated again on the whole tail with every repetition,
     when the space was simulated smaller or with fewer (None: it was not)."""
@@ -372,11 +373,11 @@ def _whole(planning: Planning) -> Setup:
 
 
 def spread_range(planning: Planning, index: int, sample: int) -> tuple[tuple[float, float], tuple[float, float]]:
-    """Where 99% of a strategy's tails fall, (makespan low, high) and (cost low, high): the strategy estimated
-    alone on the whole tail with RANGE_REPETITIONS (fewer if BUDGET says so), the low quantile with gamma two
-    binomial standard errors above the measured one, the high with it two below (gamma measured online on
-    `sample` instances; 0: known). A strategy's tails are skewed, often bimodal: the range, not the standard
-    deviation, is what a measured tail can be held to."""
+    """Where 99.9% of a strategy's tails fall, (makespan low, high) and (cost low, high): the strategy estimated
+    alone on the whole tail with RANGE_REPETITIONS (fewer if BUDGET says so: then the extremes drawn), the low
+    quantile with gamma two binomial standard errors above the measured one, the high with it two below (gamma
+    measured online on `sample` instances; 0: known). A strategy's tails are skewed, often bimodal: the range,
+    not the standard deviation, is what a measured tail can be held to."""
     whole = _whole(planning)
     if 2 * MIN_REPETITIONS * whole.tasks > BUDGET:  # too long a tail to simulate whole: the space's scale
         whole = planning.setup
