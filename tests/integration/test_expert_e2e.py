@@ -76,7 +76,7 @@ def test_expert_tail_on_a_lossy_pool_ends_as_predicted(tmp_path):
           f"{plan.makespan_error:.1f} s, measured {plan.actual_makespan:.1f} s; cost predicted "
           f"{plan.predicted_cost:.5f} ± {plan.cost_error:.5f}, measured {plan.actual_cost:.5f} per task; "
           f"{plan.tasks} tail tasks; {plan.strategy}; {plan.characterization}; cloud pilots "
-          f"{pools['cloud'].pilots_submitted}; 99.9% ranges {plan.makespan_range} {plan.cost_range}")
+          f"{pools['cloud'].pilots_submitted}; ranges {plan.makespan_range} {plan.cost_range} ({plan.range_share:.4f})")
     assert f"tail strategy {plan.strategy}" in status.stdout and "measured tail" in status.stdout
     assert plan.utility == "makespan x cost" and plan.done == plan.tasks and plan.plans >= 1
     assert plan.actual_makespan is not None and plan.actual_cost is not None
@@ -84,9 +84,10 @@ def test_expert_tail_on_a_lossy_pool_ends_as_predicted(tmp_path):
     # one tail is one draw of what the estimate simulates, and a tail is the longest of its tasks: a task
     # whose instances are lost three times in a row (1.6% of them here) makes it long and pays a reliable run,
     # so the tails are bimodal and "predicted ± one standard deviation" says little of where one falls
-    # (CI once measured 41.5 s against 21.4 ± 6.3 s). The stated range holds 99.9% of the simulated tails.
+    # (CI once measured 41.5 s against 21.4 ± 6.3 s). The stated range, of 3 x 1,000 simulated tails, holds
+    # 99.8% of them on average (a correct estimate misses one of the four ends about once in 125 runs).
     assert plan.makespan_range is not None and plan.cost_range is not None
     assert plan.makespan_range[0] <= plan.predicted_makespan <= plan.makespan_range[1]
     assert plan.makespan_range[0] <= plan.actual_makespan <= plan.makespan_range[1]
     assert plan.cost_range[0] <= plan.actual_cost <= plan.cost_range[1]
-    assert "99.9% of simulated tails" in status.stdout
+    assert plan.range_share > 0.998 and "99.8% of simulated tails" in status.stdout

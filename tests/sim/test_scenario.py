@@ -85,7 +85,10 @@ def test_a_scenario_reads_as_written():
     ('[pools.p]\nsize = 1500000\n[pools.q]\nsize = 1500000\n[bags.b]\njobs = 1\nruntime = 1\n', 1,
      "3,000,000 hosts together"),
     ('[pools.p]\nkind = "cluster"\ncluster_cpus = 4\nsize = 4\n[[pools.p.external]]\nruntime = 1\n'
-     'count = 100000000000\n[bags.b]\njobs = 1\nruntime = 1\n', 7, "at most 10,000,000"),
+     'count = 100000000000\n[bags.b]\njobs = 1\nruntime = 1\n', 7, "at most 2,000,000"),
+    ('[pools.p]\nkind = "cluster"\ncluster_cpus = 4\nsize = 4\n[[pools.p.external]]\nruntime = 1\ncount = 1500000\n'
+     '[[pools.p.external]]\nruntime = 1\ncount = 1500000\n[bags.b]\njobs = 1\nruntime = 1\n', 1,
+     "3,000,000 jobs together"),
     # the line of the table of an array of tables at fault, not the first one's (nor line 1)
     ('[pools.p]\nkind = "cluster"\ncluster_cpus = 4\nsize = 4\n[[pools.p.external]]\nruntime = 1\n'
      '[[pools.p.external]]\nruntime = 1\ncpus = 9\n[bags.b]\njobs = 1\nruntime = 1\n', 9, "never fits"),

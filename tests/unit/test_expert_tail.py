@@ -168,6 +168,19 @@ def test_status_shows_the_strategy_in_force_the_prediction_and_then_what_was_mea
     assert plan.frontier and all(a[1] <= b[1] for a, b in zip(plan.frontier, plan.frontier[1:], strict=False))
     assert plan.predicted_makespan == pytest.approx(min(p[1] for p in plan.frontier))  # the fastest
     assert plan.actual_makespan is None
+    # the range as the prediction is stated: from T_tail, and the cost per tail task (what was spent before the
+    # plan, plus the planned tasks' cost, over the tail's tasks)
+    p = tail.planning
+    assert p.ranges is not None and plan.makespan_range is not None and plan.cost_range is not None
+    (m_lo, m_hi), (c_lo, c_hi) = p.ranges
+    offset = tail.planned_at - plan.tail_start
+    assert plan.makespan_range == pytest.approx((offset + m_lo, offset + m_hi))
+    left, tasks = max(1, p.observed.tasks), max(1, tail.tasks)
+    assert plan.cost_range == pytest.approx(((tail.spent_at_plan + c_lo * left) / tasks,
+                                             (tail.spent_at_plan + c_hi * left) / tasks))
+    assert plan.makespan_range[0] <= plan.predicted_makespan <= plan.makespan_range[1]
+    assert plan.cost_range[0] <= plan.predicted_cost <= plan.cost_range[1]
+    assert plan.range_share == p.range_share > 0.9
     # run the tail out: every host returns what it holds; reliable hosts serve what waits for them
     now = t_tail
     kept = sim.d.view.bag(bag)

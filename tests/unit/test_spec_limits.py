@@ -43,7 +43,8 @@ def test_what_is_not_a_size(value):
     ("memory = 100\n", 2, 'did you mean memory = "100M"?'),
     ('memory = "10K"\n', 2, "less than 1,048,576"),
     ('max_file_size = "0M"\n', 2, "a size must be positive"),
-    ('max_file_size = "0.4"\n', 2, "'0.4' is less than one byte"),  # said: must be positive
+    ('max_file_size = "0.4"\n', 2, "'0.4' is less than one byte (a size without a unit is in bytes)"),
+    ('max_file_size = "0.0001K"\n', 2, "'0.0001K' is less than one byte write"),  # no word of a missing unit
     ("cpu_time = 0\n", 2, "a duration must be positive"),
     ('cpu_time = "forever"\n', 2, "'cpu_time' = 'forever': a duration is"),
     ("max_processes = 0\n", 2, "'max_processes' must be a whole number of at least 1"),

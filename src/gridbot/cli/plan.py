@@ -234,11 +234,12 @@ def _finite(x: float) -> float | None:
 
 
 def _ranges(p: Planning) -> dict[str, Any]:
-    """Where 99.9% of the chosen strategy's simulated tails fell (`planner.spread_range`); JSON has no inf."""
+    """The range of the chosen strategy's simulated tails (`planner.spread_range`); JSON has no inf."""
     if p.ranges is None:
         return {}
     (m_lo, m_hi), (c_lo, c_hi) = p.ranges
-    return {"tail_makespan_range": [_finite(m_lo), _finite(m_hi)], "cost_range": [c_lo, c_hi]}
+    return {"tail_makespan_range": [_finite(m_lo), _finite(m_hi)], "cost_range": [c_lo, c_hi],
+            "range_share": p.range_share}
 
 
 def show(r: Report) -> None:
@@ -282,7 +283,8 @@ def show(r: Report) -> None:
         within = ""
         if p.ranges is not None:
             (m_lo, m_hi), (c_lo, c_hi) = p.ranges
-            within = (f" (99.9% of simulated tails: {render.span(m_lo)} to {render.span(m_hi)}, cost {c_lo:.4g} to "
+            within = (f" ({render.share(p.range_share)} of simulated tails: {render.span(m_lo)} to "
+                      f"{render.span(m_hi)}, cost {c_lo:.4g} to "
                       f"{c_hi:.4g} per task)")
         out(f"best for {p.utility.name}: [bold]{p.describe(p.space[p.chosen])}[/] (T and D in units of T_ur = "
             f"{p.char.tur:.0f} s): tail {render.duration(m)} ± {render.duration(ms)}, cost {c:.4g} ± {cs:.2g} per "

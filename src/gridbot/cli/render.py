@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -118,8 +119,8 @@ def tail_plan(bag: BagInfo) -> str | None:
             f"± {span(p.makespan_error)}, cost {p.predicted_cost:.4g} ± {p.cost_error:.2g} per task")
     if p.makespan_range is not None and p.cost_range is not None:
         (m_lo, m_hi), (c_lo, c_hi) = p.makespan_range, p.cost_range
-        text += (f" (99.9% of simulated tails: {span(m_lo)} to {span(m_hi)}, cost {c_lo:.4g} to {c_hi:.4g} per "
-                 "task)")
+        text += (f" ({share(p.range_share)} of simulated tails: {span(m_lo)} to {span(m_hi)}, cost {c_lo:.4g} to "
+                 f"{c_hi:.4g} per task)")
     if p.actual_makespan is not None:
         return text + (f"; measured tail {span(p.actual_makespan)}, cost {p.actual_cost or 0.0:.4g} per task "
                        f"({p.done} of {p.tasks} tail tasks done)")
@@ -190,6 +191,11 @@ def cost_table(info: CostInfo) -> Table:
                   f"{b.cpu:,.2f}" if b else "0", f"{b.pilots:,.2f}" if b else "0", f"{b.total:,.2f}" if b else "0",
                   f"{rate:,.0f}" if rate is not None else "", f"{cost:,.4g}" if cost is not None else "")
     return t
+
+
+def share(fraction: float) -> str:
+    """A share of draws, rounded down so that it never claims more than was drawn ("99.8%")."""
+    return f"{math.floor(fraction * 1000) / 10:g}%"
 
 
 def span(seconds: float) -> str:

@@ -76,10 +76,12 @@ class TailPlan(msgspec.Struct, frozen=True):
     actual_makespan: float | None = None
     """Measured once every tail task has ended: its last result's time, from `tail_start`."""
     makespan_range: tuple[float, float] | None = None
-    """Where 99.9% of the tails the estimate simulated ended, from `tail_start` (a tail's makespan is skewed,
-    often bimodal: this, not the standard deviation, is what a measured tail can be held to)."""
+    """The shortest and longest of the tails the estimate simulated, from `tail_start` (a tail's makespan is
+    skewed, often bimodal: this, not the standard deviation, is what a measured tail can be held to)."""
     cost_range: tuple[float, float] | None = None
-    """Where 99.9% of the simulated tails' costs per tail task fell."""
+    """The cheapest and dearest of the simulated tails, per tail task."""
+    range_share: float = 0.0
+    """The share of tails the ranges hold on average ((n - 1) / (n + 1) for n draws)."""
 
 
 class QosReport(msgspec.Struct, frozen=True):

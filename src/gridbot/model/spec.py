@@ -462,7 +462,8 @@ def parse_size(value: object) -> int:
         exact = Decimal(m.group(1)) * (1 << _SIZE_SHIFTS[m.group(2).upper()])
         size = int(exact)
         if 0 < exact < 1:
-            raise ValueError(f"{value.strip()!r} is less than one byte (a size without a unit is in bytes)")
+            unit = "" if m.group(2) or value.strip()[-1:] in "bB" else " (a size without a unit is in bytes)"
+            raise ValueError(f"{value.strip()!r} is less than one byte{unit}")
     else:
         raise ValueError(message)
     problem = size_problem(size)
@@ -774,8 +775,8 @@ class _Validator:
                 self.fail(("strategy", k), f"strategy option '{k}' has {len(v):,} characters, over the limit of "
                           f"{MAX_OPTION:,}")
             elif isinstance(v, float) and not math.isfinite(v):
-                self.fail(("strategy", k), f"strategy option '{k}' = {v!r} is not a finite number (TOML reads a "
-                          "number too large for a double, such as 1e400, as inf)", f"{k} = 1")
+                why = "" if math.isnan(v) else " (TOML reads a number too large for a double, such as 1e400, as inf)"
+                self.fail(("strategy", k), f"strategy option '{k}' = {v!r} is not a finite number{why}", f"{k} = 1")
             elif isinstance(v, str | int | float | bool):
                 options[k] = v
             else:

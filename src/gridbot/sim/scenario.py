@@ -64,8 +64,9 @@ STORES = ("compact", "memory")
 MAX_HOSTS = 2_000_000
 """Simulated hosts in a scenario, its pools' together: each is an object of its own, about 350 bytes (two
 million took 0.7 GB and 5 s to set up on the reference machine; a pool of 10^12 ran out of memory)."""
-MAX_EXTERNAL_JOBS = 10_000_000
-"""Jobs of one `[[pools.NAME.external]]` entry: each is an event set up before the run starts."""
+MAX_EXTERNAL_JOBS = 2_000_000
+"""Jobs of other users (`[[pools.NAME.external]]`) in a scenario, every entry's together: each is an event
+set up before the run starts, about 250 bytes (as much memory as MAX_HOSTS hosts at 2 million)."""
 
 
 @dataclass(frozen=True)
@@ -269,6 +270,11 @@ class _Reader:
             self.fail(("pools",), f"the pools have {sum(m.hosts for m in pools):,} hosts together, over the "
                       f"simulator's {MAX_HOSTS:,} (each host is simulated on its own, about 350 bytes of memory)",
                       "simulate a sample: smaller sizes, and fewer jobs to match")
+        external = sum(load.count for m in pools for load in m.external)
+        if external > MAX_EXTERNAL_JOBS:
+            self.fail(("pools",), f"the pools' external loads have {external:,} jobs together, over the simulator's "
+                      f"{MAX_EXTERNAL_JOBS:,} (each is an event set up before the run, about 250 bytes)",
+                      "lower their count, or raise every so that fewer fall within the horizon")
         names = {m.name for m in pools}
         queues = parse_queues(data["queues"], sorted(names), self.fail) if "queues" in data else []
         self.has_queues = bool(queues)

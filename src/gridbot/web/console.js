@@ -37,7 +37,8 @@ const pct = x => (100 * x).toFixed(x < 0.1 ? 1 : 0) + "%";
 const money = x => (x === null || x === undefined) ? "" : Number(x).toFixed(2);
 // a tail's cost per task is often a fraction of a cent: three significant digits, not two decimals
 const perTask = x => (x === null || x === undefined) ? "" : Math.abs(x) >= 1 ? money(x) : Number(x).toPrecision(3);
-const within = (range, f) => range ? ` (99.9% of simulated tails: ${f(range[0])} to ${f(range[1])})` : "";
+const within = (range, f, share) => range ?
+  ` (${Math.floor(share * 1000) / 10}% of simulated tails: ${f(range[0])} to ${f(range[1])})` : "";
 
 function dur(s) {
   if (s === null || s === undefined || !Number.isFinite(s)) return "–";
@@ -368,9 +369,9 @@ class BagPage {
       h("dt", {}, "strategy"), h("dd", {dataset: {field: "tail-strategy"}}, t.strategy),
       h("dt", {}, "tail from"), h("dd", {}, when(t.tail_start)),
       h("dt", {}, "tail tasks"), h("dd", {}, `${int(t.done)} of ${int(t.tasks)} done`),
-      h("dt", {}, "makespan"), h("dd", {}, `${dur(t.predicted_makespan)} predicted` + within(t.makespan_range, dur) +
+      h("dt", {}, "makespan"), h("dd", {}, `${dur(t.predicted_makespan)} predicted` + within(t.makespan_range, dur, t.range_share) +
         (t.actual_makespan !== null ? `, ${dur(t.actual_makespan)} actual` : `, ${dur(t.elapsed)} so far`)),
-      h("dt", {}, "cost / task"), h("dd", {}, `${perTask(t.predicted_cost)} predicted` + within(t.cost_range, perTask) +
+      h("dt", {}, "cost / task"), h("dd", {}, `${perTask(t.predicted_cost)} predicted` + within(t.cost_range, perTask, t.range_share) +
         (t.actual_cost !== null ? `, ${perTask(t.actual_cost)} actual` : "")))
       : h("p", {class: "sub"}, "No tail detected yet (a tail strategy reports it here when the bag's tail begins)."));
     if (t && t.frontier.length) {

@@ -49,13 +49,10 @@ BUDGET = 300 * 10 * 50
 """Strategies x repetitions x simulated tasks per estimate (the event loop waits for it: well under 1 s)."""
 MIN_REPETITIONS = 3
 RANGE_REPETITIONS = 1000
-"""Repetitions of the chosen strategy alone for its range (`spread_range`): enough for its 0.05% quantiles
-(0.15 s for a 16-task tail, 0.4 s for 150 tasks at 500 repetitions, which BUDGET allows there)."""
-RANGE_QUANTILES = (0.0005, 0.9995)
-"""The range stated with a prediction holds 99.9% of the tails simulated (gamma at either end of its
-uncertainty); a tail is one draw, and its makespan, the longest of its tasks, is skewed and often bimodal
-(a task whose instances are all lost waits N x T for the reliable pool), so one standard deviation says
-little of where it falls."""
+"""Repetitions of the chosen strategy alone, per gamma, for the range stated with its prediction
+(`spread_range`); BUDGET may allow fewer for a long tail. A tail is one draw, and its makespan, the longest
+of its tasks, is skewed and often bimodal (a task whose instances are all lost waits N x T for the reliable
+pool), so one standard deviation says little of where it falls: the range of the draws does."""
 MR_MIN = 0.02
 """The paper's lowest Mr (section 6.1)."""
 
@@ -140,7 +137,10 @@ class Planning:
     error: tuple[float, float] = (0.0, 0.0)
     """One standard deviation of the chosen strategy's tail makespan and cost (`uncertainty`)."""
     ranges: tuple[tuple[float, float], tuple[float, float]] | None = None
-    """Where 99.9% of the chosen strategy's tail makespans and costs per task fall (`spread_range`)."""
+    """The chosen strategy's simulated tail makespans and costs per task, shortest to longest and cheapest to
+    dearest (`spread_range`)."""
+    range_share: float = 0.0
+    """The share of tails that fall in `ranges`, on average: (n - 1) / (n + 1) for the extremes of n draws."""
     refined: tuple[float, float] | None = None
     """The chosen strategy's tail makespan and cost estimated again on the whole tail with every repetition,
     when the space was simulated smaller or with fewer (None: it was not)."""
@@ -349,9 +349,10 @@ def plan_with(char: Characterization, source: str, obs: Observed, settings: Sett
                         chosen_utility, ur, capacity, price, obs, settings.seed)
     if chosen is None:
         return planning
-    return dataclasses.replace(planning, error=uncertainty(planning, chosen, sample),
-                               refined=refine(planning, chosen, settings.repetitions),
-                               ranges=spread_range(planning, chosen, sample))
+    planning = dataclasses.replace(planning, error=uncertainty(planning, chosen, sample),
+                                   refined=refine(planning, chosen, settings.repetitions))
+    ranges, share = spread_range(planning, chosen, sample)
+    return dataclasses.replace(planning, ranges=ranges, range_share=share)
 
 
 def refine(planning: Planning, index: int, repetitions: int) -> tuple[float, float] | None:
@@ -372,27 +373,27 @@ def _whole(planning: Planning) -> Setup:
     return dataclasses.replace(setup, tasks=tasks, unreliable=ur, ages=() if setup.bag else obs.ages[:min(tasks, ur)])
 
 
-def spread_range(planning: Planning, index: int, sample: int) -> tuple[tuple[float, float], tuple[float, float]]:
-    """Where 99.9% of a strategy's tails fall, (makespan low, high) and (cost low, high): the strategy estimated
-    alone on the whole tail with RANGE_REPETITIONS (fewer if BUDGET says so: then the extremes drawn), the low
-    quantile with gamma two binomial standard errors above the measured one, the high with it two below (gamma
-    measured online on `sample` instances; 0: known). A strategy's tails are skewed, often bimodal: the range,
-    not the standard deviation, is what a measured tail can be held to."""
-    whole = _whole(planning)
-    if 2 * MIN_REPETITIONS * whole.tasks > BUDGET:  # too long a tail to simulate whole: the space's scale
-        whole = planning.setup
-    reps = max(MIN_REPETITIONS, min(RANGE_REPETITIONS, BUDGET // (2 * whole.tasks)))
+def spread_range(planning: Planning, index: int, sample: int) -> tuple[tuple[tuple[float, float], tuple[float, float]],
+                                                                       float]:
+    """The range of a strategy's tails, ((makespan low, high), (cost low, high)), and the share of tails it
+    holds on average: the strategy estimated alone with RANGE_REPETITIONS (fewer if BUDGET says so) on the
+    setup its prediction came from (the whole tail when `refine` ran, else the space's), at the measured gamma
+    and, when it was measured online on `sample` instances, two binomial standard errors either side; the
+    lowest and highest of every draw. Both sides of gamma count for both ends: more instances returning makes
+    a tail shorter, but with replicas left to run it can make it dearer."""
+    setup = _whole(planning) if planning.refined is not None else planning.setup
     g = planning.char.gamma_future
     se = math.sqrt(g * (1.0 - g) / sample) if sample > 0 else 0.0
-    runs = []
-    for gamma in (min(1.0, g + 2.0 * se), max(0.01, g - 2.0 * se)):
+    gammas = sorted({g, max(0.01, g - 2.0 * se), min(1.0, g + 2.0 * se)})
+    reps = max(MIN_REPETITIONS, min(RANGE_REPETITIONS, BUDGET // (len(gammas) * setup.tasks)))
+    makespans, costs = [], []
+    for gamma in gammas:
         char = dataclasses.replace(planning.char, gamma_future=gamma)
-        est = estimate(char, [planning.space[index]], whole, repetitions=reps, seed=planning.seed)
-        runs.append((est.runs_tail_makespan[0], est.runs_cost[0]))
-    (m_lo, c_lo), (m_hi, c_hi) = runs
-    lo, hi = RANGE_QUANTILES
-    return ((float(np.quantile(m_lo, lo, method="lower")), float(np.quantile(m_hi, hi, method="higher"))),
-            (float(np.quantile(c_lo, lo, method="lower")), float(np.quantile(c_hi, hi, method="higher"))))
+        est = estimate(char, [planning.space[index]], setup, repetitions=reps, seed=planning.seed)
+        makespans.append(est.runs_tail_makespan[0])
+        costs.append(est.runs_cost[0])
+    m, c = np.concatenate(makespans), np.concatenate(costs)
+    return ((float(m.min()), float(m.max())), (float(c.min()), float(c.max()))), (reps - 1) / (reps + 1)
 
 
 def uncertainty(planning: Planning, index: int, sample: int) -> tuple[float, float]:
