@@ -2,13 +2,16 @@
 
 A request is XML, 2-4 KB from the stock client, and is read with ElementTree; a body that is not
 well-formed XML (a client of another version, a proxy that cut it) is read again tag by tag, so a sender
-gets an answer about what is missing rather than a parse error. Documents with a DOCTYPE or entity
-declarations are refused outright: the client never sends one, and they are how XML bombs come.
+gets an answer about what is missing rather than a parse error. Documents with a DOCTYPE (where entity
+declarations live) are refused outright: the client never sends one, and they are how XML bombs come. The
+parser says so as it meets one, before any entity is declared or expanded; text that merely reads like one
+(a task's stderr, in CDATA, holding an HTML page's `<!DOCTYPE html>`) is text.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -81,18 +84,33 @@ def _int(value: str | None, default: int = 0, low: int = -(2**31), high: int = 2
     return int(_number(value, default, low, high))
 
 
+_DECLARATION = "a scheduler request may not declare a DOCTYPE or entities"
+_CDATA = re.compile(r"<!\[CDATA\[.*?\]\]>", re.DOTALL)
+
+
+class _NoDoctype(ET.TreeBuilder):
+    """A tree builder that refuses a document at the start of its DOCTYPE (ElementTree's parser calls
+    `doctype` as it begins one, before the declarations inside it)."""
+
+    def doctype(self, name: str, pubid: str | None, system: str | None) -> None:
+        raise RequestError(_DECLARATION)
+
+
 def parse_request(body: bytes) -> SchedulerRequest:
     """The request in `body`, or RequestError saying what is wrong with it."""
-    lowered = body.lower()
-    if b"<!doctype" in lowered or b"<!entity" in lowered:
-        raise RequestError("a scheduler request may not declare a DOCTYPE or entities")
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
         text = body.decode("latin-1")
+    parser = ET.XMLParser(target=_NoDoctype())
     try:
-        root = ET.fromstring(text)
+        parser.feed(text)
+        root = parser.close()
     except ET.ParseError:
+        # read tag by tag, which declares and expands nothing; a declaration outside CDATA is refused all the same
+        lowered = _CDATA.sub("", text).lower()
+        if "<!doctype" in lowered or "<!entity" in lowered:
+            raise RequestError(_DECLARATION) from None
         return _parse_loose(text)
     if root.tag != "scheduler_request":
         raise RequestError(f"the body is <{root.tag[:40]}>, not a <scheduler_request>")

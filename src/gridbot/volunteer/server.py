@@ -53,6 +53,7 @@ from gridbot.volunteer.jobs import (
     JOB_META,
     JOB_SUFFIX,
     OUTPUT_SUFFIX,
+    RESULT_RE,
     InputFile,
     Spool,
     input_file_name,
@@ -164,6 +165,8 @@ class VolunteerPool:
             d.mkdir(parents=True, exist_ok=True)
         self.spool = Spool(folder / "spool")  # job files and uploads of the instances out
         self._filed = self._upload_files()
+        self._receiving: set[str] = set()
+        """Uploads being received now, by file name: a second one of the same file is told to come back."""
         (self.downloads / WRAPPER_NAME).write_bytes(WRAPPER_BYTES)
         self.wrapper = FileInfo(WRAPPER_NAME, nbytes=len(WRAPPER_BYTES), md5=hashlib.md5(WRAPPER_BYTES).hexdigest(),
                                 executable=True, signature=signer.sign(WRAPPER_BYTES))
@@ -293,7 +296,9 @@ class VolunteerPool:
             reply.request_delay = DOWN_DELAY
             reply.messages.append(("high", f"the gridbot server refused this request: {str(e)[:300]}"))
             return _xml_response(reply.xml(), 400)
-        reply.acks = [r.name for r in req.results]
+        # a stock client holds only results some gridbot server made: a name of another shape is acknowledged to
+        # no one (64 KB names made the reply five times the request)
+        reply.acks = [r.name for r in req.results if RESULT_RE.match(r.name)]
         for report in exchange.reports:
             if report.instance_id not in foreign:
                 self._forget(report.instance_id)
@@ -588,9 +593,18 @@ class VolunteerPool:
             have = part.stat().st_size if part.exists() else 0
         if not 0 <= offset <= have:
             return _upload_reply(-1, f"offset {offset} is past the {have} bytes received", 400)
-        if have == 0 and nbytes <= SPOOLED_UPLOAD_BYTES:
-            return await self._receive_whole(request, name, part, rest, nbytes, fields["md5_cksum"])
-        return await self._receive(request, part, done, rest, offset, nbytes, fields["md5_cksum"])
+        if name in self._receiving:  # two writers of one file would mix their bytes
+            return _upload_reply(1, "another upload of this file is under way; try again later")
+        self._receiving.add(name)
+        try:
+            if have == 0 and nbytes <= SPOOLED_UPLOAD_BYTES:
+                return await self._receive_whole(request, name, part, rest, nbytes, fields["md5_cksum"])
+            return await self._receive(request, part, done, rest, offset, nbytes, fields["md5_cksum"])
+        except FileNotFoundError:
+            # its result was reported while the bytes came (its files removed): nothing is left to complete
+            return _upload_reply(-1, "this result was reported while its file came: the file is not needed")
+        finally:
+            self._receiving.discard(name)
 
     async def _receive_whole(self, request: web.Request, name: str, part: Path, rest: bytes, nbytes: int,
                              md5: str) -> web.Response:
