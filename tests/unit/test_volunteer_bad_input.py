@@ -1,6 +1,6 @@
 """Bad input from the network against the BOINC side of a volunteer pool (gridbot.volunteer), found by a review
-of the port (2026-11-27). Each test failed on the code before its fix; the two marked xfail are open (memory a
-sender can make the server hold) and fail until they are fixed.
+of the port (2026-11-27). Each test failed on the code before its fix; the one marked xfail is open (memory an
+account's host can make the server hold) and fails until it is fixed.
 
 In-process, as tests/unit/test_security_review.py drives the door: the pool's aiohttp application behind
 aiohttp's test client, over a MemoryStore service; no BOINC client, no server process (the stock client's
@@ -130,7 +130,6 @@ def test_one_scheduler_rpc_holds_no_more_results_in_memory_than_an_exchange_may(
 # -- 2. a stranger's scheduler request is read whole (16 MB, no time limit) before its key is checked -------------
 
 
-@pytest.mark.xfail(strict=True, reason="open: the body is read whole before the key is looked for")
 def test_a_request_with_a_bad_key_is_answered_without_waiting_for_its_whole_body(tmp_path):
     """The key is looked for in the first 64 KB, but only after `request.read()` took the whole body: an
     unauthenticated sender pins up to 16 MB per connection for as long as it keeps the body open (no read
@@ -245,3 +244,38 @@ def test_the_reply_acknowledges_only_results_the_server_made(tmp_path):
     status, sent, got = _run(go())
     assert status == 200
     assert got < sent, f"a request of {sent:,} bytes got a reply of {got:,} bytes (acks of names no server made)"
+
+
+def test_an_accounts_request_that_never_ends_or_grows_past_the_limit_is_refused(tmp_path, monkeypatch):
+    """Once the key is accepted the rest is read with a limit of size (a chunked body declares none) and of time."""
+    import gridbot.volunteer.server as volunteer_server
+
+    monkeypatch.setattr(volunteer_server, "BODY_SECONDS", 0.5)
+    monkeypatch.setattr(volunteer_server, "MAX_REQUEST_BYTES", 1 << 20)
+    _, pool, key = _pool(tmp_path)
+    head = _request(key).removesuffix(b"</scheduler_request>\n")
+
+    async def go() -> tuple[int, int]:
+        async with TestClient(TestServer(pool.app)) as c:
+            gate = asyncio.Event()
+
+            async def slow():
+                yield head
+                await gate.wait()
+                yield b"</scheduler_request>\n"
+
+            async def huge():
+                yield head
+                for _ in range(40):
+                    yield b"<x/>" * 8192
+
+            task = asyncio.create_task(c.post("/scheduler", data=slow()))
+            done, _ = await asyncio.wait({task}, timeout=5)
+            gate.set()
+            slow_status = (await task).status
+            assert done, "the slow request was not answered in time"
+            r = await c.post("/scheduler", data=huge())
+            await r.read()
+            return slow_status, r.status
+
+    assert _run(go()) == (408, 413)

@@ -16,6 +16,7 @@ Doors and who may use them (docs/volunteers.md):
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import hashlib
@@ -70,9 +71,12 @@ from gridbot.volunteer.wrapper import APP_NAME, TAIL_BYTES, WRAPPER_BYTES, WRAPP
 log = logging.getLogger("gridbot.volunteer")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MAX_REQUEST_BYTES = 16 << 20
+"""Largest scheduler request read (a client reporting hundreds of results with their stderr)."""
 AUTH_HEAD_BYTES = 64 << 10
 """Where the account key must be found, from the start of a scheduler request (the client writes it near the top)."""
-"""Largest scheduler request read (a client reporting hundreds of results with their stderr)."""
+BODY_SECONDS = 60.0
+"""Longest time the rest of a scheduler request may take to arrive once its key was accepted (the stock
+client's are a few kilobytes, sent at once)."""
 MAX_HEADER_BYTES = 64 << 10
 SPOOLED_UPLOAD_BYTES = 1 << 20
 """Uploads up to this size, sent whole in one request, are kept in the spool; larger or resumed ones in files."""
@@ -246,13 +250,16 @@ class VolunteerPool:
         """One scheduler RPC: authenticate, take the reports, ask the dispatcher for work, answer in XML."""
         if (request.content_length or 0) > MAX_REQUEST_BYTES:
             return self._refuse(413, f"a scheduler request of over {MAX_REQUEST_BYTES:,} bytes")
-        try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return self._refuse(413, f"a scheduler request of over {MAX_REQUEST_BYTES:,} bytes")
-        # the account key first, from the head of the body, before the whole of it is parsed: a stranger's
-        # request of megabytes costs a search of a few kilobytes (the client writes it near the top)
-        key = first_block(body[:AUTH_HEAD_BYTES].decode("utf-8", "replace"), "authenticator")
+        # the account key first, from the head of the body, before the rest is read or parsed: a stranger's
+        # request of megabytes, or one kept open, costs the server a few kilobytes (the client writes it near
+        # the top)
+        head = b""
+        while len(head) < AUTH_HEAD_BYTES and b"</authenticator>" not in head:
+            chunk = await request.content.read(AUTH_HEAD_BYTES - len(head))
+            if not chunk:
+                break
+            head += chunk
+        key = first_block(head[:AUTH_HEAD_BYTES].decode("utf-8", "replace"), "authenticator")
         if key is None:
             return self._refuse(400, "a scheduler request must carry its account key (<authenticator>) near "
                                      "its start")
@@ -264,6 +271,12 @@ class VolunteerPool:
                                            "operator for one (`gridbot volunteers add NAME`), then detach and "
                                            "attach again with it."))
             return _xml_response(reply.xml())
+        try:
+            body = head + await asyncio.wait_for(_read_rest(request, MAX_REQUEST_BYTES - len(head)), BODY_SECONDS)
+        except _TooLarge:
+            return self._refuse(413, f"a scheduler request of over {MAX_REQUEST_BYTES:,} bytes")
+        except TimeoutError:
+            return self._refuse(408, f"the rest of the scheduler request took over {BODY_SECONDS:g} s to come")
         try:
             req = parse_request(body)
         except RequestError as e:
@@ -652,6 +665,22 @@ class VolunteerPool:
     def _output_of(self, name: str) -> int | None:
         """The instance whose output file `name` is (None: not the output of a result this server made)."""
         return instance_of(self.tokens, name[:-len(OUTPUT_SUFFIX)]) if name.endswith(OUTPUT_SUFFIX) else None
+
+
+class _TooLarge(Exception):
+    """A body went over its limit while it was read."""
+
+
+async def _read_rest(request: web.Request, limit: int) -> bytes:
+    """What is left of a request's body, up to `limit` bytes (_TooLarge past it, read no further)."""
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := await request.content.read(1 << 16):
+        size += len(chunk)
+        if size > limit:
+            raise _TooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 async def _read_upload(request: web.Request, first: bytes, received: int, nbytes: int,
