@@ -1,6 +1,5 @@
 """Bad input from the network against the BOINC side of a volunteer pool (gridbot.volunteer), found by a review
-of the port (2026-11-27). Each test failed on the code before its fix; the one marked xfail is open (memory an
-account's host can make the server hold) and fails until it is fixed.
+of the port (2026-11-27). Each test failed on the code before its fix.
 
 In-process, as tests/unit/test_security_review.py drives the door: the pool's aiohttp application behind
 aiohttp's test client, over a MemoryStore service; no BOINC client, no server process (the stock client's
@@ -89,26 +88,27 @@ async def _first_work(c: TestClient, key: str, ncpus: int = 1) -> tuple[int, lis
 # -- 1. one scheduler RPC holds every reported result in memory at once ----------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="open: reported results are read whole before the exchange is split")
 def test_one_scheduler_rpc_holds_no_more_results_in_memory_than_an_exchange_may(tmp_path):
     """`_exchange` reads the upload of every reported result (up to 5,000) before `_answer` splits them into
     parts of `max_result_bytes`: N results of 16 MB (the default) are N x 16 MB in memory, and as much again in
     the msgspec round trip. A volunteer that says it has many CPUs holds many instances and can exhaust the
-    server's memory with one request. (Scaled down: 40 results of 60 KB under a limit of 64 KB.)"""
+    server's memory with one request. (Scaled down: 40 results of 60 KB under a limit of 64 KB.) Now a request's
+    reports are taken up to about the limit, the others left unacknowledged for the next request, which the
+    client is told to make at once; every result arrives, over several requests."""
     limit, n = 64 << 10, 40
-    _, pool, key = _pool(tmp_path, jobs=n, max_result_bytes=limit)
+    service, pool, key = _pool(tmp_path, jobs=n, max_result_bytes=limit)
     held: list[int] = []
     real = pool._exchange
 
     def spy(*args, **kwargs):
-        exchange, foreign = real(*args, **kwargs)
+        exchange, foreign, deferred = real(*args, **kwargs)
         held.append(sum(r.result_bytes for r in exchange.reports))
-        return exchange, foreign
+        return exchange, foreign, deferred
 
     pool._exchange = spy  # type: ignore[method-assign]
     data = _result_file(b"y" * (limit - 4096))
 
-    async def go() -> int:
+    async def go() -> tuple[int, int, bool]:
         async with TestClient(TestServer(pool.app)) as c:
             hostid, works = await _first_work(c, key, ncpus=n)
             assert len(works) == n
@@ -116,15 +116,25 @@ def test_one_scheduler_rpc_holds_no_more_results_in_memory_than_an_exchange_may(
                 r = await c.post("/file_upload_handler", data=_header(f"{name}_out", token, max_nbytes, len(data),
                                                                       md5=hashlib.md5(data).hexdigest()) + data)
                 assert "<status>0</status>" in await r.text()
-            reports = "".join(f"<result><name>{name}</name><state>5</state><exit_status>0</exit_status></result>"
-                              for name, _, _ in works)
-            r = await c.post("/scheduler", data=_request(key, hostid, n, 0.0, reports))
-            await r.read()
-            return r.status
+            left, requests, prompt = [name for name, _, _ in works], 0, True
+            while left and requests < n:
+                reports = "".join(f"<result><name>{name}</name><state>5</state><exit_status>0</exit_status>"
+                                  "</result>" for name in left)
+                r = await c.post("/scheduler", data=_request(key, hostid, n, 0.0, reports))
+                reply = await r.text()
+                assert r.status == 200, reply
+                acked = set(re.findall(r"<result_ack>\s*<name>([^<]+)</name>", reply))
+                left = [name for name in left if name not in acked]
+                prompt &= not left or "<next_rpc_delay>1</next_rpc_delay>" in reply
+                requests += 1
+            return requests, len(left), prompt
 
-    assert _run(go()) == 200
-    assert held[-1] <= 2 * limit, (f"one scheduler request made the server hold {held[-1]:,} bytes of results at "
-                                   f"once ({held[-1] / limit:.0f} x max_result_bytes = {limit:,})")
+    requests, left, prompt = _run(go())
+    assert left == 0 and requests > 1 and prompt
+    assert max(held) <= 2 * limit, (f"one scheduler request made the server hold {max(held):,} bytes of results at "
+                                    f"once ({max(held) / limit:.0f} x max_result_bytes = {limit:,})")
+    row = service.store.bag(1)
+    assert row is not None and row.counts.done == n
 
 
 # -- 2. a stranger's scheduler request is read whole (16 MB, no time limit) before its key is checked -------------

@@ -295,7 +295,7 @@ class VolunteerPool:
             reply.code_sign_key = self.signer.public_text
         posix = not req.platform.lower().startswith(NOT_POSIX) and bool(req.platform)
         try:
-            exchange, foreign = self._exchange(req, vhost.hostid, account.account_id, posix)
+            exchange, foreign, deferred = self._exchange(req, vhost.hostid, account.account_id, posix)
         except msgspec.ValidationError as e:
             return self._refuse(400, f"a value of the request is out of range: {str(e)[:200]}")
         try:
@@ -311,7 +311,9 @@ class VolunteerPool:
             return _xml_response(reply.xml(), 400)
         # a stock client holds only results some gridbot server made: a name of another shape is acknowledged to
         # no one (64 KB names made the reply five times the request)
-        reply.acks = [r.name for r in req.results if RESULT_RE.match(r.name)]
+        reply.acks = [r.name for r in req.results if RESULT_RE.match(r.name) and r.name not in deferred]
+        if deferred:  # left for the next request, which the client makes at once
+            reply.next_rpc_delay = 1.0
         for report in exchange.reports:
             if report.instance_id not in foreign:
                 self._forget(report.instance_id)
@@ -363,15 +365,23 @@ class VolunteerPool:
         return rpc_delay(self.settings.next_rpc_delay, self.server.service.config.dispatch.host_timeout)
 
     def _exchange(self, req: SchedulerRequest, hostid: int, account: str,
-                  posix: bool) -> tuple[ExchangeRequest, set[int]]:
-        """The scheduler request as the worker protocol's exchange, validated as a worker's would be, and the
-        instances it reports that another host holds (their files are left alone)."""
+                  posix: bool) -> tuple[ExchangeRequest, set[int], set[str]]:
+        """The scheduler request as the worker protocol's exchange, validated as a worker's would be; the
+        instances it reports that another host holds (their files are left alone); and the names of results
+        left for the next request: the reports taken hold about one `max_result_bytes` of uploads (a client
+        reporting hundreds of 16 MB results at once made the server read them all, and copy them twice)."""
         reports = []
         foreign: set[int] = set()
+        deferred: set[str] = set()
+        held_bytes = 0
+        limit = self.server.service.config.dispatch.max_result_bytes
         view = self.server.service.dispatcher.view
         for r in req.results:
             iid = instance_of(self.tokens, r.name)
             if iid is None:
+                continue
+            if held_bytes > limit:
+                deferred.add(r.name)
                 continue
             held = view.instance(iid)
             if held is not None and held.host_id != f"boinc-{hostid}":
@@ -380,8 +390,9 @@ class VolunteerPool:
                 reports.append(InstanceReport(iid, Outcome.FAILURE, reason="reported by another host"))
                 foreign.add(iid)
                 continue
-            reports.append(self._report(iid, r.name, r.state, r.exit_status, r.cpu_time, r.elapsed_time,
-                                        r.stderr_out))
+            report = self._report(iid, r.name, r.state, r.exit_status, r.cpu_time, r.elapsed_time, r.stderr_out)
+            held_bytes += report.result_bytes
+            reports.append(report)
         running = [iid for name in req.other_results if (iid := instance_of(self.tokens, name)) is not None]
         want = self._want(req) if posix else 0
         ncpus = max(1, min(req.ncpus, 100_000))
@@ -390,8 +401,9 @@ class VolunteerPool:
                         volunteer_prefetch(want, ncpus), _label(req.cpid, "boinc")[:64],
                         account=f"volunteer:{account}",  # a quorum never counts two results of one account
                         speed=req.fpops / 1e9)  # the client's benchmark: Host.Speed, GFLOPS of one CPU
+        running += [iid for name in deferred if (iid := instance_of(self.tokens, name)) is not None]
         exchange = ExchangeRequest(info, want, running, reports)
-        return _exchange.decode(_encode.encode(exchange)), foreign  # the limits a worker's message is held to
+        return _exchange.decode(_encode.encode(exchange)), foreign, deferred  # the limits a worker's message has
 
     def _want(self, req: SchedulerRequest) -> int:
         """Instances for a request of so many seconds of work: by the active bags' mean run time (the pool's
