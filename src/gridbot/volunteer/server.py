@@ -74,9 +74,9 @@ MAX_REQUEST_BYTES = 16 << 20
 """Largest scheduler request read (a client reporting hundreds of results with their stderr)."""
 AUTH_HEAD_BYTES = 64 << 10
 """Where the account key must be found, from the start of a scheduler request (the client writes it near the top)."""
-BODY_SECONDS = 60.0
-"""Longest time the rest of a scheduler request may take to arrive once its key was accepted (the stock
-client's are a few kilobytes, sent at once)."""
+IDLE_SECONDS = 30.0
+"""Longest wait for the next bytes of a request's body (a scheduler request's, an upload's): a sender that
+stalls is answered (408; a stalled upload keeps what came, to resume), one that is slow but sending is not."""
 MAX_HEADER_BYTES = 64 << 10
 SPOOLED_UPLOAD_BYTES = 1 << 20
 """Uploads up to this size, sent whole in one request, are kept in the spool; larger or resumed ones in files."""
@@ -140,6 +140,8 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         raise
     except (RequestPayloadError, HttpProcessingError) as e:  # a body aiohttp cannot read: a bad gzip, a cut chunk
         return web.Response(status=400, text=unreadable_body(e))
+    except ConnectionResetError:  # the sender left while its body came: nobody reads the answer
+        return web.Response(status=400, text="the connection was reset while the request came")
     except Exception:
         log.exception("volunteer side: internal error on %s %s", request.method, request.path[:200])
         return web.Response(status=500, text="internal server error; the server log has the details")
@@ -254,11 +256,14 @@ class VolunteerPool:
         # request of megabytes, or one kept open, costs the server a few kilobytes (the client writes it near
         # the top)
         head = b""
-        while len(head) < AUTH_HEAD_BYTES and b"</authenticator>" not in head:
-            chunk = await request.content.read(AUTH_HEAD_BYTES - len(head))
-            if not chunk:
-                break
-            head += chunk
+        try:
+            while len(head) < AUTH_HEAD_BYTES and b"</authenticator>" not in head:
+                chunk = await _read_some(request, AUTH_HEAD_BYTES - len(head))
+                if not chunk:
+                    break
+                head += chunk
+        except TimeoutError:
+            return self._refuse(408, f"the scheduler request stalled for {IDLE_SECONDS:g} s before its key")
         key = first_block(head[:AUTH_HEAD_BYTES].decode("utf-8", "replace"), "authenticator")
         if key is None:
             return self._refuse(400, "a scheduler request must carry its account key (<authenticator>) near "
@@ -272,11 +277,11 @@ class VolunteerPool:
                                            "attach again with it."))
             return _xml_response(reply.xml())
         try:
-            body = head + await asyncio.wait_for(_read_rest(request, MAX_REQUEST_BYTES - len(head)), BODY_SECONDS)
+            body = head + await _read_rest(request, MAX_REQUEST_BYTES - len(head))
         except _TooLarge:
             return self._refuse(413, f"a scheduler request of over {MAX_REQUEST_BYTES:,} bytes")
         except TimeoutError:
-            return self._refuse(408, f"the rest of the scheduler request took over {BODY_SECONDS:g} s to come")
+            return self._refuse(408, f"the scheduler request stalled for {IDLE_SECONDS:g} s")
         try:
             req = parse_request(body)
         except RequestError as e:
@@ -323,7 +328,7 @@ class VolunteerPool:
                                              f"{req.platform[:60]!r} gets no work (Linux, macOS and BSD do)"))
         if answer.assignments:
             self._add_work(reply, answer.assignments, req)
-        elif exchange.want:
+        elif exchange.want and not deferred:  # a minimum delay would hold back the request told to come at once
             reply.request_delay = empty_delay(answer.backoff)
         self._sweep()
         return _xml_response(reply.xml())
@@ -683,11 +688,16 @@ class _TooLarge(Exception):
     """A body went over its limit while it was read."""
 
 
+async def _read_some(request: web.Request, n: int) -> bytes:
+    """Up to `n` bytes of the body as they come (b"": its end); TimeoutError when none come for IDLE_SECONDS."""
+    return await asyncio.wait_for(request.content.read(n), IDLE_SECONDS)
+
+
 async def _read_rest(request: web.Request, limit: int) -> bytes:
     """What is left of a request's body, up to `limit` bytes (_TooLarge past it, read no further)."""
     chunks: list[bytes] = []
     size = 0
-    while chunk := await request.content.read(1 << 16):
+    while chunk := await _read_some(request, 1 << 16):
         size += len(chunk)
         if size > limit:
             raise _TooLarge
@@ -706,7 +716,10 @@ async def _read_upload(request: web.Request, first: bytes, received: int, nbytes
         if received > nbytes:
             return received
         sink(chunk)
-        chunk = await request.content.read(1 << 16)
+        try:
+            chunk = await _read_some(request, 1 << 16)
+        except TimeoutError:  # stalled: what came is kept (the client resumes from it), the file name freed
+            return received
         if not chunk:
             return received
 
