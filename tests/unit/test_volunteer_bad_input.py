@@ -331,3 +331,26 @@ def test_a_stalled_upload_keeps_what_came_and_frees_its_file_for_the_next_try(tm
     first, second = _run(go())
     assert "<status>1</status>" in first and "resume" in first
     assert "<status>0</status>" in second, second
+
+
+def test_an_upload_whose_header_stalls_is_answered(tmp_path, monkeypatch):
+    """Anyone may open the upload door: a header that never ends held the connection for as long as it stayed
+    open (found in the last read of the idle-timeout fix)."""
+    import gridbot.volunteer.server as volunteer_server
+
+    monkeypatch.setattr(volunteer_server, "IDLE_SECONDS", 0.5)
+    _, pool, _ = _pool(tmp_path)
+
+    async def go() -> int:
+        async with TestClient(TestServer(pool.app)) as c:
+            gate = asyncio.Event()
+
+            async def stalls():
+                yield b"<data_server_request>\n<core_client_major_version>7</core_client_major_version>\n"
+                await gate.wait()
+
+            r = await asyncio.wait_for(c.post("/file_upload_handler", data=stalls()), 10)
+            gate.set()
+            return r.status
+
+    assert _run(go()) == 408

@@ -575,11 +575,14 @@ class VolunteerPool:
     async def upload(self, request: web.Request) -> web.Response:
         """BOINC's file upload exchange: a size query, or a header then the file's bytes from an offset."""
         head = b""
-        while b"<data>\n" not in head and len(head) < MAX_HEADER_BYTES:
-            chunk = await request.content.read(8192)
-            if not chunk:
-                break
-            head += chunk
+        try:
+            while b"<data>\n" not in head and len(head) < MAX_HEADER_BYTES:
+                chunk = await _read_some(request, 8192)
+                if not chunk:
+                    break
+                head += chunk
+        except TimeoutError:
+            return _upload_reply(-1, f"the upload's header stalled for {IDLE_SECONDS:g} s", 408)
         if b"<data>\n" not in head:
             query = re.search(rb"<get_file_size>([^<]{1,200})</get_file_size>", head)
             if query is None:
