@@ -1228,14 +1228,11 @@ def key_lines(text: str) -> dict[tuple[str, ...], int]:
     table: tuple[str, ...] = ()
     arrays: dict[tuple[str, ...], int] = {}
     for n, raw in enumerate(text.split("\n"), 1):  # TOML's lines end at LF (CRLF keeps its CR: no matter here)
-        if m := _ARRAY_HEADER.match(raw):
-            array = tuple(part.strip().strip('"') for part in m.group(1).split("."))
-            index = arrays[array] = arrays.get(array, -1) + 1
-            table = (*array, str(index))
-            for i in range(1, len(table) + 1):
-                lines.setdefault(table[:i], n)
-        elif m := _HEADER.match(raw):
+        if (m := _ARRAY_HEADER.match(raw)) or (m := _HEADER.match(raw)):
             table = tuple(part.strip().strip('"') for part in m.group(1).split("."))
+            if m.re is _ARRAY_HEADER:
+                index = arrays[table] = arrays.get(table, -1) + 1
+                table = (*table, str(index))
             for i in range(1, len(table) + 1):
                 lines.setdefault(table[:i], n)
         elif m := _KEY.match(raw):

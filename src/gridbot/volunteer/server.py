@@ -255,13 +255,8 @@ class VolunteerPool:
         # the account key first, from the head of the body, before the rest is read or parsed: a stranger's
         # request of megabytes, or one kept open, costs the server a few kilobytes (the client writes it near
         # the top)
-        head = b""
         try:
-            while len(head) < AUTH_HEAD_BYTES and b"</authenticator>" not in head:
-                chunk = await _read_some(request, AUTH_HEAD_BYTES - len(head))
-                if not chunk:
-                    break
-                head += chunk
+            head = await _read_head(request, b"</authenticator>", AUTH_HEAD_BYTES)
         except TimeoutError:
             return self._refuse(408, f"the scheduler request stalled for {IDLE_SECONDS:g} s before its key")
         key = first_block(head[:AUTH_HEAD_BYTES].decode("utf-8", "replace"), "authenticator")
@@ -574,13 +569,8 @@ class VolunteerPool:
 
     async def upload(self, request: web.Request) -> web.Response:
         """BOINC's file upload exchange: a size query, or a header then the file's bytes from an offset."""
-        head = b""
         try:
-            while b"<data>\n" not in head and len(head) < MAX_HEADER_BYTES:
-                chunk = await _read_some(request, 8192)
-                if not chunk:
-                    break
-                head += chunk
+            head = await _read_head(request, b"<data>\n", MAX_HEADER_BYTES, 8192)
         except TimeoutError:
             return _upload_reply(-1, f"the upload's header stalled for {IDLE_SECONDS:g} s", 408)
         if b"<data>\n" not in head:
@@ -694,6 +684,18 @@ class _TooLarge(Exception):
 async def _read_some(request: web.Request, n: int) -> bytes:
     """Up to `n` bytes of the body as they come (b"": its end); TimeoutError when none come for IDLE_SECONDS."""
     return await asyncio.wait_for(request.content.read(n), IDLE_SECONDS)
+
+
+async def _read_head(request: web.Request, marker: bytes, limit: int, piece: int | None = None) -> bytes:
+    """The start of a body, read as it comes until it holds `marker`, reaches `limit` bytes or ends; each read
+    takes up to `piece` bytes (None: what the limit leaves). TimeoutError as `_read_some`."""
+    head = b""
+    while marker not in head and len(head) < limit:
+        chunk = await _read_some(request, piece if piece is not None else limit - len(head))
+        if not chunk:
+            break
+        head += chunk
+    return head
 
 
 async def _read_rest(request: web.Request, limit: int) -> bytes:
