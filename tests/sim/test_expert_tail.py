@@ -61,10 +61,13 @@ def test_expert_ends_the_tail_sooner_than_the_grid_alone_at_the_clouds_price(see
     assert alone.jobs_per_pool == {"grid": 200} and alone.tail_plan is None
     assert expert.tail_makespan is not None and alone.tail_makespan is not None
     assert expert.tail_makespan < 0.8 * alone.tail_makespan
-    assert expert.replicas > 0 and expert.jobs_per_pool.get("cloud", 0) > 0
+    assert expert.replicas > 0
     plan = expert.tail_plan
     assert plan is not None and plan["utility"] == "fastest" and plan["strategy"].startswith("N=")
-    assert plan["actual_cost"] > 0  # the cloud's results were paid for; the grid alone cost nothing
+    # the cloud's results are paid for, the grid's cost nothing; with the cloud's start (its 60 s queue wait)
+    # in the estimate, seed 2 takes N=1 T=0 D=2Tur Mr=0.02: a grid replica of each tail task at once, and its
+    # one cloud machine is not needed (its tail took 1,328 s, against 1,957 s with a cloud task before)
+    assert (plan["actual_cost"] > 0) == (expert.jobs_per_pool.get("cloud", 0) > 0)
     assert plan["done"] == plan["tasks"]
     # the tail as predicted at T_tail, within a factor of two: the paper's online estimates were off by 20% on
     # average and up to 56% (Table 5); here the cloud's pilots also take 90 s to come, and a job's runtime is

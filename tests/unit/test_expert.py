@@ -420,3 +420,50 @@ def test_a_tail_too_long_to_simulate_whole_has_its_range_where_its_prediction_is
     mean, cost = planning.prediction()
     assert m_lo <= mean <= m_hi and c_lo <= cost <= c_hi
     assert planning.range_share < 0.99  # few draws of a long tail: the share says so
+
+
+# -- the dispatch delays the paper's model leaves out -----------------------------------------------------------
+
+
+def test_each_instance_of_a_chain_is_sent_late_by_the_dispatch_delay_and_the_reliable_one_by_a_pilots_start():
+    # every instance takes R and D = R/2 loses each: instance 1 at d, instance 2 at T + 2d, the reliable one at
+    # 2T + 2d + rd, its result R later; the delays are not paid for
+    n2 = NTDMr(2, R / 2, R / 2, 1.0)
+    makespan, cost, reliable = one(fixed(), n2, Setup(tasks=4, unreliable=4, prices=PRICES))
+    assert makespan == pytest.approx(2 * R) and reliable == 4
+    late = Setup(tasks=4, unreliable=4, prices=PRICES, dispatch_delay=10.0, reliable_delay=60.0)
+    makespan_late, cost_late, reliable_late = one(fixed(), n2, late)
+    assert makespan_late == pytest.approx(2 * R + 2 * 10.0 + 60.0)
+    assert (cost_late, reliable_late) == (pytest.approx(cost), 4)
+
+
+def test_a_task_that_succeeds_while_its_next_instance_waits_out_the_delay_sends_none():
+    # T = R/4 < R: the replica is due at R/4, but with a dispatch delay of R it would go at 1.25 R, after the first
+    # instance's result at R: it is never sent, and never paid for
+    _, cost, _ = one(fixed(), NTDMr(None, R / 4, 4 * R, 0.0), Setup(tasks=3, unreliable=6, prices=PRICES,
+                                                                     ages=(0.0, 0.0, 0.0), dispatch_delay=R))
+    assert cost == pytest.approx(R / 3600)
+
+
+def test_delays_are_half_a_tick_and_the_pools_startup_until_the_tail_measured_its_own():
+    from gridbot.schedulers.expert.planner import Observed, PoolFacts, delays
+
+    cold = (PoolFacts("grid", False, slots=8), PoolFacts("cloud", True, startup=120.0),
+            PoolFacts("cluster", True, startup=30.0))
+    obs = Observed(0.0, (), (), (), 4, cold, 25.0, tick=1.0)
+    lag, reliable_lag, said = delays(obs)
+    assert (lag, reliable_lag) == (0.5, 30.5)  # the fastest reliable pool to start
+    assert said == ("instances sent 0.5 s after their timer (half a tick), 30.5 s on the reliable pools (a pilot's "
+                    "startup of the pools file)")
+    warm = (cold[0], PoolFacts("cloud", True, slots=1, startup=120.0))
+    assert delays(Observed(0.0, (), (), (), 4, warm, 25.0, tick=1.0))[:2] == (0.5, 0.5)
+    measured = Observed(0.0, (), (), (), 4, cold, 25.0, tick=1.0, dispatch_lags=(0.2, 0.6, 300.0), reliable_lags=(3.0,))
+    assert delays(measured) == (0.6, 3.0, "instances sent 0.6 s after their timer (measured on 3), "
+                                "3.0 s on the reliable pools (measured on 1)")
+    assert delays(Observed(0.0, (), (), (), 4, (cold[0],), 25.0)) == (0.0, 0.0, "")
+
+
+def test_dispatch_delays_must_be_finite_and_not_negative():
+    for bad in ({"dispatch_delay": -1.0}, {"reliable_delay": math.inf}, {"dispatch_delay": math.nan}):
+        with pytest.raises(EstimateError, match="dispatch delays must be finite and at least 0"):
+            Setup(tasks=1, unreliable=1, **bad)

@@ -156,9 +156,9 @@ def for_scenario(path: Path, bag_name: str | None, name: str | None, budget: flo
     reliable = {p.name for p in sc.pools if p.name in sc.dispatch.reliable_pools
                 or (not sc.dispatch.reliable_pools and p.spec.reliability == "reliable")}
     facts = tuple(PoolFacts(p.name, p.name in reliable, p.spec.price_per_cpu_hour, p.spec.charging_period,
-                            p.max_size * p.spec.cpus, p.max_size * p.spec.cpus) for p in sc.pools)
+                            p.max_size * p.spec.cpus, p.max_size * p.spec.cpus, p.queue_wait.mean) for p in sc.pools)
     chosen = settings(bag.strategy, chosen_utility(name, budget, deadline))
-    observed = Observed(0.0, (), (), (), bag.jobs, facts, bag.instance_deadline)
+    observed = Observed(0.0, (), (), (), bag.jobs, facts, bag.instance_deadline, tick=sc.tick)
     if previous is None:
         char = _offline(sc.pools, reliable, bag.runtime, sc.seed)
         source = f"offline from the scenario: runtimes {bag.runtime.describe}, success {char.gamma_future:.2f}"

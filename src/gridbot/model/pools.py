@@ -12,6 +12,7 @@
     charging_period = "1h"
     reliability = "reliable"  # unreliable (a grid that preempts), reliable (a cluster or a cloud), volunteer
     level = 1                 # the grid execution hierarchy's level
+    startup = "2m"            # from asking for a pilot to its taking work (default: the kind's, see KINDS)
     [pools.cluster.attributes]
     Site = "technion"         # free attributes, published in the pool's ad for GridPolicy
 
@@ -37,13 +38,14 @@ RELIABILITY = ("unreliable", "reliable", "volunteer")
 RESERVED_ATTRIBUTES = {"Name": "the table's name", "Kind": "kind", "Reliability": "reliability", "Level": "level",
                        "Cpus": "cpus", "Memory": "memory_mb", "Walltime": "walltime",
                        "PricePerCpuHour": "price_per_cpu_hour", "PricePerPilotHour": "price_per_pilot_hour",
-                       "ChargingPeriod": "charging_period", "MaxRunning": "max_running", "Trusted": "trusted"}
+                       "ChargingPeriod": "charging_period", "MaxRunning": "max_running", "Trusted": "trusted",
+                       "Startup": "startup"}
 """The attributes the pool's ad sets from its validated keys (`PoolSpec.ad`): [attributes] may not replace them
 (a price written as a string there once made a pool free)."""
 COMMON_KEYS = ("kind", "max_running", "max_queued", "cpus", "memory_mb", "walltime", "price_per_cpu_hour",
                "price_per_pilot_hour",
                "charging_period", "reliability", "level", "attributes", "idle_timeout", "min_cpu", "cpu_window",
-               "run_as", "allow_root", "monitor_interval", "trusted", "jobs_per_pilot")
+               "run_as", "allow_root", "monitor_interval", "trusted", "jobs_per_pilot", "startup")
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,10 @@ class PoolKind:
     """gridbot submits its pilots (a `static` pool's hosts come by themselves)."""
     check: Callable[[str, Mapping[str, Any]], list[tuple[str, str]]] | None = None
     """The kind's own rule over a pool's table (pool name, table): a (message, hint) for each problem."""
+    startup: float = 0.0
+    """Typical seconds from the overlay asking for a pilot to the pilot taking work, when the pools file does not
+    say (`startup`): ExPERT's estimate adds it to an instance sent to a reliable pool, whose pilots the tail asks
+    for only once a task is due there, until the tail has measured its own (docs/expert.md)."""
 
 
 def _runs_jobs_as_someone(name: str, table: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -77,11 +83,11 @@ def _runs_jobs_as_someone(name: str, table: Mapping[str, Any]) -> list[tuple[str
 def _batch(queues: str) -> PoolKind:
     """A batch system reached through psij-python (its executor has the kind's name), one queue a pool."""
     return PoolKind("gridbot.pools.adapters:BatchAdapter", ("partition", "account", "work_dir"),
-                    (("partition", f'add partition = "NAME" ({queues})'),))
+                    (("partition", f'add partition = "NAME" ({queues})'),), startup=60.0)
 
 
 KINDS: dict[str, PoolKind] = {
-    "local": PoolKind("gridbot.pools.adapters:LocalAdapter", queue=False),
+    "local": PoolKind("gridbot.pools.adapters:LocalAdapter", queue=False, startup=5.0),
     "slurm": _batch("see `sinfo`"),
     "pbs": _batch("see `qstat -Q`"),
     "lsf": _batch("see `bqueues`"),
@@ -91,7 +97,7 @@ KINDS: dict[str, PoolKind] = {
                     ("region", "instance_type", "image", "spot", "subnet", "security_group", "key_name",
                      "endpoint_url"),
                     tuple((key, f'add {key} = "..."') for key in ("region", "instance_type", "image")),
-                    check=_runs_jobs_as_someone),
+                    check=_runs_jobs_as_someone, startup=120.0),
     "static": PoolKind("gridbot.pools.adapters:StaticAdapter", queue=False, pilots=False),
     "volunteer": PoolKind("gridbot.pools.adapters:StaticAdapter", VOLUNTEER_KEYS,
                           (("port", "add port = 8471 (where the BOINC clients connect)"),),
@@ -154,6 +160,10 @@ class PoolSpec(msgspec.Struct, frozen=True):
     """Jobs a pilot runs before it leaves (0: as many as come): 1 makes each pilot one job's own batch job."""
     trusted: bool = False
     """Its hosts' results count as a quorum alone (bags with `quorum`: your own cluster's, not volunteers')."""
+    startup: float | None = None
+    """Seconds from the overlay asking for a pilot to its taking work (None: the kind's `PoolKind.startup`: a
+    local worker's 5 s are the overlay's next step, up to 3 s, and the worker's start; a batch queue's 60 s and
+    an EC2 instance's 120 s are typical, not measured)."""
     """Let a pilot's worker started as root run jobs as root (else it refuses to start without run_as)."""
     attributes: dict[str, str | int | float | bool] = msgspec.field(default_factory=dict)
     options: dict[str, str | int | float | bool] = msgspec.field(default_factory=dict)
@@ -164,7 +174,16 @@ class PoolSpec(msgspec.Struct, frozen=True):
         return {**self.attributes, "Name": self.name, "Kind": self.kind, "Reliability": self.reliability,
                 "Level": self.level, "Cpus": self.cpus, "Memory": self.memory_mb, "Walltime": self.walltime,
                 "PricePerCpuHour": self.price_per_cpu_hour, "PricePerPilotHour": self.price_per_pilot_hour,
-                "ChargingPeriod": self.charging_period, "MaxRunning": self.max_running, "Trusted": self.trusted}
+                "ChargingPeriod": self.charging_period, "MaxRunning": self.max_running, "Trusted": self.trusted,
+                "Startup": self.startup_seconds}
+
+    @property
+    def startup_seconds(self) -> float:
+        """`startup`, else the kind's (0 for a kind gridbot does not submit pilots to)."""
+        if self.startup is not None:
+            return self.startup
+        kind = KINDS.get(self.kind)
+        return kind.startup if kind is not None else 0.0
 
     @property
     def queues(self) -> bool:
@@ -262,6 +281,12 @@ def _pool(name: str, table: object, fail: Any) -> PoolSpec | None:
             ok = False
         else:
             values["min_cpu"] = float(v)
+    if "startup" in table:  # 0 is allowed: hosts that are there already
+        try:
+            values["startup"] = 0.0 if table["startup"] in (0, "0", "0s") else parse_duration(table["startup"])
+        except ValueError as e:
+            fail((*path, "startup"), f"'startup' of pool '{name}': {e}", 'write startup = "90s" (0: no wait)')
+            ok = False
     for key in ("walltime", "charging_period", "idle_timeout", "cpu_window", "monitor_interval"):
         if key in table:
             try:

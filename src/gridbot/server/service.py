@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import functools
 import logging
 import re
@@ -64,7 +65,7 @@ from gridbot.protocol import (
 )
 from gridbot.schedulers import registry
 from gridbot.schedulers.base import StrategyError
-from gridbot.schedulers.expert.tail import observe, reliable_pools
+from gridbot.schedulers.expert.tail import SERVER_TICK, observe, reliable_pools
 from gridbot.store.base import BagExists, BagRow, InstanceRow, JobRow, Store, spec_hash
 
 log = logging.getLogger("gridbot.server")
@@ -690,7 +691,8 @@ class Service:
         if bag is None:
             raise BadRequest(f"bag {row.name} is {row.state.value}: `gridbot plan` characterizes a running bag from "
                              "its instances; `gridbot plan --scenario FILE` plans one before it runs")
-        observed = observe(view, bag, time.time(), reliable_pools(view))
+        # the tail's own measured dispatch lags stay with it: this plan assumes half a tick and the pools' startup
+        observed = dataclasses.replace(observe(view, bag, time.time(), reliable_pools(view)), tick=SERVER_TICK)
         return PlanInput(row.name, row.spec.strategy, observed, bag.tail_plan)
 
     def bag_history(self, row: BagRow) -> BagHistory:

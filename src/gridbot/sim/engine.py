@@ -248,7 +248,8 @@ class Simulation:
         cfg = scenario.dispatch
         self._factory = registry.factory(self.seed, scenario.queues)
         self.dispatcher = Dispatcher(type(cfg)(**{**cfg.__dict__, "seed": self.seed}), self._factory)
-        self.dispatcher.pool_ads = {p.name: {"Speed": p.speed.mean, **p.spec.ad()} for p in scenario.pools}
+        self.dispatcher.pool_ads = {p.name: {"Speed": p.speed.mean, **p.spec.ad(), "Startup": p.queue_wait.mean}
+                                    for p in scenario.pools}
         self.memory = MemoryStore() if scenario.store == "memory" else None
         self.compact = CompactStore()
         self.progress = progress

@@ -17,6 +17,7 @@ which others share the batch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,6 +63,12 @@ class Setup:
     horizon: float | None = None
     """Give up on a world after this many seconds (its makespan is then inf); default 100 T_ur plus twice
     the time one machine would take to run every task."""
+    dispatch_delay: float = 0.0
+    """Tail only: seconds from a task's timer running out to its next instance being sent to an unreliable
+    machine (the model has none; a server decides on its tick and a host takes the instance when it asks)."""
+    reliable_delay: float = 0.0
+    """Tail only: the same for an instance sent to the reliable pool, whose machine must first be started (a
+    pilot the tail asks for once a task is due there). Neither delay is paid for: the turnaround is."""
 
     def __post_init__(self) -> None:
         if self.tasks < 1 or self.unreliable < 0:
@@ -72,6 +79,9 @@ class Setup:
                                 f"(have {self.tasks} and {self.unreliable})")
         if self.bag and self.ages:
             raise EstimateError("a whole bag starts with no instance out: give ages only for a tail")
+        if not (0.0 <= self.dispatch_delay < math.inf and 0.0 <= self.reliable_delay < math.inf):
+            raise EstimateError(f"dispatch delays must be finite and at least 0 seconds, not {self.dispatch_delay} "
+                                f"and {self.reliable_delay}")
 
 
 @dataclass(frozen=True)
@@ -150,15 +160,17 @@ class _Ring:
 class _Queue(_Ring):
     """A pool's FCFS queue of task ids per world; entries of tasks done meanwhile are skipped."""
 
-    def pop(self, rows: Ints, free: Ints, done: Bools) -> tuple[Ints, Ints]:
-        """Up to free[i] live entries off the queue of world rows[i]: (i, task) by i, then queue order."""
+    def pop(self, rows: Ints, free: Ints, done: Bools, ready: Floats, now: float) -> tuple[Ints, Ints]:
+        """Up to free[i] live entries off the queue of world rows[i] that are ready (`ready` <= now, per world
+        and task; the first that is not waits, and those behind it): (i, task) by i, then queue order."""
         cap = self.buf.shape[1]
         width = min(cap, int(np.minimum(free, self.size[rows]).max()) + 32)
         pos = self.head[rows, None] + np.arange(width)
         inside = pos < self.tail[rows, None]
         tasks = self.buf[rows[:, None], pos % cap]
         live = inside & ~done[rows[:, None], tasks]
-        take = live & (np.cumsum(live, axis=1) <= free[:, None])
+        waits = live & (ready[rows[:, None], tasks] > now)
+        take = live & (np.cumsum(live, axis=1) <= free[:, None]) & (np.cumsum(waits, axis=1) == 0)
         left = live & ~take
         self.head[rows] += np.where(left.any(axis=1), left.argmax(axis=1), inside.sum(axis=1))
         i, c = _cells(take)
@@ -261,7 +273,7 @@ class _Simulation:
             self._results(now)
             self._phases(now)
             self._timers(now)
-            self._send()
+            self._send(now)
             self._finish(now)
             now += self.dt
             if self.active.sum() < 0.7 * self.active.size:
@@ -322,30 +334,32 @@ class _Simulation:
         order = np.lexsort((task, self.due[r, task], r))
         r, task = r[order], task[order]
         self.queued[r, task] = True
-        self.q_time[r, task] = np.maximum(self.due[r, task], np.where(self.in_tail, self.t_tail, 0.0)[r])
+        tail = self.in_tail[r]
+        to_reliable = tail & (self.nu[r, task] >= self.n[r])
+        delay = np.where(to_reliable, self.setup.reliable_delay, np.where(tail, self.setup.dispatch_delay, 0.0))
+        self.q_time[r, task] = np.maximum(self.due[r, task], np.where(self.in_tail, self.t_tail, 0.0)[r]) + delay
         self.due[r, task] = np.inf
         self.next_due[rows] = self.due[rows].min(axis=1)
-        to_reliable = self.in_tail[r] & (self.nu[r, task] >= self.n[r])
         self.sent_reliable[r[to_reliable], task[to_reliable]] = True
         for pool, pick in ((0, ~to_reliable), (1, to_reliable)):
             if pick.any():
                 self.queues[pool].push(r[pick], task[pick])
 
-    def _send(self) -> None:
+    def _send(self, now: float) -> None:
         unreliable, reliable = self.queues
-        self._assign(unreliable, self.idle[0], None)
-        self._assign(reliable, self.idle[1], None)
+        self._assign(unreliable, self.idle[0], None, now)
+        self._assign(reliable, self.idle[1], None, now)
         combined = (self.combine == 2) | ((self.combine == 1) & ~self.in_tail)
         if combined.any():
-            self._assign(unreliable, self.idle[1], combined)
+            self._assign(unreliable, self.idle[1], combined, now)
 
-    def _assign(self, queue: _Queue, machines: _Ring, worlds: Bools | None) -> None:
-        """Idle `machines` (in `worlds`, if given) take instances off `queue`."""
+    def _assign(self, queue: _Queue, machines: _Ring, worlds: Bools | None, now: float) -> None:
+        """Idle `machines` (in `worlds`, if given) take the instances off `queue` that are due by `now`."""
         ready = (queue.tail > queue.head) & (machines.tail > machines.head)
         rows = np.flatnonzero(ready if worlds is None else ready & worlds)
         if rows.size == 0:
             return
-        i, task = queue.pop(rows, machines.size[rows], self.done)
+        i, task = queue.pop(rows, machines.size[rows], self.done, self.q_time, now + 1e-9)
         if i.size == 0:
             return
         r = rows[i]

@@ -70,6 +70,8 @@ class PoolFacts:
     """Slots of its hosts heard from lately."""
     capacity: int = 0
     """Slots it may have at most (MaxRunning x Cpus of its ad; 0: unknown, its live slots count)."""
+    startup: float = 0.0
+    """Seconds a pilot of it takes from being asked for to taking work (its ad's Startup, the pools file's)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,13 @@ class Observed:
     """D of the instances sent before the tail (the bag's instance deadline)."""
     mean_run_time: float = 0.0
     """Mean seconds from send to good result (a last resort when no turnaround was recorded)."""
+    tick: float = 0.0
+    """Seconds between the server's looks at the timers (0: not known)."""
+    dispatch_lags: tuple[float, ...] = ()
+    """Seconds from a tail timer running out to the instance it called for being sent, to an unreliable pool,
+    as measured in this tail."""
+    reliable_lags: tuple[float, ...] = ()
+    """The same for the instances sent to the reliable pools (a pilot's start included)."""
 
 
 @dataclass(frozen=True)
@@ -255,6 +264,31 @@ def with_tr(char: Characterization, settings: Settings) -> Characterization:
     return dataclasses.replace(char, reliable_runtimes=np.array([float(settings.reliable_runtime)]))
 
 
+def delays(obs: Observed) -> tuple[float, float, str]:
+    """(unreliable, reliable) seconds from a tail timer running out to its instance being sent, and what they
+    rest on, for people ("" when both are 0). The paper's model sends an instance the moment its timer runs out
+    on a machine that is there; gridbot looks at the timers on its tick, a host takes an instance when it next
+    asks, and the reliable pools' pilots are asked for only once a task is due there, so each instance of a
+    task's chain starts a little late and the reliable one a pilot's start late: a lost task's tail, the
+    longest, is late by all of them. Measured in this tail once there is one of a kind (the median: one instance
+    that waited minutes for a host able to take it, in the simulator, is no typical lag), else half a
+    tick, plus for the reliable pools the pools file's `startup` when none of their hosts is up (the fastest)."""
+    half = obs.tick / 2.0
+    lag = float(np.median(obs.dispatch_lags)) if obs.dispatch_lags else half
+    reliable = [p for p in obs.pools if p.reliable]
+    if obs.reliable_lags:
+        reliable_lag, how = float(np.median(obs.reliable_lags)), f"measured on {len(obs.reliable_lags)}"
+    elif reliable and not any(p.slots for p in reliable):
+        reliable_lag, how = half + min(p.startup for p in reliable), "a pilot's startup of the pools file"
+    else:
+        reliable_lag, how = half, "a host is up"
+    if lag == 0.0 and reliable_lag == 0.0:
+        return 0.0, 0.0, ""
+    measured = f"measured on {len(obs.dispatch_lags)}" if obs.dispatch_lags else "half a tick"
+    return lag, reliable_lag, (f"instances sent {lag:.1f} s after their timer ({measured}), "
+                               f"{reliable_lag:.1f} s on the reliable pools ({how})")
+
+
 def unreliable_size(obs: Observed) -> int:
     """#ur: the unreliable pools' live slots, at least the tasks with an instance out there."""
     return max(sum(p.slots for p in obs.pools if not p.reliable), len(obs.ages))
@@ -336,9 +370,12 @@ def plan_with(char: Characterization, source: str, obs: Observed, settings: Sett
     tasks, sim_ur, ages, reps = bounded(obs, ur, len(strategies), settings.repetitions)
     whole = obs.tasks > ur  # not in its tail yet: the rest of the bag, its throughput phase first
     thr = obs.throughput_deadline
+    lag, reliable_lag, said = delays(obs)
     setup = Setup(tasks, sim_ur, price, ages=() if whole else ages, bag=whole, throughput_deadline=thr,
                   step=max(char.tur / 20.0, thr / 100.0),
-                  horizon=(100.0 + 2.0 * tasks) * max(char.tur, char.tr) + 20.0 * thr)
+                  horizon=(100.0 + 2.0 * tasks) * max(char.tur, char.tr) + 20.0 * thr + reliable_lag,
+                  dispatch_delay=lag, reliable_delay=reliable_lag)
+    source = f"{source}; {said}" if said else source
     est = estimate(char, strategies, setup, repetitions=reps, seed=settings.seed)
     front = [int(i) for i in pareto(est.tail_makespan, est.cost) if np.isfinite(est.tail_makespan[i])]
     chosen_utility = utility(settings.utility)
@@ -393,7 +430,10 @@ def spread_range(planning: Planning, index: int, sample: int) -> tuple[tuple[tup
         makespans.append(est.runs_tail_makespan[0])
         costs.append(est.runs_cost[0])
     m, c = np.concatenate(makespans), np.concatenate(costs)
-    return ((float(m.min()), float(m.max())), (float(c.min()), float(c.max()))), (reps - 1) / (reps + 1)
+    # the prediction is a mean of draws like these, but summed in another order: its last digit may fall outside
+    pm, pc = planning.refined or planning.point(index)
+    return (((min(float(m.min()), pm), max(float(m.max()), pm)), (min(float(c.min()), pc), max(float(c.max()), pc))),
+            (reps - 1) / (reps + 1))
 
 
 def uncertainty(planning: Planning, index: int, sample: int) -> tuple[float, float]:

@@ -32,6 +32,7 @@ paper lists the same difference (section 6.3, cause 3).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from typing import ClassVar
@@ -54,6 +55,11 @@ HOLD = frozenset({"(ExPERT: waiting for a reliable machine)"})
 no host has (a pool name cannot hold spaces), so the core sends it nowhere until it is routed again."""
 MAX_TICK = 120.0
 """Longer gaps between ticks are not taken for the tick's interval (a server that was away)."""
+SERVER_TICK = 1.0
+"""The server's tick (`gridbot server`'s timers are looked at every second), taken for the tick's interval at
+the first plan, before `replicas` was called twice."""
+MAX_LAGS = 1000
+"""Dispatch lags kept per kind of pool (the newest)."""
 
 
 MAX_PIN_N = 100
@@ -158,6 +164,12 @@ class ExpertTail(TailStrategy):
         timer that runs out within half a tick (at most T / 10) is taken now, so replicas are not late by
         half a tick on average."""
         self.gap = 0.0
+        self.timer_end: dict[int, float] = {}
+        """Per task chosen for its next instance because its timer ran out: when it ran out."""
+        self.idle = 0
+        """Idle unreliable slots at the last look, less those the choices since are expected to take."""
+        self.lags: tuple[list[float], list[float]] = ([], [])
+        """Seconds from a timer running out to its instance being sent, on the unreliable and reliable pools."""
         self.needs_reliable = 0
         """Tasks on, chosen for, or due for the reliable pools at the last look (`pilots` asks for Mr x #ur
         reliable slots only while there is one)."""
@@ -212,7 +224,8 @@ class ExpertTail(TailStrategy):
     def observe(self, view: DispatchView, bag: BagView, now: float) -> Observed:
         observed = observe(view, bag, now, self.reliable, self.tail_start, self.throughput_deadline)
         self.throughput_deadline = observed.throughput_deadline
-        return observed
+        return dataclasses.replace(observed, tick=self.tick or SERVER_TICK, dispatch_lags=tuple(self.lags[0]),
+                                   reliable_lags=tuple(self.lags[1]))
 
     # -- what the core asks ---------------------------------------------------------------------------
 
@@ -227,7 +240,9 @@ class ExpertTail(TailStrategy):
         self.track(view, bag, now)
         desc = planning.describe(s)
         limit = math.inf if s.n is None else s.n
-        unreliable = frozenset(n for n in (*view.pool_names(), *view.pools(now)) if n not in self.reliable)
+        seen = view.pools(now)
+        unreliable = frozenset(n for n in (*view.pool_names(), *seen) if n not in self.reliable)
+        self.idle = sum(max(0, p.slots - p.busy) for name, p in seen.items() if name in unreliable)
         out, due_reliable, routed = self.route(view, desc, unreliable, planning.utility.name)
         busy = 0
         for job in view.running_jobs(bag.bag_id):
@@ -241,6 +256,7 @@ class ExpertTail(TailStrategy):
             sent = self.unreliable_sent.get(job.job_id, 0)
             if sent < limit:
                 if len(out) < room and unreliable:
+                    self.timed(job.job_id, last + s.t)
                     out.append(Choice(job.job_id, f"ExPERT {desc}: no result {now - last:.0f} s after its last "
                                       f"instance was sent (T = {s.t:.0f} s): unreliable instance {sent + 1} of "
                                       f"N = {'inf' if s.n is None else s.n} since the tail began, deadline D = "
@@ -254,9 +270,10 @@ class ExpertTail(TailStrategy):
         used = busy + pending + routed
         free = machines - used
         self.needs_reliable = used + len(due_reliable)
-        for _, job_id, sent, waited, queued in sorted(due_reliable):
+        for end, job_id, sent, waited, queued in sorted(due_reliable):
             if queued and free > 0 and len(out) < room:
                 free -= 1
+                self.timer_end[job_id] = end
                 self.routed.add(job_id)
                 out.append(Choice(job_id, f"ExPERT {desc}: queued again after {sent} unreliable instance(s) since "
                                           f"the tail began: instance N+1 goes to the reliable pool ({used} of Mr x "
@@ -272,6 +289,7 @@ class ExpertTail(TailStrategy):
                                               f"({planning.utility.name})", HOLD))
             elif free > 0 and len(out) < room:
                 free -= 1
+                self.timer_end[job_id] = end
                 self.to_reliable.add(job_id)
                 out.append(Choice(job_id, f"ExPERT {desc}: {sent} unreliable instance(s) since the tail began and no "
                                           f"result {waited:.0f} s after the last (T = {s.t:.0f} s): instance N+1 goes "
@@ -309,6 +327,7 @@ class ExpertTail(TailStrategy):
                                           f"s after its last instance was sent: the next waits until T = {s.t:.0f} "
                                           f"s have passed ({why})", HOLD))
             elif ((s.n is None or sent < s.n) and job_id not in self.reliable_sent) or not self.reliable:
+                self.timed(job_id, last + s.t)
                 out.append(Choice(job_id, f"ExPERT {desc}: queued again, its instances lost or failed: unreliable "
                                           f"instance {sent + 1} of N = {'inf' if s.n is None else s.n} since the "
                                           f"tail began ({why})", unreliable))
@@ -317,6 +336,15 @@ class ExpertTail(TailStrategy):
             else:
                 due.append((last + s.t, job_id, sent, now - last, True))
         return out, due, routed
+
+    def timed(self, job_id: int, end: float) -> None:
+        """Measure the lag of an unreliable instance chosen at its timer's `end` if an unreliable slot is idle to
+        take it: one that waits for a machine waits in the model's queue too, and is no dispatch lag."""
+        if self.idle > 0:
+            self.idle -= 1
+            self.timer_end[job_id] = end
+        else:
+            self.timer_end.pop(job_id, None)
 
     def deadline(self, view: DispatchView, bag: BagView, host: HostView, deadline: float, now: float) -> float:
         s = self.strategy
@@ -375,7 +403,13 @@ class ExpertTail(TailStrategy):
         self.last[job_id] = max(self.last.get(job_id, -math.inf), sent_at)
         if sent_at < start:
             return
-        if self._reliable_host(view, host_id):
+        end = self.timer_end.pop(job_id, None)
+        reliable = self._reliable_host(view, host_id)
+        if end is not None:  # (a timer that ran out before T_tail ran out at T_tail: the model's too)
+            lags = self.lags[reliable]
+            lags.append(max(0.0, sent_at - max(end, start)))
+            del lags[:-MAX_LAGS]
+        if reliable:
             self.reliable_sent.add(job_id)
             self.reliable_count[job_id] = self.reliable_count.get(job_id, 0) + 1
         else:
@@ -442,7 +476,8 @@ def observe(view: DispatchView, bag: BagView, now: float, reliable: frozenset[st
         live = pools.get(name)
         capacity = _int(ad.get("MaxRunning")) * max(1, _int(ad.get("Cpus")))
         facts.append(PoolFacts(name, name in reliable, _float(ad.get("PricePerCpuHour")),
-                               _float(ad.get("ChargingPeriod")), live.slots if live else 0, capacity))
+                               _float(ad.get("ChargingPeriod")), live.slots if live else 0, capacity,
+                               _float(ad.get("Startup")) or 0.0))
     records = tuple(InstanceRecord(e.sent_at, e.ended_at, e.success, e.pool in reliable) for e in bag.history)
     out, ages, deadlines = [], [], []
     for job in view.running_jobs(bag.bag_id):
