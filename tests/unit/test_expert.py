@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -445,25 +446,40 @@ def test_a_task_that_succeeds_while_its_next_instance_waits_out_the_delay_sends_
     assert cost == pytest.approx(R / 3600)
 
 
+def test_a_reliable_machine_that_is_not_up_starts_once_for_its_first_instance():
+    # N = 0, one reliable machine serves three tasks in turn: its start is paid in time once, never in money
+    strategy, setup = NTDMr(0, 0.0, R, 1 / 3), Setup(tasks=3, unreliable=3, prices=PRICES)
+    makespan, cost, _ = one(fixed(), strategy, setup)
+    assert makespan == pytest.approx(3 * R)
+    cold = dataclasses.replace(setup, reliable_startup=100.0)
+    assert one(fixed(), strategy, cold)[:2] == (pytest.approx(3 * R + 100.0), pytest.approx(cost))
+    assert one(fixed(), strategy, dataclasses.replace(cold, reliable_up=1))[0] == pytest.approx(3 * R)
+
+
 def test_delays_are_half_a_tick_and_the_pools_startup_until_the_tail_measured_its_own():
-    from gridbot.schedulers.expert.planner import Observed, PoolFacts, delays
+    from gridbot.schedulers.expert.planner import Delays, Observed, PoolFacts, delays
 
     cold = (PoolFacts("grid", False, slots=8), PoolFacts("cloud", True, startup=120.0),
             PoolFacts("cluster", True, startup=30.0))
-    obs = Observed(0.0, (), (), (), 4, cold, 25.0, tick=1.0)
-    lag, reliable_lag, said = delays(obs)
-    assert (lag, reliable_lag) == (0.5, 30.5)  # the fastest reliable pool to start
-    assert said == ("instances sent 0.5 s after their timer (half a tick), 30.5 s on the reliable pools (a pilot's "
-                    "startup of the pools file)")
+    assert delays(Observed(0.0, (), (), (), 4, cold, 25.0, tick=1.0)) == Delays(
+        0.5, 0.5, 30.0, 0, "instances sent 0.5 s after their timer (half a tick), 0.5 s on the reliable pools (half "
+        "a tick), whose pilots start in 30.0 s (the pools file; 0 slots up)")  # the fastest reliable pool to start
     warm = (cold[0], PoolFacts("cloud", True, slots=1, startup=120.0))
-    assert delays(Observed(0.0, (), (), (), 4, warm, 25.0, tick=1.0))[:2] == (0.5, 0.5)
-    measured = Observed(0.0, (), (), (), 4, cold, 25.0, tick=1.0, dispatch_lags=(0.2, 0.6, 300.0), reliable_lags=(3.0,))
-    assert delays(measured) == (0.6, 3.0, "instances sent 0.6 s after their timer (measured on 3), "
-                                "3.0 s on the reliable pools (measured on 1)")
-    assert delays(Observed(0.0, (), (), (), 4, (cold[0],), 25.0)) == (0.0, 0.0, "")
+    assert delays(Observed(0.0, (), (), (), 4, warm, 25.0, tick=1.0))[:4] == (0.5, 0.5, 120.0, 1)
+    # measured: medians (an instance that waited for a machine is no typical lag); a start less the warm lag
+    measured = Observed(0.0, (), (), (), 4, cold, 25.0, tick=1.0, dispatch_lags=(0.2, 0.6, 300.0),
+                        reliable_lags=(0.75, -0.1, 0.8), startup_lags=(3.25,))
+    assert delays(measured) == Delays(0.6, 0.75, 2.5, 0, "instances sent 0.6 s after their timer (measured on 3), "
+                                      "0.8 s on the reliable pools (measured on 3), whose pilots start in 2.5 s "
+                                      "(measured on 1; 0 slots up)")
+    assert delays(Observed(0.0, (), (), (), 4, (cold[0],), 25.0)) == Delays(0.0, 0.0, 0.0, 0, "")
 
 
 def test_dispatch_delays_must_be_finite_and_not_negative():
     for bad in ({"dispatch_delay": -1.0}, {"reliable_delay": math.inf}, {"dispatch_delay": math.nan}):
         with pytest.raises(EstimateError, match="dispatch delays must be finite and at least 0"):
             Setup(tasks=1, unreliable=1, **bad)
+    with pytest.raises(EstimateError, match="dispatch delays must be finite and at least 0"):
+        Setup(tasks=1, unreliable=1, reliable_startup=-5.0)
+    with pytest.raises(EstimateError, match="reliable machines up must be 0 or more, not -1"):
+        Setup(tasks=1, unreliable=1, reliable_up=-1)

@@ -323,19 +323,22 @@ def test_the_tail_measures_how_late_its_instances_are_sent_and_plans_with_what_i
     tail = tail_of(sim, bag)
     assert tail.planning is not None
     first = tail.planning
-    # half a tick (this harness ticks every 100 s), and the cloud pool's Startup after it
-    assert (first.setup.dispatch_delay, first.setup.reliable_delay) == (50.0, 80.0)
-    assert "50.0 s after their timer (half a tick), 80.0 s on the reliable pools (a pilot's startup" in first.source
+    # half a tick (this harness ticks every 100 s), and the cloud pool's Startup for a reliable machine not up
+    setup = first.setup
+    assert (setup.dispatch_delay, setup.reliable_delay, setup.reliable_startup, setup.reliable_up) == (50, 50, 30, 0)
+    assert ("instances sent 50.0 s after their timer (half a tick), 50.0 s on the reliable pools (half a tick), "
+            "whose pilots start in 30.0 s (the pools file; 0 slots up)") in first.source
     # the stuck tasks' replicas were chosen at T_tail with grid slots idle, and taken a second later
     stuck = sorted(j.job_id for j in sim.d.view.running_jobs(bag) if sim.d.view.instances(j.job_id)[0].host_id in BAD)
     assert stuck and [a.job_id for h in GRID[:2] for a in sim.ask(h, 1, t + 1)] == stuck
     sim.tick(t + 52)  # T after those replicas: the first stuck task is due on the reliable pool
-    assert tail.lags == ([1.0] * len(stuck), [])
-    [sent] = sim.ask(CLOUD[1], 1, t + 55)
+    assert tail.lags == ([1.0] * len(stuck), [], [])
+    [sent] = sim.ask(CLOUD[1], 1, t + 55)  # a cloud host heard from the first time: a pilot started for it
     assert sent.job_id == stuck[0]
     sim.tick(t + 56)
-    assert tail.lags[1] == [4.0]  # its timer ran out at t + 51
-    assert tail.planning is not first and tail.planning.setup.reliable_delay == 4.0
-    assert tail.planning.setup.dispatch_delay == 1.0
-    assert "1.0 s after their timer (measured on 2), 4.0 s on the reliable pools (measured on 1)" in \
-        tail.planning.source
+    assert tail.lags[1:] == ([], [4.0])  # its timer ran out at t + 51
+    setup = tail.planning.setup
+    assert tail.planning is not first  # the ticks came irregularly: half of the server's one second
+    assert (setup.dispatch_delay, setup.reliable_delay, setup.reliable_startup, setup.reliable_up) == (1, 0.5, 3.5, 1)
+    assert ("instances sent 1.0 s after their timer (measured on 2), 0.5 s on the reliable pools (half a tick), "
+            "whose pilots start in 3.5 s (measured on 1; 1 slot up)") in tail.planning.source

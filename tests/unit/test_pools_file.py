@@ -90,11 +90,11 @@ def test_a_pool_name_that_names_nothing_safely_is_refused(name):
 def test_a_pools_startup_is_in_its_ad_else_its_kinds():
     """ExPERT's estimate adds it to the instances it sends to a reliable pool whose pilots are not up yet."""
     pools = {p.name: p for p in parse_pools(
-        '[pools.mine]\nkind = "local"\n[pools.warm]\nkind = "local"\nstartup = 0\n'
+        '[pools.mine]\nkind = "local"\n[pools.warm]\nkind = "local"\nstartup = "0.0m"\n'
         '[pools.cluster]\nkind = "slurm"\npartition = "p"\nstartup = "10m"\n[pools.lab]\nkind = "static"\n', "p.toml")}
     assert {name: p.ad()["Startup"] for name, p in pools.items()} == {"mine": 5.0, "warm": 0.0, "cluster": 600.0,
                                                                       "lab": 0.0}
-    for value, needle in (("-3", "a duration must be positive"),
+    for value, needle in (("-3", "a duration must be positive"), ("false", "a duration is a number of seconds"),
                           ('"soon"', "a duration is a number of seconds or a string")):
         with pytest.raises(SpecError) as e:
             parse_pools(f'[pools.mine]\nkind = "local"\nstartup = {value}\n', "p.toml")

@@ -67,8 +67,13 @@ class Setup:
     """Tail only: seconds from a task's timer running out to its next instance being sent to an unreliable
     machine (the model has none; a server decides on its tick and a host takes the instance when it asks)."""
     reliable_delay: float = 0.0
-    """Tail only: the same for an instance sent to the reliable pool, whose machine must first be started (a
-    pilot the tail asks for once a task is due there). Neither delay is paid for: the turnaround is."""
+    """Tail only: the same for an instance sent to the reliable pool. Neither delay is paid for: the turnaround
+    is."""
+    reliable_startup: float = 0.0
+    """Seconds a reliable machine takes to start the first time an instance is sent to it (a pilot, asked for
+    once a task is due there), beyond the first `reliable_up`; not paid for either."""
+    reliable_up: int = 0
+    """Reliable machines up already, that need no start."""
 
     def __post_init__(self) -> None:
         if self.tasks < 1 or self.unreliable < 0:
@@ -79,9 +84,11 @@ class Setup:
                                 f"(have {self.tasks} and {self.unreliable})")
         if self.bag and self.ages:
             raise EstimateError("a whole bag starts with no instance out: give ages only for a tail")
-        if not (0.0 <= self.dispatch_delay < math.inf and 0.0 <= self.reliable_delay < math.inf):
-            raise EstimateError(f"dispatch delays must be finite and at least 0 seconds, not {self.dispatch_delay} "
-                                f"and {self.reliable_delay}")
+        if not all(0.0 <= x < math.inf for x in (self.dispatch_delay, self.reliable_delay, self.reliable_startup)):
+            raise EstimateError(f"dispatch delays must be finite and at least 0 seconds, not {self.dispatch_delay}, "
+                                f"{self.reliable_delay} and {self.reliable_startup}")
+        if self.reliable_up < 0:
+            raise EstimateError(f"reliable machines up must be 0 or more, not {self.reliable_up}")
 
 
 @dataclass(frozen=True)
@@ -236,6 +243,8 @@ class _Simulation:
         self.m_free = np.zeros((w, machines))
         self.m_ok = np.zeros((w, machines), dtype=bool)
         self.m_cost = np.zeros((w, machines))
+        self.m_cold = np.repeat((np.arange(machines) >= nur + setup.reliable_up)[None, :], w, axis=0)
+        """Reliable machines not started yet."""
         self.queues = (_Queue(w, 2 * k + 2), _Queue(w, 2 * k + 2))
         self.idle = (_Ring(w, machines), _Ring(w, machines))
         """The idle machines of each pool, the longest idle first."""
@@ -364,7 +373,9 @@ class _Simulation:
             return
         r = rows[i]
         mj = machines.pop_each(r)
-        sent = np.maximum(self.q_time[r, task], self.m_free[r, mj])
+        cold = self.m_cold[r, mj]
+        sent = np.maximum(self.q_time[r, task], self.m_free[r, mj]) + np.where(cold, self.setup.reliable_startup, 0.0)
+        self.m_cold[r, mj] = False
         u = self.draws[self.rep[r], task, self.count[r, task] % DRAWS]
         reliable = self.reliable_machine[mj]
         tail = self.in_tail[r]
@@ -420,7 +431,7 @@ class _Simulation:
 _COMBINE = {Combine.NEVER: 0, Combine.THROUGHPUT: 1, Combine.ALWAYS: 2}
 _PER_WORLD = ("world", "rep", "n", "t", "d", "combine", "budget", "usable", "in_tail", "t_tail", "done", "finish",
               "last", "due", "queued", "q_time", "sent_reliable", "count", "nu", "left", "latest", "cost", "reliable",
-              "active", "next_due", "next_end", "m_task", "m_end", "m_free", "m_ok", "m_cost")
+              "active", "next_due", "next_end", "m_task", "m_end", "m_free", "m_ok", "m_cost", "m_cold")
 
 
 def _cells(mask: Bools) -> tuple[Ints, Ints]:

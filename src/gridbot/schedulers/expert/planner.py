@@ -30,6 +30,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -97,7 +98,9 @@ class Observed:
     """Seconds from a tail timer running out to the instance it called for being sent, to an unreliable pool,
     as measured in this tail."""
     reliable_lags: tuple[float, ...] = ()
-    """The same for the instances sent to the reliable pools (a pilot's start included)."""
+    """The same for the instances sent to the reliable pools, to a host that was up."""
+    startup_lags: tuple[float, ...] = ()
+    """The same to a reliable host that came after the timer ran out (a pilot's start included)."""
 
 
 @dataclass(frozen=True)
@@ -264,29 +267,49 @@ def with_tr(char: Characterization, settings: Settings) -> Characterization:
     return dataclasses.replace(char, reliable_runtimes=np.array([float(settings.reliable_runtime)]))
 
 
-def delays(obs: Observed) -> tuple[float, float, str]:
-    """(unreliable, reliable) seconds from a tail timer running out to its instance being sent, and what they
-    rest on, for people ("" when both are 0). The paper's model sends an instance the moment its timer runs out
-    on a machine that is there; gridbot looks at the timers on its tick, a host takes an instance when it next
-    asks, and the reliable pools' pilots are asked for only once a task is due there, so each instance of a
-    task's chain starts a little late and the reliable one a pilot's start late: a lost task's tail, the
-    longest, is late by all of them. Measured in this tail once there is one of a kind (the median: one instance
-    that waited minutes for a host able to take it, in the simulator, is no typical lag), else half a
-    tick, plus for the reliable pools the pools file's `startup` when none of their hosts is up (the fastest)."""
+class Delays(NamedTuple):
+    """What the paper's model leaves out of a tail (`delays`), in seconds, and what they rest on."""
+
+    dispatch: float
+    """From a timer running out to its instance being sent to an unreliable machine."""
+    reliable: float
+    """The same to a reliable machine that is up."""
+    startup: float
+    """What a reliable machine that is not up takes to start, beyond `reliable`."""
+    up: int
+    """Reliable slots up now."""
+    said: str
+    """For people ("" when all are 0)."""
+
+
+def delays(obs: Observed) -> Delays:
+    """The dispatch delays of a tail. The paper's model sends an instance the moment its timer runs out, on a
+    machine that is there; gridbot looks at the timers on its tick, a host takes an instance when it next asks,
+    and the reliable pools' pilots are asked for only once a task is due there, so each instance of a task's
+    chain starts a little late, and the first on each reliable machine a pilot's start late: a lost task's
+    tail, the longest, is late by all of them. Each is measured in this tail once there is one of its kind (the
+    median: one instance that waited for a machine is no typical lag), else half a tick, and for a reliable
+    machine's start the pools file's `startup` (the fastest reliable pool's)."""
     half = obs.tick / 2.0
-    lag = float(np.median(obs.dispatch_lags)) if obs.dispatch_lags else half
-    reliable = [p for p in obs.pools if p.reliable]
-    if obs.reliable_lags:
-        reliable_lag, how = float(np.median(obs.reliable_lags)), f"measured on {len(obs.reliable_lags)}"
-    elif reliable and not any(p.slots for p in reliable):
-        reliable_lag, how = half + min(p.startup for p in reliable), "a pilot's startup of the pools file"
-    else:
-        reliable_lag, how = half, "a host is up"
-    if lag == 0.0 and reliable_lag == 0.0:
-        return 0.0, 0.0, ""
-    measured = f"measured on {len(obs.dispatch_lags)}" if obs.dispatch_lags else "half a tick"
-    return lag, reliable_lag, (f"instances sent {lag:.1f} s after their timer ({measured}), "
-                               f"{reliable_lag:.1f} s on the reliable pools ({how})")
+
+    def typical(lags: tuple[float, ...], otherwise: float) -> float:
+        return max(0.0, float(np.median(lags))) if lags else otherwise
+
+    lag, reliable_lag = typical(obs.dispatch_lags, half), typical(obs.reliable_lags, half)
+    pools = [p for p in obs.pools if p.reliable]
+    up = sum(p.slots for p in pools)
+    startup = max(0.0, typical(obs.startup_lags, 0.0) - reliable_lag) if obs.startup_lags else \
+        min((p.startup for p in pools), default=0.0)
+    if lag == reliable_lag == startup == 0.0:
+        return Delays(0.0, 0.0, 0.0, up, "")
+
+    def how(lags: tuple[float, ...], otherwise: str) -> str:
+        return f"measured on {len(lags)}" if lags else otherwise
+
+    return Delays(lag, reliable_lag, startup, up, (
+        f"instances sent {lag:.1f} s after their timer ({how(obs.dispatch_lags, 'half a tick')}), "
+        f"{reliable_lag:.1f} s on the reliable pools ({how(obs.reliable_lags, 'half a tick')}), whose pilots start "
+        f"in {startup:.1f} s ({how(obs.startup_lags, 'the pools file')}; {up} slot{'' if up == 1 else 's'} up)"))
 
 
 def unreliable_size(obs: Observed) -> int:
@@ -370,12 +393,14 @@ def plan_with(char: Characterization, source: str, obs: Observed, settings: Sett
     tasks, sim_ur, ages, reps = bounded(obs, ur, len(strategies), settings.repetitions)
     whole = obs.tasks > ur  # not in its tail yet: the rest of the bag, its throughput phase first
     thr = obs.throughput_deadline
-    lag, reliable_lag, said = delays(obs)
+    late = delays(obs)
     setup = Setup(tasks, sim_ur, price, ages=() if whole else ages, bag=whole, throughput_deadline=thr,
                   step=max(char.tur / 20.0, thr / 100.0),
-                  horizon=(100.0 + 2.0 * tasks) * max(char.tur, char.tr) + 20.0 * thr + reliable_lag,
-                  dispatch_delay=lag, reliable_delay=reliable_lag)
-    source = f"{source}; {said}" if said else source
+                  horizon=(100.0 + 2.0 * tasks) * max(char.tur, char.tr) + 20.0 * thr + 5.0 * late.dispatch
+                  + late.reliable + late.startup,
+                  dispatch_delay=late.dispatch, reliable_delay=late.reliable, reliable_startup=late.startup,
+                  reliable_up=round(late.up * sim_ur / ur))
+    source = f"{source}; {late.said}" if late.said else source
     est = estimate(char, strategies, setup, repetitions=reps, seed=settings.seed)
     front = [int(i) for i in pareto(est.tail_makespan, est.cost) if np.isfinite(est.tail_makespan[i])]
     chosen_utility = utility(settings.utility)

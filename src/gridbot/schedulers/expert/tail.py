@@ -168,8 +168,11 @@ class ExpertTail(TailStrategy):
         """Per task chosen for its next instance because its timer ran out: when it ran out."""
         self.idle = 0
         """Idle unreliable slots at the last look, less those the choices since are expected to take."""
-        self.lags: tuple[list[float], list[float]] = ([], [])
-        """Seconds from a timer running out to its instance being sent, on the unreliable and reliable pools."""
+        self.lags: tuple[list[float], list[float], list[float]] = ([], [], [])
+        """Seconds from a timer running out to its instance being sent: on the unreliable pools, on the reliable
+        pools to a host that was up, and to one that came after the timer ran out (a pilot's start)."""
+        self.unmeasured: set[int] = set()
+        """Tasks whose next instance waited for a machine after its timer ran out: its lag is not measured."""
         self.needs_reliable = 0
         """Tasks on, chosen for, or due for the reliable pools at the last look (`pilots` asks for Mr x #ur
         reliable slots only while there is one)."""
@@ -225,7 +228,7 @@ class ExpertTail(TailStrategy):
         observed = observe(view, bag, now, self.reliable, self.tail_start, self.throughput_deadline)
         self.throughput_deadline = observed.throughput_deadline
         return dataclasses.replace(observed, tick=self.tick or SERVER_TICK, dispatch_lags=tuple(self.lags[0]),
-                                   reliable_lags=tuple(self.lags[1]))
+                                   reliable_lags=tuple(self.lags[1]), startup_lags=tuple(self.lags[2]))
 
     # -- what the core asks ---------------------------------------------------------------------------
 
@@ -273,7 +276,7 @@ class ExpertTail(TailStrategy):
         for end, job_id, sent, waited, queued in sorted(due_reliable):
             if queued and free > 0 and len(out) < room:
                 free -= 1
-                self.timer_end[job_id] = end
+                self.arm(job_id, end)
                 self.routed.add(job_id)
                 out.append(Choice(job_id, f"ExPERT {desc}: queued again after {sent} unreliable instance(s) since "
                                           f"the tail began: instance N+1 goes to the reliable pool ({used} of Mr x "
@@ -282,6 +285,7 @@ class ExpertTail(TailStrategy):
                 used += 1
             elif queued:  # it waits for a reliable machine, first come first served, and goes nowhere else
                 self.held.add(job_id)
+                self.unmeasured.add(job_id)
                 if len(out) < room:
                     out.append(Choice(job_id, f"ExPERT {desc}: queued again after {sent} unreliable instance(s) "
                                               f"since the tail began: instance N+1 waits for one of the Mr x #ur = "
@@ -289,13 +293,15 @@ class ExpertTail(TailStrategy):
                                               f"({planning.utility.name})", HOLD))
             elif free > 0 and len(out) < room:
                 free -= 1
-                self.timer_end[job_id] = end
+                self.arm(job_id, end)
                 self.to_reliable.add(job_id)
                 out.append(Choice(job_id, f"ExPERT {desc}: {sent} unreliable instance(s) since the tail began and no "
                                           f"result {waited:.0f} s after the last (T = {s.t:.0f} s): instance N+1 goes "
                                           f"to the reliable pool ({used} of Mr x #ur = {machines} reliable machines "
                                           f"in use or promised; {planning.utility.name})", self.reliable))
                 used += 1
+            else:
+                self.unmeasured.add(job_id)  # it waits for a reliable machine: the model's queue holds that wait
         return out
 
     def route(self, view: DispatchView, desc: str, unreliable: frozenset[str], why: str
@@ -339,12 +345,21 @@ class ExpertTail(TailStrategy):
 
     def timed(self, job_id: int, end: float) -> None:
         """Measure the lag of an unreliable instance chosen at its timer's `end` if an unreliable slot is idle to
-        take it: one that waits for a machine waits in the model's queue too, and is no dispatch lag."""
+        take it: one that waits for a machine waits in the model's queue too, and is no dispatch lag (nor is it
+        once it found none: a task queued again is chosen on every look until a host takes it)."""
+        if job_id in self.timer_end or job_id in self.unmeasured:
+            return
         if self.idle > 0:
             self.idle -= 1
             self.timer_end[job_id] = end
         else:
-            self.timer_end.pop(job_id, None)
+            self.unmeasured.add(job_id)
+
+    def arm(self, job_id: int, end: float) -> None:
+        """Measure the lag of a reliable instance chosen at its timer's `end`, unless it waited for one of the
+        Mr x #ur machines first (the model's reliable queue holds that wait)."""
+        if job_id not in self.unmeasured:
+            self.timer_end.setdefault(job_id, end)
 
     def deadline(self, view: DispatchView, bag: BagView, host: HostView, deadline: float, now: float) -> float:
         s = self.strategy
@@ -404,11 +419,21 @@ class ExpertTail(TailStrategy):
         if sent_at < start:
             return
         end = self.timer_end.pop(job_id, None)
-        reliable = self._reliable_host(view, host_id)
+        self.unmeasured.discard(job_id)
+        host = view.host(host_id)
+        reliable = host is not None and host.pool in self.reliable
         if end is not None:  # (a timer that ran out before T_tail ran out at T_tail: the model's too)
-            lags = self.lags[reliable]
-            lags.append(max(0.0, sent_at - max(end, start)))
-            del lags[:-MAX_LAGS]
+            end = max(end, start)
+            lag = sent_at - end
+            if not reliable and lag > (self.tick or SERVER_TICK) + 2.0 * view.config.backoff_max:
+                lags = None  # an idle host that lives asks within backoff_max: this one waited for a machine
+            elif reliable and host is not None and host.first_seen > end:
+                lags = self.lags[2]  # its host came after the timer ran out: it was started for it (or for another)
+            else:
+                lags = self.lags[1 if reliable else 0]
+            if lags is not None:
+                lags.append(lag)
+                del lags[:-MAX_LAGS]
         if reliable:
             self.reliable_sent.add(job_id)
             self.reliable_count[job_id] = self.reliable_count.get(job_id, 0) + 1
