@@ -206,6 +206,9 @@ def test_a_job_cannot_change_another_bags_cached_input(cluster, tmp_path):
                                    "[parameters]\ni = [1, 2]\n")
     with cluster.client() as c:
         wait_for(lambda: c.bag("b").counts.running == 1, 20, "b's first job never started")
+        # running is counted when the job is sent; the worker stores the input (atomically) before it starts it
+        # (a busy machine once took longer than this test's first look: FileNotFoundError)
+        wait_for(cached.exists, 20, "b's input was never cached")
         assert cached.read_text() == "original\n" and cached.stat().st_mode & 0o777 == 0o444
         submit(cluster, tmp_path, "a", f'command = "chmod 644 {cached} && printf evil > {cached}"\n'
                                        'max_failures = 1\n[policy]\nRank = "10"\n')
