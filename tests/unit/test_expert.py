@@ -456,6 +456,15 @@ def test_a_reliable_machine_that_is_not_up_starts_once_for_its_first_instance():
     assert one(fixed(), strategy, dataclasses.replace(cold, reliable_up=1))[0] == pytest.approx(3 * R)
 
 
+def test_a_reliable_machine_that_is_up_and_idle_is_taken_before_one_is_started():
+    # two reliable machines, not up: the first task (due at 0) starts one, which is idle again at 1,100 s; the
+    # second (due at 1,500 s) takes it rather than start the other (found by review: the idle machines were a
+    # FIFO with the unstarted ones first, and this tail took 2,600 s)
+    setup = Setup(tasks=2, unreliable=2, prices=PRICES, ages=(1500.0, 0.0), reliable_startup=100.0)
+    makespan, _, reliable = one(from_runtimes([R], 0.001, R), NTDMr(0, 1500.0, R, 1.0), setup)
+    assert (makespan, reliable) == (pytest.approx(2500.0), 2)
+
+
 def test_delays_are_half_a_tick_and_the_pools_startup_until_the_tail_measured_its_own():
     from gridbot.schedulers.expert.planner import Delays, Observed, PoolFacts, delays
 

@@ -247,14 +247,19 @@ class _Simulation:
         """Reliable machines not started yet."""
         self.queues = (_Queue(w, 2 * k + 2), _Queue(w, 2 * k + 2))
         self.idle = (_Ring(w, machines), _Ring(w, machines))
+        self.unstarted = _Ring(w, machines)
+        """The reliable machines not started yet: taken only when no started one is idle (as a host that is up takes
+        an instance before a pilot is started for it)."""
         """The idle machines of each pool, the longest idle first."""
         self.out_makespan = np.full(w, np.inf)
         self.out_tail = np.full(w, np.inf)
         self.out_cost = np.full(w, np.inf)
         self.out_reliable = np.zeros(w)
         self._start_instances()
-        for pool, kind in enumerate((~self.reliable_machine, self.reliable_machine)):
-            self.idle[pool].push(*_cells((self.m_task < 0) & self.usable & kind[None, :]))
+        idle = (self.m_task < 0) & self.usable
+        self.idle[0].push(*_cells(idle & ~self.reliable_machine[None, :]))
+        self.idle[1].push(*_cells(idle & self.reliable_machine[None, :] & ~self.m_cold))
+        self.unstarted.push(*_cells(idle & self.m_cold))
 
     def _start_instances(self) -> None:
         """The tail's instances already out, on the first unreliable machines."""
@@ -358,9 +363,11 @@ class _Simulation:
         unreliable, reliable = self.queues
         self._assign(unreliable, self.idle[0], None, now)
         self._assign(reliable, self.idle[1], None, now)
+        self._assign(reliable, self.unstarted, None, now)
         combined = (self.combine == 2) | ((self.combine == 1) & ~self.in_tail)
         if combined.any():
             self._assign(unreliable, self.idle[1], combined, now)
+            self._assign(unreliable, self.unstarted, combined, now)
 
     def _assign(self, queue: _Queue, machines: _Ring, worlds: Bools | None, now: float) -> None:
         """Idle `machines` (in `worlds`, if given) take the instances off `queue` that are due by `now`."""
@@ -418,13 +425,13 @@ class _Simulation:
         self.m_task[rows] = -1
         self.m_end[rows] = np.inf
         self.next_due[rows] = self.next_end[rows] = np.inf
-        for q in (*self.queues, *self.idle):
+        for q in (*self.queues, *self.idle, self.unstarted):
             q.head[rows] = q.tail[rows]
 
     def _compact(self, keep: Ints) -> None:
         for name in _PER_WORLD:
             setattr(self, name, getattr(self, name)[keep])
-        for q in (*self.queues, *self.idle):
+        for q in (*self.queues, *self.idle, self.unstarted):
             q.take(keep)
 
 

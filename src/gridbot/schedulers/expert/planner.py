@@ -432,7 +432,8 @@ def _whole(planning: Planning) -> Setup:
     """The planning's setup on the whole tail: every task, #ur machines, the instances out."""
     obs, setup, ur = planning.observed, planning.setup, planning.unreliable
     tasks = max(1, obs.tasks)
-    return dataclasses.replace(setup, tasks=tasks, unreliable=ur, ages=() if setup.bag else obs.ages[:min(tasks, ur)])
+    return dataclasses.replace(setup, tasks=tasks, unreliable=ur, ages=() if setup.bag else obs.ages[:min(tasks, ur)],
+                               reliable_up=delays(obs).up)
 
 
 def spread_range(planning: Planning, index: int, sample: int) -> tuple[tuple[tuple[float, float], tuple[float, float]],

@@ -164,8 +164,9 @@ class ExpertTail(TailStrategy):
         timer that runs out within half a tick (at most T / 10) is taken now, so replicas are not late by
         half a tick on average."""
         self.gap = 0.0
-        self.timer_end: dict[int, float] = {}
-        """Per task chosen for its next instance because its timer ran out: when it ran out."""
+        self.timer_end: dict[int, tuple[float, int]] = {}
+        """Per task chosen for its next instance because its timer ran out: when it ran out, and the job's attempts
+        then (an instance sent and ended between two looks is never seen: the entry is then dropped)."""
         self.idle = 0
         """Idle unreliable slots at the last look, less those the choices since are expected to take."""
         self.lags: tuple[list[float], list[float], list[float]] = ([], [], [])
@@ -259,7 +260,7 @@ class ExpertTail(TailStrategy):
             sent = self.unreliable_sent.get(job.job_id, 0)
             if sent < limit:
                 if len(out) < room and unreliable:
-                    self.timed(job.job_id, last + s.t)
+                    self.timed(view, job.job_id, last + s.t)
                     out.append(Choice(job.job_id, f"ExPERT {desc}: no result {now - last:.0f} s after its last "
                                       f"instance was sent (T = {s.t:.0f} s): unreliable instance {sent + 1} of "
                                       f"N = {'inf' if s.n is None else s.n} since the tail began, deadline D = "
@@ -276,7 +277,7 @@ class ExpertTail(TailStrategy):
         for end, job_id, sent, waited, queued in sorted(due_reliable):
             if queued and free > 0 and len(out) < room:
                 free -= 1
-                self.arm(job_id, end)
+                self.arm(view, job_id, end)
                 self.routed.add(job_id)
                 out.append(Choice(job_id, f"ExPERT {desc}: queued again after {sent} unreliable instance(s) since "
                                           f"the tail began: instance N+1 goes to the reliable pool ({used} of Mr x "
@@ -293,7 +294,7 @@ class ExpertTail(TailStrategy):
                                               f"({planning.utility.name})", HOLD))
             elif free > 0 and len(out) < room:
                 free -= 1
-                self.arm(job_id, end)
+                self.arm(view, job_id, end)
                 self.to_reliable.add(job_id)
                 out.append(Choice(job_id, f"ExPERT {desc}: {sent} unreliable instance(s) since the tail began and no "
                                           f"result {waited:.0f} s after the last (T = {s.t:.0f} s): instance N+1 goes "
@@ -333,7 +334,7 @@ class ExpertTail(TailStrategy):
                                           f"s after its last instance was sent: the next waits until T = {s.t:.0f} "
                                           f"s have passed ({why})", HOLD))
             elif ((s.n is None or sent < s.n) and job_id not in self.reliable_sent) or not self.reliable:
-                self.timed(job_id, last + s.t)
+                self.timed(view, job_id, last + s.t)
                 out.append(Choice(job_id, f"ExPERT {desc}: queued again, its instances lost or failed: unreliable "
                                           f"instance {sent + 1} of N = {'inf' if s.n is None else s.n} since the "
                                           f"tail began ({why})", unreliable))
@@ -343,7 +344,7 @@ class ExpertTail(TailStrategy):
                 due.append((last + s.t, job_id, sent, now - last, True))
         return out, due, routed
 
-    def timed(self, job_id: int, end: float) -> None:
+    def timed(self, view: DispatchView, job_id: int, end: float) -> None:
         """Measure the lag of an unreliable instance chosen at its timer's `end` if an unreliable slot is idle to
         take it: one that waits for a machine waits in the model's queue too, and is no dispatch lag (nor is it
         once it found none: a task queued again is chosen on every look until a host takes it)."""
@@ -351,15 +352,20 @@ class ExpertTail(TailStrategy):
             return
         if self.idle > 0:
             self.idle -= 1
-            self.timer_end[job_id] = end
+            self.timer_end[job_id] = (end, self._attempts(view, job_id))
         else:
             self.unmeasured.add(job_id)
 
-    def arm(self, job_id: int, end: float) -> None:
+    def arm(self, view: DispatchView, job_id: int, end: float) -> None:
         """Measure the lag of a reliable instance chosen at its timer's `end`, unless it waited for one of the
         Mr x #ur machines first (the model's reliable queue holds that wait)."""
         if job_id not in self.unmeasured:
-            self.timer_end.setdefault(job_id, end)
+            self.timer_end.setdefault(job_id, (end, self._attempts(view, job_id)))
+
+    @staticmethod
+    def _attempts(view: DispatchView, job_id: int) -> int:
+        job = view.job(job_id)
+        return job.attempts if job is not None else 0
 
     def deadline(self, view: DispatchView, bag: BagView, host: HostView, deadline: float, now: float) -> float:
         s = self.strategy
@@ -403,6 +409,13 @@ class ExpertTail(TailStrategy):
                     lost = view.instance(e.instance_id)
                     if lost is not None:
                         self._count(view, lost.job_id, e.instance_id, lost.host_id, e.sent_at, start)
+        for job_id, (_, armed) in list(self.timer_end.items()):  # its instance came and went between two looks
+            tracked = view.job(job_id)
+            if tracked is None or tracked.attempts > armed:
+                del self.timer_end[job_id]
+                # (nor is the next measured: the task's last instance, unseen, is not its timer's start)
+                if tracked is not None and tracked.state is not JobState.DONE:
+                    self.unmeasured.add(job_id)
         for job_id, before in self.attempts.items():  # every instance sent, even one that ended between looks
             tracked = view.job(job_id)
             if tracked is not None:
@@ -418,7 +431,8 @@ class ExpertTail(TailStrategy):
         self.last[job_id] = max(self.last.get(job_id, -math.inf), sent_at)
         if sent_at < start:
             return
-        end = self.timer_end.pop(job_id, None)
+        armed = self.timer_end.pop(job_id, None)
+        end = armed[0] if armed is not None else None
         self.unmeasured.discard(job_id)
         host = view.host(host_id)
         reliable = host is not None and host.pool in self.reliable
