@@ -124,6 +124,7 @@ POOL_ATTRS: dict[str, str] = {
     "Walltime": "seconds a pilot may live",
     "PricePerCpuHour": "price of a CPU-hour",
     "MaxRunning": "most pilots running at once",
+    "Startup": "seconds a pilot takes from being asked for to taking work (the pools file's startup, else the kind's)",
     "(any other)": "the pool's own attributes from its [pools.NAME.attributes] table",
 }
 """The pool ad GridPolicy sees as `Pool` (the overlay constructor evaluates it for each pool)."""
