@@ -21,7 +21,6 @@ Validated like a bag spec: every problem with its line and a hint, and nothing u
 
 from __future__ import annotations
 
-import re
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -284,7 +283,7 @@ def _pool(name: str, table: object, fail: Any) -> PoolSpec | None:
             values["min_cpu"] = float(v)
     if "startup" in table:  # 0 is allowed: hosts that are there already
         try:
-            values["startup"] = _startup(table["startup"])
+            values["startup"] = parse_duration(table["startup"], zero=True)
         except ValueError as e:
             fail((*path, "startup"), f"'startup' of pool '{name}': {e}", 'write startup = "90s" (0: no wait)')
             ok = False
@@ -349,14 +348,6 @@ def _pool(name: str, table: object, fail: Any) -> PoolSpec | None:
     if kind == "volunteer":  # stock BOINC clients: Host.Reliable is false, and the pool says so
         values.setdefault("reliability", "volunteer")
     return PoolSpec(name=name, kind=kind, attributes=dict(attributes), options=options, **values)
-
-
-def _startup(value: object) -> float:
-    """A duration, or 0 written any way a duration may be ("0", "0s", "0.0m", 0.0)."""
-    zero = re.fullmatch(r"\s*0+(?:\.0+)?\s*[smhd]?\s*", value) if isinstance(value, str) else None
-    if zero is not None or (isinstance(value, int | float) and not isinstance(value, bool) and value == 0):
-        return 0.0
-    return parse_duration(value)
 
 
 def _key_hint(key: str, kind: str, allowed: tuple[str, ...]) -> str:

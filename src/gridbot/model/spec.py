@@ -356,8 +356,9 @@ class SpecError(GridbotError, ValueError):
         super().__init__("\n".join(p.format(source) for p in self.problems))
 
 
-def parse_duration(value: object) -> float:
-    """Seconds from `90`, `90.5`, `"90s"`, `"10m"`, `"2h"` or `"1d"`; raise ValueError otherwise."""
+def parse_duration(value: object, zero: bool = False) -> float:
+    """Seconds from `90`, `90.5`, `"90s"`, `"10m"`, `"2h"` or `"1d"` (and 0 written any of those ways if `zero`);
+    raise ValueError otherwise."""
     if isinstance(value, bool):
         raise ValueError("a duration is a number of seconds or a string like '90s', '10m', '2h', '1d'")
     if isinstance(value, int | float):
@@ -366,6 +367,8 @@ def parse_duration(value: object) -> float:
         seconds = float(m.group(1)) * _UNITS[m.group(2) or "s"]
     else:
         raise ValueError("a duration is a number of seconds or a string like '90s', '10m', '2h', '1d'")
+    if zero and seconds == 0:
+        return 0.0
     problem = duration_problem(seconds)
     if problem:
         raise ValueError(problem)
