@@ -297,7 +297,7 @@ def delays(obs: Observed) -> Delays:
 
     lag, reliable_lag = typical(obs.dispatch_lags, half), typical(obs.reliable_lags, half)
     pools = [p for p in obs.pools if p.reliable]
-    up = sum(p.slots for p in pools)
+    up = reliable_up(obs)
     startup = max(0.0, typical(obs.startup_lags, 0.0) - reliable_lag) if obs.startup_lags else \
         min((p.startup for p in pools), default=0.0)
     if lag == reliable_lag == startup == 0.0:
@@ -315,6 +315,11 @@ def delays(obs: Observed) -> Delays:
 def unreliable_size(obs: Observed) -> int:
     """#ur: the unreliable pools' live slots, at least the tasks with an instance out there."""
     return max(sum(p.slots for p in obs.pools if not p.reliable), len(obs.ages))
+
+
+def reliable_up(obs: Observed) -> int:
+    """The reliable pools' live slots: machines the tail need not start."""
+    return sum(p.slots for p in obs.pools if p.reliable)
 
 
 def reliable_capacity(obs: Observed) -> int:
@@ -433,7 +438,7 @@ def _whole(planning: Planning) -> Setup:
     obs, setup, ur = planning.observed, planning.setup, planning.unreliable
     tasks = max(1, obs.tasks)
     return dataclasses.replace(setup, tasks=tasks, unreliable=ur, ages=() if setup.bag else obs.ages[:min(tasks, ur)],
-                               reliable_up=delays(obs).up)
+                               reliable_up=reliable_up(obs))
 
 
 def spread_range(planning: Planning, index: int, sample: int) -> tuple[tuple[tuple[float, float], tuple[float, float]],
