@@ -1,5 +1,6 @@
 """The executor runs a plain command without a shell (as GNU make does) and everything else under
-`/bin/sh -c`; a user sees the same outputs, exit codes and messages either way. Real processes."""
+`/bin/sh -c`; a user sees the same outputs, exit codes and messages either way, and on both of the worker's
+paths: a task of its event loop (`run_instance`) and a slot thread (`run_blocking`). Real processes."""
 
 from __future__ import annotations
 
@@ -11,16 +12,29 @@ from pathlib import Path
 import pytest
 
 from gridbot.model.records import Assignment, InstanceReport, Outcome
-from gridbot.worker.executor import KillSwitch, plain_argv, run_instance
+from gridbot.worker.executor import KillSwitch, plain_argv, run_blocking, run_instance
 
 
-def run(tmp_path: Path, command: str, env: dict[str, str] | None = None) -> InstanceReport:
-    a = Assignment(1, 1, 1, "b", 0, command, env or {}, [], [], 60.0)
+async def no_inputs(bag_id: int, name: str) -> Path:
+    raise AssertionError("no inputs")
 
-    async def no_inputs(bag_id: int, name: str) -> Path:
-        raise AssertionError("no inputs")
 
-    return asyncio.run(run_instance(a, tmp_path / "job", no_inputs, 1 << 20, KillSwitch()))
+def run_on(path: str, a: Assignment, jobdir: Path, base_env: dict[str, str] | None = None) -> InstanceReport:
+    """Run `a` on the event loop's path ("loop") or a slot thread's ("thread", here the calling thread)."""
+    if path == "loop":
+        return asyncio.run(run_instance(a, jobdir, no_inputs, 1 << 20, KillSwitch(), base_env=base_env))
+    wake = os.eventfd(0, os.EFD_NONBLOCK)
+    try:
+        return run_blocking(a, jobdir, 1 << 20, KillSwitch(), wake, lambda pid: None, None, base_env)
+    finally:
+        os.close(wake)
+
+
+@pytest.fixture(params=["loop", "thread"])
+def run(request):
+    def run(tmp_path: Path, command: str, env: dict[str, str] | None = None) -> InstanceReport:
+        return run_on(request.param, Assignment(1, 1, 1, "b", 0, command, env or {}, [], [], 60.0), tmp_path / "job")
+    return run
 
 
 @pytest.mark.parametrize(("command", "plain"), [
@@ -35,7 +49,7 @@ def test_only_commands_the_shell_would_just_split_skip_it(command, plain):
     assert plain_argv(command) == plain
 
 
-def test_a_plain_command_runs_without_a_shell(tmp_path):
+def test_a_plain_command_runs_without_a_shell(tmp_path, run):
     def parent(report: InstanceReport) -> int:
         assert report.outcome is Outcome.SUCCESS, report
         return int(report.stdout_tail.rsplit(")", 1)[1].split()[1])
@@ -44,7 +58,7 @@ def test_a_plain_command_runs_without_a_shell(tmp_path):
     assert parent(run(tmp_path, "cat /proc/self/stat && true")) != os.getpid(), "started by /bin/sh"
 
 
-def test_a_plain_command_finds_programs_on_the_jobs_own_path(tmp_path):
+def test_a_plain_command_finds_programs_on_the_jobs_own_path(tmp_path, run):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     prog = bin_dir / "hello-gridbot"
@@ -54,7 +68,7 @@ def test_a_plain_command_finds_programs_on_the_jobs_own_path(tmp_path):
     assert (r.outcome, r.stdout_tail) == (Outcome.SUCCESS, "hello from /tmp/x a b\n".replace("/tmp/x", str(prog)))
 
 
-def test_what_cannot_be_executed_fails_as_the_shell_fails_it(tmp_path):
+def test_what_cannot_be_executed_fails_as_the_shell_fails_it(tmp_path, run):
     r = run(tmp_path, "no-such-program-gridbot 1")
     assert (r.outcome, r.exit_code) == (Outcome.FAILURE, 127) and "not found" in r.stderr_tail
     script = tmp_path / "job" / "noshebang"
@@ -69,7 +83,7 @@ def test_what_cannot_be_executed_fails_as_the_shell_fails_it(tmp_path):
     assert r.exit_code == 126 and "Permission denied" in r.stderr_tail
 
 
-def test_exit_codes_and_outputs_are_the_programs(tmp_path):
+def test_exit_codes_and_outputs_are_the_programs(tmp_path, run):
     r = run(tmp_path, "ls /no/such/gridbot/dir")
     assert (r.outcome, r.exit_code) == (Outcome.FAILURE, 2) and "No such file" in r.stderr_tail
     r = run(tmp_path, "exit 3")
@@ -80,16 +94,13 @@ def test_exit_codes_and_outputs_are_the_programs(tmp_path):
     assert (r.outcome, r.stdout_tail) == (Outcome.SUCCESS, "plain words\n")
 
 
-def test_a_bags_env_cannot_take_the_run_mark_by_which_the_worker_watches_its_jobs(tmp_path):
+@pytest.mark.parametrize("path", ["loop", "thread"])
+def test_a_bags_env_cannot_take_the_run_mark_by_which_the_worker_watches_its_jobs(tmp_path, path):
     """Found by the review of 2026-11-27: `[env] GRIDBOT_RUN = "mine"` replaced the worker's mark, so the reaper
     no longer found the job's processes and its memory limit went unenforced. Specs now refuse GRIDBOT_* in
     [env]; a bag stored before that still cannot take the mark."""
     a = Assignment(1, 1, 1, "b", 0, 'echo "$GRIDBOT_RUN $MINE"', {"GRIDBOT_RUN": "mine", "MINE": "kept"}, [], [],
                    60.0)
-
-    async def no_inputs(bag_id: int, name: str) -> Path:
-        raise AssertionError("no inputs")
-
     base = {"PATH": os.environ["PATH"], "GRIDBOT_RUN": "the-workers-token"}
-    report = asyncio.run(run_instance(a, tmp_path / "job", no_inputs, 1 << 20, KillSwitch(), base_env=base))
+    report = run_on(path, a, tmp_path / "job", base)
     assert report.outcome is Outcome.SUCCESS and report.stdout_tail == "the-workers-token kept\n"

@@ -136,7 +136,7 @@ def test_the_slots_held_by_waiting_instances_follow_arrivals_starts_and_cancels(
     w = Worker(WorkerConfig("http://127.0.0.1:1", slots=4, state_dir=tmp_path, allow_root=True,
                             workdir=tmp_path / "w"))
     try:
-        w.busy = 4  # every slot taken: nothing starts
+        assert w.threads.take(4)  # every slot taken: nothing starts
         job = {"bag_id": 1, "bag_name": "b", "command": "true", "env": {}, "inputs": [], "outputs": [],
                "instance_deadline": 0.0}
         sent = [Assignment(instance_id=i, job_id=i, index=i, cpus=1 + i % 3, **job) for i in range(1, 7)]
@@ -146,29 +146,38 @@ def test_the_slots_held_by_waiting_instances_follow_arrivals_starts_and_cancels(
         assert w.waiting_cpus == sum(a.cpus for a in w.waiting) == 12 - 3 - 3
 
         async def start() -> None:
-            w.busy = 0
-            w._start_ready()  # 1 (2 slots) and 3 (1 slot) start; 4 needs 2 of the 1 left
+            w.threads.give(4)
+            w._start_ready()  # 1 (2 slots) and 3 (1 slot, a slot thread's) start; 4 needs 2 of the 1 left
             assert [a.instance_id for a in w.waiting] == [4, 6]
             assert w.waiting_cpus == sum(a.cpus for a in w.waiting) == 2 + 1
+            assert w.busy == 3 and list(w.running) == [1]
             await asyncio.gather(*w.running.values())
+            while w.threads.running or w.threads.queue:
+                await asyncio.sleep(0.01)
 
         asyncio.run(start())
     finally:
+        w.threads.close()
         w.identity.release()
 
 
-def test_the_slot_of_a_job_the_server_took_back_runs_the_next_waiting_job_at_once(tmp_path):
+@pytest.mark.parametrize("threads", [True, False], ids=["slot-threads", "event-loop"])
+def test_the_slot_of_a_job_the_server_took_back_runs_the_next_waiting_job_at_once(tmp_path, threads):
     """A running instance the server cancels is killed and not reported; its slot starts the next instance
-    held on the host at once, not at the worker's next exchange (a heartbeat later)."""
+    held on the host at once, not at the worker's next exchange (a heartbeat later). On both paths: a slot
+    thread's job and one of the event loop's."""
     w = Worker(WorkerConfig("http://127.0.0.1:1", slots=1, state_dir=tmp_path, allow_root=True,
-                            workdir=tmp_path / "w"))
+                            workdir=tmp_path / "w", slot_threads=threads))
     job = {"bag_id": 1, "bag_name": "b", "env": {}, "inputs": [], "outputs": [], "instance_deadline": 0.0}
     long = Assignment(instance_id=1, job_id=1, index=0, command="sleep 30", **job)
     short = Assignment(instance_id=2, job_id=2, index=1, command="true", **job)
 
     async def cancel_the_first() -> float:
         w._accept(ExchangeResponse([long, short], [], 0.0, 30.0, 1 << 20))
-        assert list(w.running) == [1] and [a.instance_id for a in w.waiting] == [2]
+        if threads:
+            assert not w.running and not w.waiting and sorted(w.threads.held_ids()) == [1, 2]
+        else:
+            assert list(w.running) == [1] and [a.instance_id for a in w.waiting] == [2]
         await asyncio.sleep(0.2)
         start = time.monotonic()
         w._accept(ExchangeResponse([], [1], 0.0, 30.0, 1 << 20))
@@ -179,6 +188,7 @@ def test_the_slot_of_a_job_the_server_took_back_runs_the_next_waiting_job_at_onc
     try:
         took = asyncio.run(cancel_the_first())
     finally:
+        w.threads.close()
         w.identity.release()
     assert [(r.instance_id, r.outcome) for r in w.reports] == [(2, Outcome.SUCCESS)], w.reports
     assert took < 5, f"the next job ran {took:.1f} s after the first was taken back"

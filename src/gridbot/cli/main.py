@@ -319,11 +319,15 @@ def server(db: str, host: str, port: int, dispatch: DispatchConfig, max_jobs: in
 @click.option("--drop", type=Finite(0, 1), default=0.0, hidden=True,
               help="Testing: hold this fraction of instances without running them until their deadline, and never "
                    "report them (a host of an unreliable pool that loses work silently).")
+@click.option("--slot-threads/--no-slot-threads", default=True, hidden=True,
+              help="Run single-slot jobs in threads of the worker (the default), or every job on its event loop "
+                   "(to compare the two: bench/suite.py).")
 @friendly
 def worker(server: str | None, access: Path | None, slots: int, prefetch: int, slot_name: str, workdir: Path,
            idle_timeout: float, give_up_after: float, pool: str, keep_dirs: bool, lifetime: float, min_cpu: float,
            cpu_window: float, exit_with_parent: bool, prefetch_seconds: float, executor: str,
-           pass_env: tuple[str, ...], run_as: str | None, allow_root: bool, max_jobs: int, drop: float) -> None:
+           pass_env: tuple[str, ...], run_as: str | None, allow_root: bool, max_jobs: int, drop: float,
+           slot_threads: bool) -> None:
     """Pull jobs from a server and run them (connects out only).
 
     The worker key comes from GRIDBOT_WORKER_KEY (how pilots get it) or from the access file's key for
@@ -343,7 +347,7 @@ def worker(server: str | None, access: Path | None, slots: int, prefetch: int, s
                                      lifetime=lifetime, min_cpu=min_cpu, cpu_window=cpu_window,
                                      prefetch_seconds=prefetch_seconds, key=key, fingerprint=grants.fingerprint,
                                      executor=executor, pass_env=pass_env, run_as=run_as, allow_root=allow_root,
-                                     drop=drop, max_jobs=max_jobs)))
+                                     drop=drop, max_jobs=max_jobs, slot_threads=slot_threads)))
 
 
 @cli.command()

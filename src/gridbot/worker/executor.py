@@ -17,10 +17,12 @@ import asyncio
 import contextlib
 import os
 import re
+import select
 import shutil
 import signal
 import stat
 import subprocess
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -35,6 +37,12 @@ _TICKS = os.sysconf("SC_CLK_TCK")
 _DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)
 """Python ignores these, and posix_spawn keeps what is ignored: a job gets them back at their defaults, as
 subprocess does (else `yes | head -1` says "Broken pipe", and a file over max_file_size is no signal)."""
+SPAWN_LOCK = threading.Lock()
+"""Held around a job's spawn and its registration with the reaper, by the event loop and by the slot threads
+(gridbot.worker.threads): the spawn changes the process's working directory, and the reaper's sweep kills
+every child that is not a registered job's first process, so it must not see one between the two."""
+KILL_GRACE = 5.0
+"""Seconds between the SIGTERM that takes a job back and the SIGKILL that follows it."""
 
 
 def group_cpu_seconds(pgid: int) -> float:
@@ -291,28 +299,21 @@ async def _run(a: Assignment, jobdir: Path, fetch: FetchInput, max_result_bytes:
             _stage(await fetch(a.bag_id, name), jobdir / name, user)
     except Exception as e:  # staging is part of the job: its failure is reported, never a crash
         return report(Outcome.FAILURE, f"could not stage inputs: {e}")
-    base = base_env if base_env is not None else os.environ
-    env = dict(base)
-    env.update(a.env)
-    if RUN_VAR in base:  # a bag's [env] (stored before specs were refused it) cannot hide the job from the reaper
-        env[RUN_VAR] = base[RUN_VAR]
-    env.update(GRIDBOT_JOB_INDEX=str(a.index), GRIDBOT_JOB_ID=str(a.job_id), GRIDBOT_INSTANCE=str(a.instance_id),
-               GRIDBOT_BAG=a.bag_name, GRIDBOT_CPUS=str(a.cpus))
-    if a.cpus > 1 and "OMP_NUM_THREADS" not in a.env:
-        env["OMP_NUM_THREADS"] = str(a.cpus)  # the slots it holds, not every core of the machine
+    env = job_env(a, base_env)
     proc = None
-    try:
-        if user is None:
-            pid = _spawn(a.command, jobdir, out, err, env)
-        else:
-            proc = _spawn_as(a.command, jobdir, out, err, env, user)
-            pid = proc.pid
-    except OSError as e:
-        return report(Outcome.FAILURE, f"could not start the command: {e}")
-    if a.limits is not None:
-        apply_limits(pid, a.limits)
-    if started_cb is not None:
-        started_cb(pid)
+    with SPAWN_LOCK:
+        try:
+            if user is None:
+                pid = _spawn(a.command, jobdir, out, err, env)
+            else:
+                proc = _spawn_as(a.command, jobdir, out, err, env, user)
+                pid = proc.pid
+        except OSError as e:
+            return report(Outcome.FAILURE, f"could not start the command: {e}")
+        if a.limits is not None:
+            apply_limits(pid, a.limits)
+        if started_cb is not None:
+            started_cb(pid)
     loop = asyncio.get_running_loop()
     exited: asyncio.Future[None] = loop.create_future()
     why: list[str] = []
@@ -328,7 +329,7 @@ async def _run(a: Assignment, jobdir: Path, fetch: FetchInput, max_result_bytes:
             _killpg(pid, signal.SIGKILL)
             return
         _killpg(pid, signal.SIGTERM)
-        timers.append(loop.call_later(5, _killpg, pid, signal.SIGKILL))
+        timers.append(loop.call_later(KILL_GRACE, _killpg, pid, signal.SIGKILL))
 
     try:
         fd = os.pidfd_open(pid)
@@ -362,25 +363,148 @@ async def _run(a: Assignment, jobdir: Path, fetch: FetchInput, max_result_bytes:
     code, cpu = os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime
     if proc is not None:
         proc.returncode = code  # reaped here: subprocess must not wait for the pid again
-    if why == ["stop"]:
+    return _verdict(a, jobdir, why, stop, stop_reason, code, cpu, max_result_bytes, started, user is None)
+
+
+def job_env(a: Assignment, base_env: dict[str, str] | None) -> dict[str, str]:
+    """The environment of `a`'s command: the worker's job environment, the bag's [env], then gridbot's own
+    variables (which the bag's cannot override)."""
+    base = base_env if base_env is not None else os.environ
+    env = dict(base)
+    env.update(a.env)
+    if RUN_VAR in base:  # a bag's [env] (stored before specs were refused it) cannot hide the job from the reaper
+        env[RUN_VAR] = base[RUN_VAR]
+    env.update(GRIDBOT_JOB_INDEX=str(a.index), GRIDBOT_JOB_ID=str(a.job_id), GRIDBOT_INSTANCE=str(a.instance_id),
+               GRIDBOT_BAG=a.bag_name, GRIDBOT_CPUS=str(a.cpus))
+    if a.cpus > 1 and "OMP_NUM_THREADS" not in a.env:
+        env["OMP_NUM_THREADS"] = str(a.cpus)  # the slots it holds, not every core of the machine
+    return env
+
+
+def _verdict(a: Assignment, jobdir: Path, why: list[str], stop: KillSwitch, stop_reason: Callable[[], str] | None,
+             code: int | None, cpu: float, max_result_bytes: int, started: float, follow: bool) -> InstanceReport:
+    """The report of an instance whose command has ended (`code` None: it never started, taken back first):
+    what ended it (`why`: "stop" or "timeout", or nothing), its exit status, then its declared outputs."""
+    out, err = f"{jobdir}/{STDOUT}", f"{jobdir}/{STDERR}"
+
+    def report(outcome: Outcome, reason: str = "", outputs: dict[str, bytes] | None = None) -> InstanceReport:
+        return InstanceReport(a.instance_id, outcome, code, time.monotonic() - started, cpu, reason,
+                              _tail(out), _tail(err), outputs or {})
+
+    if why[:1] == ["stop"]:
         reason = stop.reason or (stop_reason() if stop_reason is not None else "")
         if reason:  # the worker stops because of this job: it counts against the job
-            return report(Outcome.FAILURE, reason, code, cpu)
-        return report(Outcome.INTERRUPTED, "the worker stopped", code, cpu)
-    if why == ["timeout"]:
-        return report(Outcome.FAILURE, f"timed out after {a.timeout:g} s (the bag's timeout)", code, cpu)
+            return report(Outcome.FAILURE, reason)
+        return report(Outcome.INTERRUPTED, "the worker stopped")
+    if why[:1] == ["timeout"]:
+        return report(Outcome.FAILURE, f"timed out after {a.timeout:g} s (the bag's timeout)")
     if code != 0:
-        return report(Outcome.FAILURE, limit_reason(code, a.limits) or describe_exit(code, _tail(err, 4096)), code,
-                      cpu)
-    outputs, problem = _collect(jobdir, a.outputs, max_result_bytes, follow=user is None)
+        assert code is not None
+        return report(Outcome.FAILURE, limit_reason(code, a.limits) or describe_exit(code, _tail(err, 4096)))
+    outputs, problem = _collect(jobdir, a.outputs, max_result_bytes, follow=follow)
     if problem:
-        return report(Outcome.FAILURE, problem, code, cpu)
-    result = report(Outcome.SUCCESS, "", code, cpu, outputs)
+        return report(Outcome.FAILURE, problem)
+    result = report(Outcome.SUCCESS, "", outputs)
     if result.result_bytes > max_result_bytes:
         return InstanceReport(a.instance_id, Outcome.FAILURE, code, result.wall_s, cpu,
                               f"result of {result.result_bytes:,} bytes is over the server's limit of "
                               f"{max_result_bytes:,} bytes", result.stdout_tail[-4096:], result.stderr_tail[-4096:])
     return result
+
+
+def run_blocking(a: Assignment, jobdir: Path, max_result_bytes: int, stop: KillSwitch, wake: int,
+                 started_cb: Callable[[int], None], stop_reason: Callable[[], str] | None,
+                 base_env: dict[str, str] | None, keep: bool = True) -> InstanceReport:
+    """Run `a` in `jobdir` on the calling thread (a slot thread of gridbot.worker.threads) and return its
+    report, as `run_instance` would on the event loop: same environment, spawn, timeout, kill switch, outputs
+    and report, without inputs or a user to switch to (those instances stay on the loop).
+
+    The thread sleeps in `poll` on the job's pidfd and on `wake`, an eventfd that a callback of `stop` writes
+    (a write meant for an earlier job only wakes it once: what counts is `stop.is_set()`). `started_cb(pid)`
+    is called under SPAWN_LOCK with the job spawned: it registers the job with the reaper.
+    """
+    started = time.monotonic()
+    try:
+        return _run_blocking(a, jobdir, max_result_bytes, stop, wake, started_cb, stop_reason, base_env, started)
+    finally:
+        if not keep:
+            clean_dir(jobdir)
+
+
+def _run_blocking(a: Assignment, jobdir: Path, max_result_bytes: int, stop: KillSwitch, wake: int,
+                  started_cb: Callable[[int], None], stop_reason: Callable[[], str] | None,
+                  base_env: dict[str, str] | None, started: float) -> InstanceReport:
+    out, err = f"{jobdir}/{STDOUT}", f"{jobdir}/{STDERR}"
+    try:
+        if not os.path.isdir(jobdir):
+            os.makedirs(jobdir, exist_ok=True)
+    except OSError as e:
+        return InstanceReport(a.instance_id, Outcome.FAILURE, None, time.monotonic() - started, 0.0,
+                              f"could not make the job's directory: {e}")
+    if stop.is_set():  # taken back before it started: it never does
+        return _verdict(a, jobdir, ["stop"], stop, stop_reason, None, 0.0, max_result_bytes, started, True)
+    env = job_env(a, base_env)
+    with SPAWN_LOCK:
+        try:
+            pid = _spawn(a.command, jobdir, out, err, env)
+        except OSError as e:
+            return InstanceReport(a.instance_id, Outcome.FAILURE, None, time.monotonic() - started, 0.0,
+                                  f"could not start the command: {e}")
+        if a.limits is not None:
+            apply_limits(pid, a.limits)
+        started_cb(pid)
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        fd = -1
+    try:
+        why = _wait_blocking(pid, fd, wake, stop, a.timeout)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    _killpg(pid, signal.SIGKILL)  # before the reaping: the group's id cannot be reused while its leader is unreaped
+    _, status, usage = os.wait4(pid, 0)
+    code, cpu = os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime
+    return _verdict(a, jobdir, why, stop, stop_reason, code, cpu, max_result_bytes, started, True)
+
+
+def _wait_blocking(pid: int, pidfd: int, wake: int, stop: KillSwitch, timeout: float | None) -> list[str]:
+    """Sleep until the job `pid` has exited (leaving it to be reaped), taking it back on the way as `end`
+    does in `_run`: SIGTERM to its group when `stop` is set or the timeout is reached, SIGKILL KILL_GRACE
+    seconds later (at once when the switch has a reason). Returns what ended it, as `_run`'s `why`."""
+    why: list[str] = []
+    now = time.monotonic()
+    deadline = now + timeout if timeout is not None else None
+    kill_at: float | None = None
+    poller = select.poll()
+    if pidfd >= 0:
+        poller.register(pidfd, select.POLLIN)
+    poller.register(wake, select.POLLIN)
+    while True:
+        if not why:
+            cause = "stop" if stop.is_set() else "timeout" if deadline is not None and now >= deadline else ""
+            if cause:
+                why.append(cause)
+                if stop.reason:
+                    _killpg(pid, signal.SIGKILL)
+                else:
+                    _killpg(pid, signal.SIGTERM)
+                    kill_at = now + KILL_GRACE
+        if kill_at is not None and now >= kill_at:
+            _killpg(pid, signal.SIGKILL)
+            kill_at = None
+        ends = [t for t in ((None if why else deadline), kill_at) if t is not None]
+        if pidfd < 0:  # no pidfd (an old kernel): look every 50 ms
+            ends.append(now + 0.05)
+        wait_ms = -1 if not ends else max(0, int((min(ends) - now) * 1000) + 1)
+        for fd, _ in poller.poll(wait_ms):
+            if fd == pidfd:
+                return why
+            with contextlib.suppress(BlockingIOError):  # a switch was set (maybe an earlier job's): look again
+                os.eventfd_read(wake)
+        if pidfd < 0 and os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None:
+            return why
+        now = time.monotonic()
 
 
 def _wait_any(pid: int) -> None:

@@ -14,6 +14,10 @@ finds it.
 A job of a bag with a `memory` limit is watched once a second: the resident memory of every process
 carrying its marks, summed, and the job killed when over. The worker's own death, even by SIGKILL, is
 covered by the watchdog (gridbot.worker.watchdog), started with the worker.
+
+Jobs start and end on the event loop's thread and on the slot threads (gridbot.worker.threads): the
+registers and the sweep are used under the executor's SPAWN_LOCK, which a spawn holds until its job is
+registered, so a sweep never takes a job's first process for a stray. The timers stay on the loop.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gridbot.worker.executor import SPAWN_LOCK
 from gridbot.worker.isolation import RUN_VAR
 
 log = logging.getLogger("gridbot.worker")
@@ -91,26 +96,32 @@ class Reaper:
         return True
 
     def started(self, iid: int, pid: int, memory: int | None, kill: Callable[[str], None]) -> None:
-        """A job's first process started (`kill(reason)` ends the job as a failure)."""
+        """A job's first process started (`kill(reason)` ends the job as a failure). The caller holds
+        SPAWN_LOCK since the spawn; a job with a `memory` limit is started on the event loop's thread."""
         self.jobs[iid] = _Job(pid, memory, kill)
         self.mains[pid] = iid
         if memory is not None:
             self.limited.add(iid)
             self._arm(MEMORY_POLL)
 
-    def ended(self, iid: int) -> None:
-        """A job ended and its first process was reaped: kill what it left behind."""
-        job = self.jobs.pop(iid, None)
-        if job is None:
-            return
-        self.mains.pop(job.pid, None)
-        self.limited.discard(iid)
-        if self.adopted and self.sweep():
-            self._arm(FOLLOW_UP)
+    def ended(self, iid: int) -> bool:
+        """A job ended and its first process was reaped: kill what it left behind (any thread). True if
+        something was killed: `follow_up` must then be called on the event loop's thread."""
+        with SPAWN_LOCK:
+            job = self.jobs.pop(iid, None)
+            if job is None:
+                return False
+            self.mains.pop(job.pid, None)
+            self.limited.discard(iid)
+            return self.adopted and self.sweep()
+
+    def follow_up(self) -> None:
+        """Look at the children again shortly, after `ended` killed some (their own orphans come next)."""
+        self._arm(FOLLOW_UP)
 
     def sweep(self) -> bool:
         """Settle every child that is neither a running job's first process nor the watchdog; True if
-        some were killed (their reaping, and their own orphans, need another look)."""
+        some were killed (their reaping, and their own orphans, need another look). Under SPAWN_LOCK."""
         keep = self.watchdog.pid if self.watchdog is not None else 0
         killed = False
         for pid in self._child_pids():
@@ -125,8 +136,9 @@ class Reaper:
             self._timer.cancel()
             self._timer = None
         for _ in range(50):
-            if not (self.adopted and self.sweep()):
-                break
+            with SPAWN_LOCK:
+                if not (self.adopted and self.sweep()):
+                    break
             time.sleep(FOLLOW_UP / 2)
         if self._pipe >= 0:
             os.close(self._pipe)
@@ -197,10 +209,12 @@ class Reaper:
         """The memory of limited jobs when due, and the children after a kill."""
         self._timer = None
         now = asyncio.get_running_loop().time()
-        if self.limited and now >= self._memory_due:
-            self._memory_due = now + MEMORY_POLL
-            self._check_memory()
-        if self.adopted and self.sweep():
+        with SPAWN_LOCK:
+            if self.limited and now >= self._memory_due:
+                self._memory_due = now + MEMORY_POLL
+                self._check_memory()
+            killed = self.adopted and self.sweep()
+        if killed:
             self._arm(FOLLOW_UP)
         if self.limited:
             self._arm(max(0.0, self._memory_due - now))

@@ -34,11 +34,12 @@ from gridbot.protocol import MSGPACK, ErrorBody, ExchangeRequest, ExchangeRespon
 from gridbot.security import tls
 from gridbot.security.keys import write_private
 from gridbot.worker import hostid
-from gridbot.worker.executor import KillSwitch, group_cpu_seconds, run_instance
+from gridbot.worker.executor import KillSwitch, group_cpu_seconds, run_blocking, run_instance
 from gridbot.worker.inputs import InputCache
 from gridbot.worker.isolation import job_environment, new_token, resolve_user
 from gridbot.worker.reaper import Reaper
 from gridbot.worker.spool import ReportSpool
+from gridbot.worker.threads import AVAILABLE, LOOK, Held, SlotThreads
 
 log = logging.getLogger("gridbot.worker")
 _encoder = msgspec.msgpack.Encoder()
@@ -96,6 +97,10 @@ class WorkerConfig:
     max_jobs: int = 0
     """Ask for no more once this many instances were received, and leave when they are done (0: no limit): a
     pilot that is one job's own batch job (`jobs_per_pilot` of a pool), as a site may want."""
+    slot_threads: bool = True
+    """Run single-slot instances without inputs in threads of the worker, one per slot (gridbot.worker.threads),
+    rather than as tasks of its event loop: a short job costs the worker about half the CPU that way. False
+    (`--no-slot-threads`, hidden) keeps every job on the loop, to compare the two."""
 
 
 EXECUTORS = ("shell", "noop")
@@ -139,12 +144,14 @@ class Worker:
         """Instances the server sent this worker (`max_jobs`)."""
         self.fetched: tuple[int, float] = (0, 0.0)
         """Input bytes downloaded and the seconds it took, not yet told to the server."""
-        self.busy = 0
-        """Slots the running instances hold (each its bag's `cpus`, at most `slots`)."""
+        self.threads = SlotThreads(config.slots, self._run_in_thread, self._collect)
+        """The slots of both paths, and the threads that run single-slot instances (gridbot.worker.threads)."""
+        self.use_threads = (config.slot_threads and AVAILABLE and config.executor == "shell" and self.run_as is None
+                            and not config.drop)
         self.cpus_of: dict[int, int] = {}
         """Job directories reused from one instance to the next (unless keep_dirs)."""
         self.slot_of: dict[int, int] = {}
-        self.slot_dirs: dict[tuple[str, int], Path] = {}
+        self.slot_dirs: dict[tuple[str, int | str], Path] = {}
         self.token = new_token()
         self.base_env = job_environment(config.pass_env, self.token, self.run_as)
         self.reaper = Reaper(self.token)
@@ -200,6 +207,7 @@ class Worker:
                 await self._goodbye()
                 return code
         finally:
+            self.threads.close()
             self.identity.release()
 
     def _spool_dir(self) -> Path:
@@ -262,9 +270,19 @@ class Worker:
                 await asyncio.wait_for(self.stopping.wait(), delay)
         return None
 
+    @property
+    def busy(self) -> int:
+        """Slots the running instances hold (each its bag's `cpus`, at most `slots`), both paths."""
+        return self.threads.busy
+
+    def _waiting_cpus(self) -> int:
+        """Slots the instances held but not started will need, both paths."""
+        return self.waiting_cpus + self.threads.waiting()
+
     def stop(self) -> None:
         """Begin a clean stop: running jobs are killed and given back."""
         self.stopping.set()
+        self.threads.halt()
         self.wake.set()
 
     async def _loop(self) -> int:
@@ -283,10 +301,12 @@ class Worker:
             if self.config.min_cpu and self._starving(now):
                 self.stop()
                 break
-            step = self.pacing.step(now, self.busy, self.waiting_cpus,
+            if self.threads.done:
+                self._collect()
+            step = self.pacing.step(now, self.busy, self._waiting_cpus(),
                                     self.reports_since if self.reports else None)
             if self.config.max_jobs and self.received >= self.config.max_jobs:
-                if not self.running and not self.waiting and not self.reports:
+                if not self.running and not self.waiting and not self.reports and not self.threads.holds():
                     log.info("ran the %d job(s) it was for; exiting", self.received)
                     return 0
                 # no more work: talk to report results and at heartbeats only
@@ -299,6 +319,9 @@ class Worker:
                 delay = step.at - now
                 if self.config.lifetime:
                     delay = min(delay, started + self.config.lifetime - now)
+                if self.threads.running or self.threads.done:
+                    delay = min(delay, LOOK)  # the threads' reports wait for company, not for a long job's end
+                    self._low_water()
                 self.sleep_until = now + max(0.01, delay)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), max(0.01, delay))
@@ -316,8 +339,10 @@ class Worker:
         failures = 0
         first_failure = 0.0
         while True:
+            if self.threads.done:
+                self._collect()
             batch = self._batch()
-            running = sorted([a.instance_id for a in self.waiting] + list(self.running))
+            running = sorted([a.instance_id for a in self.waiting] + list(self.running) + self.threads.held_ids())
             prefetch = self.pacing.prefetch()
             if prefetch != self.host.prefetch:
                 self.host = msgspec.structs.replace(self.host, prefetch=prefetch)
@@ -471,6 +496,7 @@ class Worker:
         for iid in resp.cancel:
             if iid in self.kill:
                 self.kill[iid].set()
+            self.threads.cancel(iid)
             self.waiting = deque(a for a in self.waiting if a.instance_id != iid)
         if resp.cancel:
             self.waiting_cpus = sum(a.cpus for a in self.waiting)
@@ -478,6 +504,7 @@ class Worker:
         self.waiting_cpus += sum(a.cpus for a in resp.assignments)
         self.received += len(resp.assignments)
         self._start_ready()
+        self._low_water()
 
     def _start_ready(self) -> None:
         if self.config.executor == "noop":
@@ -489,12 +516,20 @@ class Worker:
                 self.waiting_cpus = 0
                 self.wake.set()
             return
-        while (self.waiting and not self.stopping.is_set()
-               and self.busy + min(self.waiting[0].cpus, self.config.slots) <= self.config.slots):
+        while self.waiting and not self.stopping.is_set():
+            if self.use_threads and self._threadable(self.waiting[0]):
+                ready: list[Assignment] = []
+                while self.waiting and self._threadable(self.waiting[0]):
+                    ready.append(self.waiting.popleft())
+                self.waiting_cpus -= len(ready)
+                self.threads.submit(ready)
+                continue
+            need = min(self.waiting[0].cpus, self.config.slots)
+            if not self.threads.take(need):
+                break
             a = self.waiting.popleft()
             self.waiting_cpus -= a.cpus
-            self.cpus_of[a.instance_id] = min(a.cpus, self.config.slots)
-            self.busy += self.cpus_of[a.instance_id]
+            self.cpus_of[a.instance_id] = need
             stop = self.kill[a.instance_id] = KillSwitch()
             iid = a.instance_id
             if self.config.drop and random.random() < self.config.drop:
@@ -514,7 +549,61 @@ class Worker:
             self.running[a.instance_id] = task
             task.add_done_callback(functools.partial(self._finished, a.instance_id))
 
-    def _slot_dir(self, slot: int) -> Path:
+    @staticmethod
+    def _threadable(a: Assignment) -> bool:
+        """Whether a slot thread may run `a`: one slot, no inputs to fetch (the loop downloads them) and no
+        memory limit (the reaper's memory watch is armed on the loop). `--run-as` and `--drop` keep every
+        instance on the loop (`use_threads`)."""
+        return a.cpus == 1 and not a.inputs and (a.limits is None or a.limits.memory is None)
+
+    def _run_in_thread(self, held: Held, index: int, wake: int) -> InstanceReport:
+        """Run a held instance on slot thread `index` (gridbot.worker.threads), in that thread's own slot
+        directory (the loop's slots number theirs 0, 1, ...; these are t0, t1, ...)."""
+        a, iid = held.a, held.a.instance_id
+        if self.config.keep_dirs:
+            jobdir = self.workdir / f"{a.bag_name}" / f"{a.index}-{iid}"
+        else:
+            jobdir = self._slot_dir(f"t{index}")
+        held.stop.on_set(functools.partial(self.threads.poke, index))
+        try:
+            return run_blocking(a, jobdir, self.max_result_bytes, held.stop, wake,
+                                functools.partial(self._thread_job_started, held),
+                                functools.partial(self._stop_reason, iid), self.base_env, self.config.keep_dirs)
+        finally:
+            if self.reaper.ended(iid) and self.threads.loop is not None:
+                with contextlib.suppress(RuntimeError):
+                    self.threads.loop.call_soon_threadsafe(self.reaper.follow_up)
+
+    def _thread_job_started(self, held: Held, pid: int) -> None:
+        """A slot thread's job started (under SPAWN_LOCK): the reaper watches it, and `min_cpu` its CPU."""
+        self.reaper.started(held.a.instance_id, pid, None, held.stop.set)
+        if self.config.min_cpu:
+            # a dict's item set is atomic in CPython; _starving copies the items on the loop's thread
+            self.pids[held.a.instance_id] = (pid, time.monotonic(), group_cpu_seconds(pid))
+
+    def _collect(self) -> None:
+        """Take in the reports of the jobs the slot threads ended (event loop's thread), as `_finished` does
+        for one of the loop's."""
+        done = self.threads.collect()
+        if not done:
+            return
+        kept: list[InstanceReport] = []
+        for held, report in done:
+            self.pids.pop(held.a.instance_id, None)
+            if held.stop.is_set() and not held.stop.reason and not self.stopping.is_set():
+                continue  # taken back by the server: no report
+            self.pacing.ran(report.wall_s)
+            kept.append(report)
+        if kept:
+            if not self.reports:
+                self.reports_since = time.monotonic()
+            self.reports.extend(kept)
+            if self.outage:
+                self.spool.keep(kept)
+        self._start_ready()
+        self._nudge()
+
+    def _slot_dir(self, slot: int | str) -> Path:
         """A slot's reused job directory, per host id: workers started side by side (gridbot run) may share
         a workdir. Kept, not joined again for each job (three path joins, about a twentieth of the worker's own
         CPU per short job in a profile)."""
@@ -527,7 +616,7 @@ class Worker:
     def _vanished(self, iid: int, _: asyncio.Task[InstanceReport]) -> None:
         """A dropped instance (`drop`) is let go without a report."""
         self.running.pop(iid, None)
-        self.busy -= self.cpus_of.pop(iid, 0)
+        self.threads.give(self.cpus_of.pop(iid, 0))
         self.kill.pop(iid, None)
         self.wake.set()
         self._start_ready()
@@ -548,8 +637,9 @@ class Worker:
 
     def _finished(self, iid: int, task: asyncio.Task[InstanceReport]) -> None:
         self.running.pop(iid, None)
-        self.busy -= self.cpus_of.pop(iid, 0)
-        self.reaper.ended(iid)
+        self.threads.give(self.cpus_of.pop(iid, 0))
+        if self.reaper.ended(iid):
+            self.reaper.follow_up()
         self.pids.pop(iid, None)
         killed = self.kill.pop(iid)
         if iid in self.slot_of:
@@ -575,13 +665,19 @@ class Worker:
         self._start_ready()
         self._nudge()
 
+    def _low_water(self) -> None:
+        """Tell the slot threads how few queued instances make the pacing ask for more (half the prefetch
+        gone, with every slot busy: `Pacing.step`), so that they wake the loop then and not later."""
+        prefetch = self.pacing.prefetch()
+        self.threads.low_water = prefetch // 2 - self.waiting_cpus if prefetch else -1
+
     def _nudge(self) -> None:
         """Wake the loop when what just changed makes it talk sooner than it planned to. A job's end
         seldom does while others wait here (its report waits for company); waking the loop at each of a
         thousand short jobs a second, with the sum over the waiting instances each pass made, took about a
         fifth of the worker's own CPU per job (0.36 ms -> 0.28 with this, the count and `_slot_dir`)."""
-        if not self.sleep_until or not self.waiting or self.pacing.step(
-                time.monotonic(), self.busy, self.waiting_cpus, self.reports_since if self.reports else None,
+        if not self.sleep_until or not (self.waiting or self.threads.waiting()) or self.pacing.step(
+                time.monotonic(), self.busy, self._waiting_cpus(), self.reports_since if self.reports else None,
         ).at < self.sleep_until:
             self.wake.set()
 
@@ -623,9 +719,13 @@ class Worker:
         """Kill running jobs, give back everything held, and tell the server (best effort)."""
         for ev in self.kill.values():
             ev.set()
+        queued = self.threads.stop()
         if self.running:
             await asyncio.gather(*self.running.values(), return_exceptions=True)
-        for a in self.waiting:
+        while self.threads.running:
+            await asyncio.sleep(0.02)
+        self._collect()
+        for a in [*queued, *self.waiting]:
             self.reports.append(InstanceReport(a.instance_id, Outcome.INTERRUPTED, reason="the worker stopped"))
         self.waiting.clear()
         self.waiting_cpus = 0

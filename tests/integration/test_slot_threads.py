@@ -1,0 +1,227 @@
+"""The worker's slot threads (gridbot.worker.threads): the slots both paths share, the order instances start in,
+taking instances back, and a thread's job taken back, timed out and killed as the event loop's would be. The
+threads are real; the jobs of the first tests are Python functions (the slots are what is tested), those of
+the last real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gridbot.model.records import Assignment, InstanceReport, Limits, Outcome
+from gridbot.worker import executor
+from gridbot.worker.executor import KillSwitch, run_blocking
+from gridbot.worker.threads import BATCH, Held, SlotThreads
+from gridbot.worker.worker import Worker
+
+
+def assignment(iid: int, command: str = "true", timeout: float | None = None, inputs: list[str] | None = None,
+               outputs: list[str] | None = None, **extra) -> Assignment:
+    return Assignment(iid, iid, iid, "b", 0, command, {}, inputs or [], outputs or [], 0.0, timeout=timeout, **extra)
+
+
+class Jobs:
+    """Python stand-ins for jobs, counting how many run at once; each ends when released (or at once)."""
+
+    def __init__(self, hold: bool = False) -> None:
+        self.lock = threading.Lock()
+        self.now = self.most = 0
+        self.ran: list[int] = []
+        self.threads: set[str] = set()
+        self.gate = threading.Event()
+        if not hold:
+            self.gate.set()
+
+    def __call__(self, held: Held, index: int, wake: int) -> InstanceReport:
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+            self.ran.append(held.a.instance_id)
+            self.threads.add(threading.current_thread().name)
+        while not self.gate.wait(0.01):
+            if held.stop.is_set():
+                break
+        time.sleep(0.002)
+        with self.lock:
+            self.now -= 1
+        if held.stop.is_set():
+            return InstanceReport(held.a.instance_id, Outcome.INTERRUPTED, reason="the worker stopped")
+        return InstanceReport(held.a.instance_id, Outcome.SUCCESS, 0, 0.002)
+
+
+async def until(what: str, condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.005)
+
+
+def test_no_more_jobs_run_than_free_slots_and_every_slot_comes_back():
+    jobs = Jobs()
+    collected: list[int] = []
+    slots = SlotThreads(3, jobs, lambda: collected.extend(r.instance_id for _, r in slots.collect()))
+
+    async def main() -> None:
+        assert slots.take(1)  # a job of the event loop's path holds one of the 3
+        slots.submit(assignment(i) for i in range(1, 41))
+        await until("every job reported", lambda: len(collected) == 40)
+        assert slots.busy == 1 and slots.free == 2 and not slots.holds()
+        slots.give(1)
+        assert slots.busy == 0
+
+    try:
+        asyncio.run(main())
+    finally:
+        slots.close()
+    assert sorted(collected) == list(range(1, 41)) and sorted(jobs.ran) == list(range(1, 41))
+    assert jobs.most <= 2, f"{jobs.most} jobs ran at once on the 2 slots left"
+    assert len(jobs.threads) <= 2 and len(slots.threads) <= 2
+
+
+def test_a_queued_instance_keeps_its_place_before_a_loop_job_sent_after_it():
+    """While instances wait for the threads, the loop's path gets no slot (the worker moves instances to the
+    threads in the server's order, so a job of several slots waits behind the single-slot ones sent first)."""
+    jobs = Jobs(hold=True)
+    slots = SlotThreads(2, jobs, lambda: None)
+
+    async def main() -> None:
+        slots.submit([assignment(1), assignment(2), assignment(3)])
+        await until("two running", lambda: len(slots.running) == 2)
+        assert slots.waiting() == 1 and slots.busy == 2
+        assert not slots.take(1), "a loop job took the slot instance 3 waits for"
+        jobs.gate.set()
+        await until("all done", lambda: not slots.running and not slots.queue)
+        await until("both slots back", lambda: slots.take(2))
+
+    try:
+        asyncio.run(main())
+    finally:
+        slots.close()
+    assert jobs.ran[2] == 3
+
+
+def test_a_cancel_drops_a_queued_instance_and_stops_a_running_one():
+    jobs = Jobs(hold=True)
+    reports: list[InstanceReport] = []
+    slots = SlotThreads(1, jobs, lambda: reports.extend(r for _, r in slots.collect()))
+
+    async def main() -> None:
+        slots.submit([assignment(1), assignment(2), assignment(3)])
+        await until("1 running", lambda: list(slots.running) == [1])
+        slots.cancel(2)
+        assert slots.held_ids() == [3, 1]
+        slots.cancel(1)
+        await until("1 stopped and its slot running 3", lambda: list(slots.running) == [3])
+        reports.extend(r for _, r in slots.collect())  # the thread did not wake the loop: it had more work
+        assert not slots.stop(), "nothing left queued"
+        await until("3 stopped and told", lambda: len(reports) == 2)
+
+    try:
+        asyncio.run(main())
+    finally:
+        slots.close()
+    assert jobs.ran == [1, 3], "a cancelled queued instance ran"
+    assert [(r.instance_id, r.outcome) for r in reports] == [(1, Outcome.INTERRUPTED), (3, Outcome.INTERRUPTED)]
+
+
+def test_the_loop_hears_of_short_jobs_in_batches_and_of_a_thread_running_out_of_work_at_once():
+    jobs = Jobs()
+    calls: list[int] = []
+    slots = SlotThreads(1, jobs, lambda: calls.append(len(slots.collect())))
+
+    async def main() -> None:
+        slots.submit(assignment(i) for i in range(1, 201))
+        await until("all told", lambda: sum(calls) == 200)
+
+    try:
+        asyncio.run(main())
+    finally:
+        slots.close()
+    assert len(calls) <= 200 // BATCH + 2, f"the loop was woken {len(calls)} times for 200 short jobs"
+
+
+def test_a_crash_of_the_runner_fails_the_job_and_the_thread_runs_the_next():
+    def run(held: Held, index: int, wake: int) -> InstanceReport:
+        if held.a.instance_id == 1:
+            raise ValueError("a bug")
+        return InstanceReport(held.a.instance_id, Outcome.SUCCESS, 0)
+
+    reports: list[InstanceReport] = []
+    slots = SlotThreads(1, run, lambda: reports.extend(r for _, r in slots.collect()))
+
+    async def main() -> None:
+        slots.submit([assignment(1), assignment(2)])
+        await until("both", lambda: len(reports) == 2)
+
+    try:
+        asyncio.run(main())
+    finally:
+        slots.close()
+    assert [(r.instance_id, r.outcome) for r in reports] == [(1, Outcome.FAILURE), (2, Outcome.SUCCESS)]
+    assert "worker error: ValueError('a bug')" in reports[0].reason
+
+
+def blocking(tmp_path: Path, a: Assignment, stop: KillSwitch | None = None,
+             set_after: float | None = None, reason: str = "") -> tuple[InstanceReport, list[int]]:
+    """Run `a` with run_blocking on this thread; `set_after` seconds in, another thread sets its switch."""
+    stop = stop or KillSwitch()
+    wake = os.eventfd(0, os.EFD_NONBLOCK)
+    stop.on_set(lambda: os.eventfd_write(wake, 1))
+    pids: list[int] = []
+    timer = threading.Timer(set_after, stop.set, (reason,)) if set_after is not None else None
+    try:
+        if timer is not None:
+            timer.start()
+        return run_blocking(a, tmp_path / "job", 1 << 20, stop, wake, pids.append, None, None), pids
+    finally:
+        if timer is not None:
+            timer.cancel()
+        os.close(wake)
+
+
+def test_a_threads_job_over_its_timeout_is_killed_and_fails_saying_so(tmp_path):
+    start = time.monotonic()
+    r, _ = blocking(tmp_path, assignment(1, "sleep 30", timeout=0.3))
+    assert (r.outcome, r.reason) == (Outcome.FAILURE, "timed out after 0.3 s (the bag's timeout)")
+    assert time.monotonic() - start < 5
+
+
+def test_a_threads_job_taken_back_is_interrupted_and_one_that_ignores_sigterm_is_killed(tmp_path, monkeypatch):
+    monkeypatch.setattr(executor, "KILL_GRACE", 0.3)
+    r, _ = blocking(tmp_path, assignment(1, "sleep 30"), set_after=0.2)
+    assert (r.outcome, r.reason, r.exit_code) == (Outcome.INTERRUPTED, "the worker stopped", -15)
+    start = time.monotonic()
+    r, _ = blocking(tmp_path, assignment(2, "trap '' TERM; sleep 30 & wait; sleep 30"), set_after=0.2)
+    assert r.outcome is Outcome.INTERRUPTED and r.exit_code == -9, r
+    assert time.monotonic() - start < 5
+
+
+def test_a_threads_job_stopped_with_a_reason_fails_with_it_and_one_stopped_before_it_starts_never_runs(tmp_path):
+    r, _ = blocking(tmp_path, assignment(1, "trap '' TERM; sleep 30"), set_after=0.2, reason="used 9 MB, over")
+    assert (r.outcome, r.reason, r.exit_code) == (Outcome.FAILURE, "used 9 MB, over", -9)
+    stop = KillSwitch()
+    stop.set()
+    r, pids = blocking(tmp_path, assignment(2, "touch ran"), stop)
+    assert r.outcome is Outcome.INTERRUPTED and r.exit_code is None and not pids
+    assert not (tmp_path / "job" / "ran").exists()
+
+
+def test_a_threads_job_reports_its_outputs_and_fails_without_one(tmp_path):
+    r, pids = blocking(tmp_path, assignment(1, "echo 42 > out.txt", outputs=["out.txt"]))
+    assert r.outcome is Outcome.SUCCESS and r.outputs == {"out.txt": b"42\n"} and len(pids) == 1
+    r, _ = blocking(tmp_path, assignment(2, "true", outputs=["missing.txt"]))
+    assert (r.outcome, r.reason) == (Outcome.FAILURE, "expected output 'missing.txt' was not produced")
+
+
+@pytest.mark.parametrize(("extra", "threadable"), [
+    ({}, True), ({"cpus": 2}, False), ({"inputs": ["in.txt"]}, False),
+    ({"limits": Limits(memory=1 << 30)}, False), ({"limits": Limits(cpu_time=5.0)}, True),
+])
+def test_which_instances_a_slot_thread_runs(extra, threadable):
+    """Inputs are fetched by the loop and memory is watched on it; those, and jobs of several slots, stay there."""
+    assert Worker._threadable(assignment(1, **extra)) is threadable
