@@ -67,16 +67,19 @@ from gridbot.model.spec import BagSpec, parse_spec
 ROOT = Path(__file__).resolve().parent.parent
 PEERS_VENV = ROOT / ".venv-peers"
 PEERS = ("ppe", "ppe-map", "ppe-duties", "dask", "parsl", "ray", "hq")
-ALL_PEERS = (*PEERS, "hq-files")
+LOOP = "gridbot-loop"
+"""gridbot with every job on its worker's event loop (`--no-slot-threads`): the worker before its slot threads."""
+ALL_PEERS = (*PEERS, "hq-files", LOOP)
 CEILING = "ppe-map"
 """ProcessPoolExecutor's chunked map: no middleware, the spawn ceiling of the machine."""
 DUTIES = "ppe-duties"
 """The chunked map doing a gridbot worker's per-job duties besides the job: the most such a worker can reach."""
-NOT_MIDDLEWARE = ("ppe", "ppe-map", DUTIES)
+NOT_MIDDLEWARE = ("ppe", "ppe-map", DUTIES, LOOP)
 PEER_NAMES = {"ppe": "ProcessPoolExecutor(2), submit()", "ppe-map": "ProcessPoolExecutor(2), chunked map()",
               DUTIES: "chunked map() with gridbot's per-job duties",
               "dask": "Dask LocalCluster", "parsl": "Parsl HTEX", "ray": "Ray", "hq": "HyperQueue",
-              "hq-files": "HyperQueue, default output files"}
+              "hq-files": "HyperQueue, default output files",
+              LOOP: "gridbot, every job on the worker's event loop (--no-slot-threads)"}
 E2E_COMMAND = {"shell": "sh -c true", "exec": "true"}
 E2E_TITLE = {"shell": "a shell per job (`sh -c true`) on every system",
              "exec": "`true` executed directly (no shell) on every system"}
@@ -138,14 +141,16 @@ def started(fleet: Fleet, client: Client, url: str, tmp: Path) -> Iterator[None]
 # -- scenario 1 -----------------------------------------------------------------------------------
 
 def gridbot_end_to_end(jobs: int, command: str = "sh -c true",
-                       during: Callable[[str], AbstractContextManager[object]] | None = None) -> tuple[float, float]:
+                       during: Callable[[str], AbstractContextManager[object]] | None = None,
+                       worker_args: tuple[str, ...] = ()) -> tuple[float, float]:
     """(jobs/s from the submission to the client seeing every job done, seconds to the first result); `during`
     (given the server's URL) is entered once the workers wait and left when the bag is done (console_cost.py)."""
     with harness.workdir() as t:
         tmp = Path(t)
         db = f"sqlite:///{tmp}/gridbot.db"
         with harness.server(db, tmp) as srv, Client(srv.url) as client, \
-                idle_workers(srv.url, 2, tmp, "--slots", "1", "--prefetch", "1", "--prefetch-seconds", "1") as procs:
+                idle_workers(srv.url, 2, tmp, "--slots", "1", "--prefetch", "1", "--prefetch-seconds", "1",
+                             *worker_args) as procs:
             wait_registered(client, 2, procs)
             with during(srv.url) if during is not None else contextlib.nullcontext():
                 start = time.time()
@@ -185,13 +190,16 @@ def scenario_1(jobs: int, runs: int, peers: list[str], task: str) -> str:
     rate = {s: Row(names[s]) for s in systems}
     first = {s: Row(names[s], unit="s") for s in systems}
     rate["gridbot"].note = first["gridbot"].note = "SQLite synchronous=FULL, 2 workers of 1 slot"
+    if LOOP in rate:
+        rate[LOOP].note = first[LOOP].note = "the same, every job a task of the worker's event loop"
     broken: set[str] = set()
     for rep in range(runs):
         for s in take_turns(systems, rep):
             if s in broken:
                 continue
-            if s == "gridbot":
-                r, f = gridbot_end_to_end(jobs, E2E_COMMAND[task])
+            if s in ("gridbot", LOOP):
+                loop_only = ("--no-slot-threads",) if s == LOOP else ()
+                r, f = gridbot_end_to_end(jobs, E2E_COMMAND[task], worker_args=loop_only)
                 rate[s].values.append(r)
                 first[s].values.append(f)
                 continue

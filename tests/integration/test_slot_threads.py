@@ -225,3 +225,42 @@ def test_a_threads_job_reports_its_outputs_and_fails_without_one(tmp_path):
 def test_which_instances_a_slot_thread_runs(extra, threadable):
     """Inputs are fetched by the loop and memory is watched on it; those, and jobs of several slots, stay there."""
     assert Worker._threadable(assignment(1, **extra)) is threadable
+
+
+def test_a_threads_job_may_have_a_timeout_longer_than_poll_can_wait(tmp_path):
+    """Found by review: poll takes milliseconds in a C int (24.8 days), a bag's timeout may be 1e9 s."""
+    r, _ = blocking(tmp_path, assignment(1, "true", timeout=1e9))
+    assert r.outcome is Outcome.SUCCESS, r
+
+
+def test_an_instance_taken_back_before_it_started_carries_no_output_of_the_slots_last_job(tmp_path):
+    """Found by review: the slot's output files are the previous job's (perhaps another bag's) until the next
+    spawn truncates them, so a report made without a spawn must not read them."""
+    r, _ = blocking(tmp_path, assignment(1, "echo another bags secret; echo and its stderr >&2"))
+    assert r.stdout_tail == "another bags secret\n"
+    stop = KillSwitch()
+    stop.set()
+    r, _ = blocking(tmp_path, assignment(2, "true"), stop)
+    assert (r.outcome, r.stdout_tail, r.stderr_tail) == (Outcome.INTERRUPTED, "", ""), r
+
+
+def test_min_cpu_stops_watching_a_threads_job_when_it_is_reaped(tmp_path):
+    """Found by review: the entry `_starving` reads went only when the loop collected the report, so a long job
+    that had ended (its group's CPU now 0) could be judged starved while its outputs were read."""
+    from gridbot.worker.worker import WorkerConfig
+
+    w = Worker(WorkerConfig("http://127.0.0.1:1", slots=1, state_dir=tmp_path, allow_root=True,
+                            workdir=tmp_path / "w", min_cpu=0.5))
+    wake = os.eventfd(0, os.EFD_NONBLOCK)
+    seen: list[bool] = []
+    try:
+        held = Held(assignment(7, "sleep 0.2"))
+        timer = threading.Timer(0.1, lambda: seen.append(7 in w.pids))
+        timer.start()
+        r = w._run_in_thread(held, 0, wake)
+        timer.join()
+    finally:
+        os.close(wake)
+        w.threads.close()
+        w.identity.release()
+    assert r.outcome is Outcome.SUCCESS and seen == [True] and 7 not in w.pids

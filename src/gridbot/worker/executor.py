@@ -43,6 +43,8 @@ SPAWN_LOCK = threading.Lock()
 every child that is not a registered job's first process, so it must not see one between the two."""
 KILL_GRACE = 5.0
 """Seconds between the SIGTERM that takes a job back and the SIGKILL that follows it."""
+MAX_POLL_MS = 3_600_000
+"""Longest sleep of a slot thread in one `poll` (its timeout must fit in a C int: a bag's timeout may not)."""
 
 
 def group_cpu_seconds(pgid: int) -> float:
@@ -414,18 +416,21 @@ def _verdict(a: Assignment, jobdir: Path, why: list[str], stop: KillSwitch, stop
 
 def run_blocking(a: Assignment, jobdir: Path, max_result_bytes: int, stop: KillSwitch, wake: int,
                  started_cb: Callable[[int], None], stop_reason: Callable[[], str] | None,
-                 base_env: dict[str, str] | None, keep: bool = True) -> InstanceReport:
+                 base_env: dict[str, str] | None, keep: bool = True,
+                 reaped_cb: Callable[[], object] = lambda: None) -> InstanceReport:
     """Run `a` in `jobdir` on the calling thread (a slot thread of gridbot.worker.threads) and return its
     report, as `run_instance` would on the event loop: same environment, spawn, timeout, kill switch, outputs
     and report, without inputs or a user to switch to (those instances stay on the loop).
 
     The thread sleeps in `poll` on the job's pidfd and on `wake`, an eventfd that a callback of `stop` writes
     (a write meant for an earlier job only wakes it once: what counts is `stop.is_set()`). `started_cb(pid)`
-    is called under SPAWN_LOCK with the job spawned: it registers the job with the reaper.
+    is called under SPAWN_LOCK with the job spawned: it registers the job with the reaper; `reaped_cb()` at once
+    after the job's first process is reaped, before its outputs are read.
     """
     started = time.monotonic()
     try:
-        return _run_blocking(a, jobdir, max_result_bytes, stop, wake, started_cb, stop_reason, base_env, started)
+        return _run_blocking(a, jobdir, max_result_bytes, stop, wake, started_cb, stop_reason, base_env, started,
+                             reaped_cb)
     finally:
         if not keep:
             clean_dir(jobdir)
@@ -433,7 +438,8 @@ def run_blocking(a: Assignment, jobdir: Path, max_result_bytes: int, stop: KillS
 
 def _run_blocking(a: Assignment, jobdir: Path, max_result_bytes: int, stop: KillSwitch, wake: int,
                   started_cb: Callable[[int], None], stop_reason: Callable[[], str] | None,
-                  base_env: dict[str, str] | None, started: float) -> InstanceReport:
+                  base_env: dict[str, str] | None, started: float,
+                  reaped_cb: Callable[[], object]) -> InstanceReport:
     out, err = f"{jobdir}/{STDOUT}", f"{jobdir}/{STDERR}"
     try:
         if not os.path.isdir(jobdir):
@@ -441,29 +447,37 @@ def _run_blocking(a: Assignment, jobdir: Path, max_result_bytes: int, stop: Kill
     except OSError as e:
         return InstanceReport(a.instance_id, Outcome.FAILURE, None, time.monotonic() - started, 0.0,
                               f"could not make the job's directory: {e}")
-    if stop.is_set():  # taken back before it started: it never does
-        return _verdict(a, jobdir, ["stop"], stop, stop_reason, None, 0.0, max_result_bytes, started, True)
     env = job_env(a, base_env)
     with SPAWN_LOCK:
+        if stop.is_set():  # taken back before it started: it never does (the slot's files are another job's)
+            reason = stop.reason or (stop_reason() if stop_reason is not None else "")
+            return InstanceReport(a.instance_id, Outcome.FAILURE if reason else Outcome.INTERRUPTED, None,
+                                  time.monotonic() - started, 0.0, reason or "the worker stopped")
         try:
             pid = _spawn(a.command, jobdir, out, err, env)
         except OSError as e:
             return InstanceReport(a.instance_id, Outcome.FAILURE, None, time.monotonic() - started, 0.0,
                                   f"could not start the command: {e}")
-        if a.limits is not None:
-            apply_limits(pid, a.limits)
-        started_cb(pid)
+        try:
+            if a.limits is not None:
+                apply_limits(pid, a.limits)
+            started_cb(pid)
+        except BaseException:
+            _killpg(pid, signal.SIGKILL)
+            os.wait4(pid, 0)
+            raise
     try:
         fd = os.pidfd_open(pid)
     except OSError:
         fd = -1
     try:
         why = _wait_blocking(pid, fd, wake, stop, a.timeout)
-    finally:
+    finally:  # whatever happened (an error of ours too), the job does not outlive its slot
         if fd >= 0:
             os.close(fd)
-    _killpg(pid, signal.SIGKILL)  # before the reaping: the group's id cannot be reused while its leader is unreaped
-    _, status, usage = os.wait4(pid, 0)
+        _killpg(pid, signal.SIGKILL)  # before the reaping: the group's id cannot be reused while its leader lives
+        _, status, usage = os.wait4(pid, 0)
+        reaped_cb()
     code, cpu = os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime
     return _verdict(a, jobdir, why, stop, stop_reason, code, cpu, max_result_bytes, started, True)
 
@@ -496,7 +510,7 @@ def _wait_blocking(pid: int, pidfd: int, wake: int, stop: KillSwitch, timeout: f
         ends = [t for t in ((None if why else deadline), kill_at) if t is not None]
         if pidfd < 0:  # no pidfd (an old kernel): look every 50 ms
             ends.append(now + 0.05)
-        wait_ms = -1 if not ends else max(0, int((min(ends) - now) * 1000) + 1)
+        wait_ms = -1 if not ends else min(MAX_POLL_MS, max(0, int((min(ends) - now) * 1000) + 1))
         for fd, _ in poller.poll(wait_ms):
             if fd == pidfd:
                 return why

@@ -209,10 +209,10 @@ class Reaper:
         """The memory of limited jobs when due, and the children after a kill."""
         self._timer = None
         now = asyncio.get_running_loop().time()
+        if self.limited and now >= self._memory_due:
+            self._memory_due = now + MEMORY_POLL
+            self._check_memory()
         with SPAWN_LOCK:
-            if self.limited and now >= self._memory_due:
-                self._memory_due = now + MEMORY_POLL
-                self._check_memory()
             killed = self.adopted and self.sweep()
         if killed:
             self._arm(FOLLOW_UP)
@@ -220,7 +220,8 @@ class Reaper:
             self._arm(max(0.0, self._memory_due - now))
 
     def _check_memory(self) -> None:
-        """Kill each job with a memory limit whose processes, together, are resident over it."""
+        """Kill each job with a memory limit whose processes, together, are resident over it. (Those jobs
+        start and end on the event loop's thread, as this runs: no lock is needed, nor held over the scan.)"""
         used = self._resident()
         for iid in list(self.limited):
             job = self.jobs[iid]

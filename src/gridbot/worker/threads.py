@@ -73,6 +73,7 @@ class SlotThreads:
         a job tells the loop at once (its pacing then asks the server for more)."""
         self.stopping = False
         self.closing = False
+        self.closed = False
         self.loop: asyncio.AbstractEventLoop | None = None
         self.threads: list[threading.Thread] = []
         self.wakes: list[int] = []
@@ -93,9 +94,10 @@ class SlotThreads:
         return bool(self.queue or self.running or self.done)
 
     def held_ids(self) -> list[int]:
-        """The instances queued or running here (the server must hear the host holds them)."""
+        """The instances queued, running or ended here and not yet collected: the host holds them until their
+        reports go (else a job that ends while an exchange is made looks lost to the server)."""
         with self.cond:
-            return [h.a.instance_id for h in self.queue] + list(self.running)
+            return [h.a.instance_id for h in self.queue] + list(self.running) + [h.a.instance_id for h, _ in self.done]
 
     def take(self, n: int) -> bool:
         """Take `n` free slots for a job on the loop's path; False if there are not that many."""
@@ -157,17 +159,20 @@ class SlotThreads:
 
     def close(self) -> None:
         """Take back what still runs (nothing, after the worker's goodbye), end the threads and free their
-        eventfds."""
+        eventfds (once)."""
+        if self.closed:
+            return
         self.stop()
         with self.cond:
             self.closing = True
             self.cond.notify_all()
         for t in self.threads:
             t.join(timeout=10)
-        for fd in self.wakes:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self.wakes = []
+        self.closed = True
+        for t, fd in zip(self.threads, self.wakes, strict=True):
+            if not t.is_alive():  # one still in a job keeps its eventfd (a daemon: it ends with the process)
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
     def _settle(self) -> None:
         """Set free slots aside for queued instances and wake (or start) a thread for each. Under the lock."""
@@ -185,12 +190,26 @@ class SlotThreads:
             self._start_thread()
 
     def _start_thread(self) -> None:
+        """Start one more slot thread; if the system refuses (no descriptor or thread left), the reserved
+        instances wait for the threads there are, and the error is logged."""
         index = len(self.threads)
-        self.wakes.append(os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC))
+        try:
+            wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        except OSError as e:
+            log.error("cannot start a slot thread (%s); %d run the jobs", e, len(self.threads))
+            return
         thread = threading.Thread(target=self._serve, args=(index,), name=f"gridbot-slot-{index}", daemon=True)
+        self.wakes.append(wake)
         self.threads.append(thread)
         self.starting += 1
-        thread.start()
+        try:
+            thread.start()
+        except RuntimeError as e:
+            self.starting -= 1
+            self.threads.pop()
+            self.wakes.pop()
+            os.close(wake)
+            log.error("cannot start a slot thread (%s); %d run the jobs", e, len(self.threads))
 
     def _next(self) -> Held | None:
         """The next queued instance for a thread that just gave its slot back. Under the lock."""
@@ -200,8 +219,9 @@ class SlotThreads:
                 self.reserved -= 1
             else:
                 self.free -= 1
-            held = self.queue.popleft()
-            self.running[held.a.instance_id] = held
+            held = self.queue[0]
+            self.running[held.a.instance_id] = held  # before it leaves the queue: `holds` reads both unlocked
+            self.queue.popleft()
         self._settle()
         return held
 
@@ -218,17 +238,18 @@ class SlotThreads:
                 if self.closing:
                     return
                 self.reserved -= 1
-                held: Held | None = self.queue.popleft()
+                held: Held | None = self.queue[0]
                 assert held is not None
                 self.running[held.a.instance_id] = held
+                self.queue.popleft()
                 while held is not None:
                     self.cond.release()
                     try:
                         report = self._run_one(held, index, wake)
                     finally:
                         self.cond.acquire()
+                    self.done.append((held, report))  # before it leaves `running`: the loop reads both unlocked
                     del self.running[held.a.instance_id]
-                    self.done.append((held, report))
                     self.free += 1
                     held = self._next()
                     if not self.told and (held is None or len(self.done) >= BATCH or report.wall_s >= LONG
@@ -251,6 +272,6 @@ class SlotThreads:
 
     def poke(self, index: int) -> None:
         """Wake thread `index` from its poll: a kill switch was set (the event loop's thread, or the thread)."""
-        if index < len(self.wakes):
+        if not self.closed and index < len(self.wakes):
             with contextlib.suppress(OSError):
                 os.eventfd_write(self.wakes[index], 1)

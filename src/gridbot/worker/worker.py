@@ -298,11 +298,11 @@ class Worker:
                 log.info("lifetime of %.0f s reached; stopping", self.config.lifetime)
                 self.stop()
                 break
+            if self.threads.done:
+                self._collect()
             if self.config.min_cpu and self._starving(now):
                 self.stop()
                 break
-            if self.threads.done:
-                self._collect()
             step = self.pacing.step(now, self.busy, self._waiting_cpus(),
                                     self.reports_since if self.reports else None)
             if self.config.max_jobs and self.received >= self.config.max_jobs:
@@ -319,7 +319,7 @@ class Worker:
                 delay = step.at - now
                 if self.config.lifetime:
                     delay = min(delay, started + self.config.lifetime - now)
-                if self.threads.running or self.threads.done:
+                if self.threads.holds():
                     delay = min(delay, LOOK)  # the threads' reports wait for company, not for a long job's end
                     self._low_water()
                 self.sleep_until = now + max(0.01, delay)
@@ -568,18 +568,18 @@ class Worker:
         try:
             return run_blocking(a, jobdir, self.max_result_bytes, held.stop, wake,
                                 functools.partial(self._thread_job_started, held),
-                                functools.partial(self._stop_reason, iid), self.base_env, self.config.keep_dirs)
+                                functools.partial(self._stop_reason, iid), self.base_env, self.config.keep_dirs,
+                                functools.partial(self.pids.pop, iid, None))
         finally:
             if self.reaper.ended(iid) and self.threads.loop is not None:
                 with contextlib.suppress(RuntimeError):
                     self.threads.loop.call_soon_threadsafe(self.reaper.follow_up)
 
     def _thread_job_started(self, held: Held, pid: int) -> None:
-        """A slot thread's job started (under SPAWN_LOCK): the reaper watches it, and `min_cpu` its CPU."""
+        """A slot thread's job started (under SPAWN_LOCK): the reaper watches it, and `min_cpu` its CPU (the
+        entry goes as soon as the job is reaped, so a job that ended is never judged starved)."""
         self.reaper.started(held.a.instance_id, pid, None, held.stop.set)
-        if self.config.min_cpu:
-            # a dict's item set is atomic in CPython; _starving copies the items on the loop's thread
-            self.pids[held.a.instance_id] = (pid, time.monotonic(), group_cpu_seconds(pid))
+        self._started(held.a.instance_id, pid)
 
     def _collect(self) -> None:
         """Take in the reports of the jobs the slot threads ended (event loop's thread), as `_finished` does
@@ -626,8 +626,10 @@ class Worker:
         return self.starved.get(iid, "")
 
     def _started(self, iid: int, pid: int) -> None:
+        """Watch the CPU a job's process group uses (`min_cpu`), from its spawn: it has used none yet (one
+        item set, atomic in CPython; `_starving` copies the items on the loop's thread)."""
         if self.config.min_cpu:
-            self.pids[iid] = (pid, time.monotonic(), group_cpu_seconds(pid))
+            self.pids[iid] = (pid, time.monotonic(), 0.0)
 
     def _job_started(self, a: Assignment, pid: int) -> None:
         """The first process of `a` runs: watch it, and everything it starts, until it ends."""
@@ -717,6 +719,7 @@ class Worker:
 
     async def _goodbye(self) -> None:
         """Kill running jobs, give back everything held, and tell the server (best effort)."""
+        self.stopping.set()  # also when the loop gave up: nothing held may start now
         for ev in self.kill.values():
             ev.set()
         queued = self.threads.stop()
