@@ -103,8 +103,11 @@ def test_ctrl_c_stops_cleanly_and_the_next_run_resumes(tmp_path):
     while time.monotonic() < deadline:
         time.sleep(0.3)
         if db.exists():
-            with sqlite3.connect(db) as conn:
-                done = conn.execute("SELECT COALESCE(SUM(done), 0) FROM bags").fetchone()[0]
+            try:
+                with sqlite3.connect(db) as conn:
+                    done = conn.execute("SELECT COALESCE(SUM(done), 0) FROM bags").fetchone()[0]
+            except sqlite3.OperationalError:  # the file is made a moment before its tables
+                continue
             if done >= 5:
                 break
     proc.send_signal(signal.SIGINT)

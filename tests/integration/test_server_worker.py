@@ -253,16 +253,18 @@ def test_a_worker_whose_job_gets_no_cpu_leaves_and_the_job_counts_a_failure(tmp_
         cluster.stop()
 
 
-def test_group_cpu_seconds_counts_a_busy_process_group():
+def test_a_jobs_cpu_counts_its_whole_session_while_it_runs():
+    """`timeout` puts the command it runs in a process group of its own: the job's CPU is its session's, or
+    min_cpu takes a busy job for a starved one (the slot threads' loop, looking every half second, found it)."""
     import os
     import subprocess
 
-    from gridbot.worker.executor import group_cpu_seconds
+    from gridbot.worker.executor import session_cpu_seconds
 
-    proc = subprocess.Popen(["sh", "-c", "timeout 1 sh -c 'while :; do :; done'; sleep 5"], start_new_session=True)
+    proc = subprocess.Popen(["sh", "-c", "timeout 3 sh -c 'while :; do :; done'; sleep 5"], start_new_session=True)
     try:
         time.sleep(1.5)
-        assert group_cpu_seconds(proc.pid) > 0.5
+        assert session_cpu_seconds(proc.pid) > 0.5
     finally:
         os.killpg(proc.pid, 9)
         proc.wait()

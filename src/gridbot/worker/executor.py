@@ -47,8 +47,10 @@ MAX_POLL_MS = 3_600_000
 """Longest sleep of a slot thread in one `poll` (its timeout must fit in a C int: a bag's timeout may not)."""
 
 
-def group_cpu_seconds(pgid: int) -> float:
-    """CPU seconds used by a job's process group so far, its reaped children included (from /proc)."""
+def session_cpu_seconds(sid: int) -> float:
+    """CPU seconds used so far by the processes of a job's session (its first process leads one), their
+    reaped children included (from /proc). The session, not the process group: `timeout`, `make -j` and job
+    control shells put their children in groups of their own, whose work is still the job's."""
     total = 0
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -58,7 +60,7 @@ def group_cpu_seconds(pgid: int) -> float:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[2]) == pgid:
+        if int(fields[3]) == sid:
             total += sum(int(x) for x in fields[11:15])
     return total / _TICKS
 

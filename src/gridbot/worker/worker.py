@@ -34,7 +34,7 @@ from gridbot.protocol import MSGPACK, ErrorBody, ExchangeRequest, ExchangeRespon
 from gridbot.security import tls
 from gridbot.security.keys import write_private
 from gridbot.worker import hostid
-from gridbot.worker.executor import KillSwitch, group_cpu_seconds, run_blocking, run_instance
+from gridbot.worker.executor import KillSwitch, run_blocking, run_instance, session_cpu_seconds
 from gridbot.worker.inputs import InputCache
 from gridbot.worker.isolation import job_environment, new_token, resolve_user
 from gridbot.worker.reaper import Reaper
@@ -170,7 +170,7 @@ class Worker:
         self.heartbeat = 30.0
         self.inputs: dict[tuple[int, str], asyncio.Future[Path]] = {}
         self.pids: dict[int, tuple[int, float, float]] = {}
-        """Running instance -> (process group, time and CPU seconds at the start of the window)."""
+        """Running instance -> (its session, time and CPU seconds at the start of the window)."""
         self.starved: dict[int, str] = {}
         self._parent = os.getppid()
         self._session: aiohttp.ClientSession | None = None
@@ -442,10 +442,10 @@ class Worker:
 
     def _starving(self, now: float) -> bool:
         """GridBot's pilot suicide: a job that gets almost no CPU means this host is no place to run."""
-        for iid, (pgid, t0, cpu0) in list(self.pids.items()):
+        for iid, (sid, t0, cpu0) in list(self.pids.items()):
             if now - t0 < self.config.cpu_window:
                 continue
-            used = (group_cpu_seconds(pgid) - cpu0) / (now - t0)
+            used = (session_cpu_seconds(sid) - cpu0) / (now - t0)
             if used < self.config.min_cpu:
                 self.starved[iid] = (f"used {used:.1%} of a CPU over {now - t0:.0f} s, below the pool's min_cpu of "
                                      f"{self.config.min_cpu:.0%}: the host starves it, or the job waits on something")
