@@ -24,7 +24,7 @@ import stat
 import subprocess
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 
 from gridbot.model.records import Assignment, InstanceReport, Limits, Outcome
@@ -51,7 +51,12 @@ def session_cpu_seconds(sid: int) -> float:
     """CPU seconds used so far by the processes of a job's session (its first process leads one), their
     reaped children included (from /proc). The session, not the process group: `timeout`, `make -j` and job
     control shells put their children in groups of their own, whose work is still the job's."""
-    total = 0
+    return sessions_cpu_seconds({sid}).get(sid, 0.0)
+
+
+def sessions_cpu_seconds(sids: Collection[int]) -> dict[int, float]:
+    """`session_cpu_seconds` of several jobs, from one pass over /proc."""
+    ticks: dict[int, int] = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -60,9 +65,10 @@ def session_cpu_seconds(sid: int) -> float:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[3]) == sid:
-            total += sum(int(x) for x in fields[11:15])
-    return total / _TICKS
+        sid = int(fields[3])
+        if sid in sids:
+            ticks[sid] = ticks.get(sid, 0) + sum(int(x) for x in fields[11:15])
+    return {sid: t / _TICKS for sid, t in ticks.items()}
 
 
 def _tail(path: Path | str, limit: int = TAIL_BYTES) -> str:
