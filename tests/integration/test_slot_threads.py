@@ -264,3 +264,32 @@ def test_min_cpu_stops_watching_a_threads_job_when_it_is_reaped(tmp_path):
         w.threads.close()
         w.identity.release()
     assert r.outcome is Outcome.SUCCESS and seen == [True] and 7 not in w.pids
+
+
+def test_a_worker_that_cannot_start_a_thread_runs_its_jobs_on_the_event_loop(tmp_path, monkeypatch):
+    """Found by review: a thread refused (a small `ulimit -u` counts threads, or no descriptor left) left the
+    instances reserved for it held and never run. They now go back to the loop's path, in order."""
+    from gridbot.protocol import ExchangeResponse
+    from gridbot.worker import threads
+    from gridbot.worker.worker import WorkerConfig
+
+    def refused(*_: object) -> int:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(threads.os, "eventfd", refused)
+    w = Worker(WorkerConfig("http://127.0.0.1:1", slots=2, state_dir=tmp_path, allow_root=True,
+                            workdir=tmp_path / "w"))
+    sent = [assignment(i, f"echo {i}") for i in range(1, 6)]
+
+    async def main() -> None:
+        w._accept(ExchangeResponse(sent, [], 0.0, 30.0, 1 << 20))
+        await until("all five reported", lambda: len(w.reports) == 5)
+
+    try:
+        asyncio.run(main())
+    finally:
+        w.threads.close()
+        w.identity.release()
+    assert not w.use_threads and not w.threads.threads
+    assert sorted((r.instance_id, r.outcome, r.stdout_tail) for r in w.reports) == [
+        (i, Outcome.SUCCESS, f"{i}\n") for i in range(1, 6)]

@@ -74,6 +74,8 @@ class SlotThreads:
         self.stopping = False
         self.closing = False
         self.closed = False
+        self.broken = False
+        """A thread could not be started: the worker takes the queue back and runs everything on its loop."""
         self.loop: asyncio.AbstractEventLoop | None = None
         self.threads: list[threading.Thread] = []
         self.wakes: list[int] = []
@@ -196,7 +198,7 @@ class SlotThreads:
         try:
             wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         except OSError as e:
-            log.error("cannot start a slot thread (%s); %d run the jobs", e, len(self.threads))
+            self._refused(e)
             return
         thread = threading.Thread(target=self._serve, args=(index,), name=f"gridbot-slot-{index}", daemon=True)
         self.wakes.append(wake)
@@ -209,7 +211,22 @@ class SlotThreads:
             self.threads.pop()
             self.wakes.pop()
             os.close(wake)
-            log.error("cannot start a slot thread (%s); %d run the jobs", e, len(self.threads))
+            self._refused(e)
+
+    def _refused(self, e: Exception) -> None:
+        """The system refused a thread (no descriptor or task left: a small `ulimit -u` counts threads)."""
+        if not self.broken:
+            log.warning("cannot start a slot thread (%s): the jobs held run on the event loop from now on", e)
+        self.broken = True
+        self._tell()
+
+    def take_back(self) -> list[Assignment]:
+        """The queued instances, taken back for the event loop's path (after `broken`)."""
+        with self.cond:
+            queued = [h.a for h in self.queue]
+            self.queue.clear()
+            self._settle()
+        return queued
 
     def _next(self) -> Held | None:
         """The next queued instance for a thread that just gave its slot back. Under the lock."""
@@ -265,8 +282,9 @@ class SlotThreads:
             return InstanceReport(held.a.instance_id, Outcome.FAILURE, reason=f"worker error: {e!r}"[:500])
 
     def _tell(self) -> None:
-        """Have the loop collect the ended jobs (from a thread)."""
-        assert self.loop is not None
+        """Have the loop collect the ended jobs and look at its work (from any thread)."""
+        if self.loop is None:
+            return
         with contextlib.suppress(RuntimeError):  # the loop is gone: the worker has ended
             self.loop.call_soon_threadsafe(self.on_reports)
 

@@ -526,6 +526,11 @@ class Worker:
                 self.waiting_cpus = 0
                 self.wake.set()
             return
+        if self.use_threads and self.threads.broken:
+            self.use_threads = False
+            back = self.threads.take_back()
+            self.waiting.extendleft(reversed(back))
+            self.waiting_cpus += len(back)
         while self.waiting and not self.stopping.is_set():
             if self.use_threads and self._threadable(self.waiting[0]):
                 ready: list[Assignment] = []
@@ -596,6 +601,8 @@ class Worker:
         for one of the loop's."""
         done = self.threads.collect()
         if not done:
+            if self.threads.broken and self.use_threads:
+                self._start_ready()
             return
         kept: list[InstanceReport] = []
         for held, report in done:
