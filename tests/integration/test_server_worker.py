@@ -261,10 +261,12 @@ def test_a_jobs_cpu_counts_its_whole_session_while_it_runs():
 
     from gridbot.worker.executor import session_cpu_seconds
 
-    proc = subprocess.Popen(["sh", "-c", "timeout 3 sh -c 'while :; do :; done'; sleep 5"], start_new_session=True)
+    proc = subprocess.Popen(["sh", "-c", "timeout 5 sh -c 'while :; do :; done'; sleep 5"], start_new_session=True)
     try:
-        time.sleep(1.5)
-        assert session_cpu_seconds(proc.pid) > 0.5
+        deadline = time.monotonic() + 4.5  # the busy loop runs 5 s: this looks while it does
+        while session_cpu_seconds(proc.pid) <= 0.5:
+            assert time.monotonic() < deadline, "the busy loop's CPU was not counted"
+            time.sleep(0.1)
     finally:
         os.killpg(proc.pid, 9)
         proc.wait()

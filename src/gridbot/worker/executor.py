@@ -39,8 +39,10 @@ _DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)
 subprocess does (else `yes | head -1` says "Broken pipe", and a file over max_file_size is no signal)."""
 SPAWN_LOCK = threading.Lock()
 """Held around a job's spawn and its registration with the reaper, by the event loop and by the slot threads
-(gridbot.worker.threads): the spawn changes the process's working directory, and the reaper's sweep kills
-every child that is not a registered job's first process, so it must not see one between the two."""
+(gridbot.worker.threads): the spawn changes the process's working directory, and the reaper's sweep (run by
+whichever thread ends a job) kills every child of the worker's main thread that is not a registered job's
+first process, so it must not see a job of the loop's between the two. (A slot thread's jobs are that thread's
+children, which the sweep does not list; their orphans come to the main thread, and it does.)"""
 KILL_GRACE = 5.0
 """Seconds between the SIGTERM that takes a job back and the SIGKILL that follows it."""
 MAX_POLL_MS = 3_600_000
@@ -156,8 +158,9 @@ def _spawn(command: str, jobdir: Path, out: str, err: str, env: dict[str, str]) 
     `/bin/sh -c`, which runs it or fails it with the shell's own message and exit code.
 
     `posix_spawn` costs a third of `subprocess.Popen` here (issue 6), but it cannot change directory in
-    the child, so the worker changes its own for the call: this runs on the event loop's thread, and
-    every path the worker uses is absolute. Descriptors the worker opened are close-on-exec (PEP 446).
+    the child, so the worker changes its own for the call, under SPAWN_LOCK (the caller's): the event loop
+    and the slot threads spawn, and the loop goes on while a thread is in here, so every path any thread of
+    the worker uses is absolute. Descriptors the worker opened are close-on-exec (PEP 446).
     """
     actions = [
         (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
@@ -255,8 +258,8 @@ class KillSwitch:
 
     def set(self, reason: str = "") -> None:
         if not self._set:
+            self.reason = reason  # first: a slot thread that sees the switch set reads the reason at once
             self._set = True
-            self.reason = reason
             for cb in self._callbacks:
                 cb()
 

@@ -20,6 +20,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -35,8 +36,20 @@ every `LOOK` seconds while they hold work."""
 LOOK = 0.5
 LONG = 0.05
 """Seconds: a job that ran this long is told to the loop at once, not held behind short ones."""
-AVAILABLE = hasattr(os, "eventfd") and hasattr(os, "pidfd_open")
-"""Linux: a thread sleeps on the job's pidfd and on an eventfd its kill switch writes."""
+
+
+def _pidfds() -> bool:
+    """Whether this kernel gives pidfds (Linux 5.3, and not refused by a seccomp profile)."""
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+        return hasattr(os, "eventfd")
+    except (AttributeError, OSError):
+        return False
+
+
+AVAILABLE = _pidfds()
+"""Linux with pidfds: a thread sleeps on the job's pidfd and on an eventfd its kill switch writes (without
+them it would look every 50 ms, slower for short jobs than the event loop's path, which every job then takes)."""
 
 
 @dataclass(eq=False)
@@ -117,8 +130,7 @@ class SlotThreads:
 
     def submit(self, assignments: Iterable[Assignment]) -> None:
         """Queue instances for the threads (event loop's thread)."""
-        if self.loop is None:
-            self.loop = asyncio.get_running_loop()
+        self.loop = asyncio.get_running_loop()
         with self.cond:
             self.queue.extend(Held(a) for a in assignments)
             self._settle()
@@ -168,8 +180,9 @@ class SlotThreads:
         with self.cond:
             self.closing = True
             self.cond.notify_all()
+        deadline = time.monotonic() + 10
         for t in self.threads:
-            t.join(timeout=10)
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
         self.closed = True
         for t, fd in zip(self.threads, self.wakes, strict=True):
             if not t.is_alive():  # one still in a job keeps its eventfd (a daemon: it ends with the process)
@@ -189,17 +202,17 @@ class SlotThreads:
         self.reserved += add
         self.cond.notify(add)
         for _ in range(max(0, self.reserved - self.idle - self.starting)):
-            self._start_thread()
+            if self.broken or not self._start_thread():
+                break
 
-    def _start_thread(self) -> None:
-        """Start one more slot thread; if the system refuses (no descriptor or thread left), the reserved
-        instances wait for the threads there are, and the error is logged."""
+    def _start_thread(self) -> bool:
+        """Start one more slot thread; False if the system refuses (`_refused`)."""
         index = len(self.threads)
         try:
             wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         except OSError as e:
             self._refused(e)
-            return
+            return False
         thread = threading.Thread(target=self._serve, args=(index,), name=f"gridbot-slot-{index}", daemon=True)
         self.wakes.append(wake)
         self.threads.append(thread)
@@ -212,6 +225,8 @@ class SlotThreads:
             self.wakes.pop()
             os.close(wake)
             self._refused(e)
+            return False
+        return True
 
     def _refused(self, e: Exception) -> None:
         """The system refused a thread (no descriptor or task left: a small `ulimit -u` counts threads)."""

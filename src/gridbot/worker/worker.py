@@ -126,7 +126,9 @@ class Worker:
             raise ValueError(f"unknown executor {config.executor!r}; use one of {', '.join(EXECUTORS)}")
         self.run_as = resolve_user(config.run_as, config.allow_root) if config.executor == "shell" else None
         self.config = config
-        self.identity = hostid.acquire(config.slot_name, config.state_dir)
+        self.state_dir = (config.state_dir or hostid.state_dir()).absolute()
+        """Absolute: a slot thread changes the process's directory around each spawn while the loop runs."""
+        self.identity = hostid.acquire(config.slot_name, self.state_dir)
         self.host = HostInfo(self.identity.host_id, self.identity.name, f"{platform.system()}-{platform.machine()}",
                              os.cpu_count() or 1, _memory_mb(), config.slots, config.pool,
                              session=secrets.token_hex(8))
@@ -216,11 +218,11 @@ class Worker:
         """Where this host keeps results the server has not acknowledged (beside its credential)."""
         if self.config.key:
             return self._credential_file().with_suffix(".pending")
-        return (self.config.state_dir or hostid.state_dir()) / "pending" / self.host.host_id
+        return self.state_dir / "pending" / self.host.host_id
 
     def _credential_file(self) -> Path:
         key_id = self.config.key.split(".")[1] if self.config.key.count(".") == 2 else "key"
-        return (self.config.state_dir or hostid.state_dir()) / "credentials" / key_id / f"{self.identity.slot}.json"
+        return self.state_dir / "credentials" / key_id / f"{self.identity.slot}.json"
 
     async def _sign_in(self, fresh: bool) -> bool:
         """Use the host credential kept from an earlier run with this key, or register for one; False when
@@ -455,7 +457,9 @@ class Worker:
             return False
         seconds = sessions_cpu_seconds({sid for _, sid, _, _ in old})
         for iid, sid, t0, cpu0 in old:
-            used = (seconds.get(sid, 0.0) - cpu0) / (now - t0)
+            if sid not in seconds or self.pids.get(iid) != (sid, t0, cpu0):
+                continue  # it ended during the pass (a session with no process left is a job reaped)
+            used = (seconds[sid] - cpu0) / (now - t0)
             if used < self.config.min_cpu:
                 self.starved[iid] = (f"used {used:.1%} of a CPU over {now - t0:.0f} s, below the pool's min_cpu of "
                                      f"{self.config.min_cpu:.0%}: the host starves it, or the job waits on something")
@@ -532,7 +536,7 @@ class Worker:
             self.waiting.extendleft(reversed(back))
             self.waiting_cpus += len(back)
         while self.waiting and not self.stopping.is_set():
-            if self.use_threads and self._threadable(self.waiting[0]):
+            if self.use_threads and not self.threads.broken and self._threadable(self.waiting[0]):
                 ready: list[Assignment] = []
                 while self.waiting and self._threadable(self.waiting[0]):
                     ready.append(self.waiting.popleft())
