@@ -405,7 +405,7 @@ def _verdict(a: Assignment, jobdir: Path, why: list[str], stop: KillSwitch, stop
                               _tail(out), _tail(err), outputs or {})
 
     if why[:1] == ["stop"]:
-        reason = stop.reason or (stop_reason() if stop_reason is not None else "")
+        reason = _stop_cause(stop, stop_reason)
         if reason:  # the worker stops because of this job: it counts against the job
             return report(Outcome.FAILURE, reason)
         return report(Outcome.INTERRUPTED, "the worker stopped")
@@ -423,6 +423,12 @@ def _verdict(a: Assignment, jobdir: Path, why: list[str], stop: KillSwitch, stop
                               f"result of {result.result_bytes:,} bytes is over the server's limit of "
                               f"{max_result_bytes:,} bytes", result.stdout_tail[-4096:], result.stderr_tail[-4096:])
     return result
+
+
+def _stop_cause(stop: KillSwitch, stop_reason: Callable[[], str] | None) -> str:
+    """Why a job taken back counts as its failure: its switch's reason, or the worker's for stopping because
+    of it ("": it is only given back)."""
+    return stop.reason or (stop_reason() if stop_reason is not None else "")
 
 
 def run_blocking(a: Assignment, jobdir: Path, max_result_bytes: int, stop: KillSwitch, wake: int,
@@ -452,23 +458,25 @@ def _run_blocking(a: Assignment, jobdir: Path, max_result_bytes: int, stop: Kill
                   base_env: dict[str, str] | None, started: float,
                   reaped_cb: Callable[[], object]) -> InstanceReport:
     out, err = f"{jobdir}/{STDOUT}", f"{jobdir}/{STDERR}"
+
+    def unstarted(outcome: Outcome, reason: str) -> InstanceReport:
+        """A report without output tails: the slot's files are another job's until a spawn truncates them."""
+        return InstanceReport(a.instance_id, outcome, None, time.monotonic() - started, 0.0, reason)
+
     try:
         if not os.path.isdir(jobdir):
             os.makedirs(jobdir, exist_ok=True)
     except OSError as e:
-        return InstanceReport(a.instance_id, Outcome.FAILURE, None, time.monotonic() - started, 0.0,
-                              f"could not make the job's directory: {e}")
+        return unstarted(Outcome.FAILURE, f"could not make the job's directory: {e}")
     env = job_env(a, base_env)
     with SPAWN_LOCK:
-        if stop.is_set():  # taken back before it started: it never does (the slot's files are another job's)
-            reason = stop.reason or (stop_reason() if stop_reason is not None else "")
-            return InstanceReport(a.instance_id, Outcome.FAILURE if reason else Outcome.INTERRUPTED, None,
-                                  time.monotonic() - started, 0.0, reason or "the worker stopped")
+        if stop.is_set():  # taken back before it started: it never does
+            reason = _stop_cause(stop, stop_reason)
+            return unstarted(Outcome.FAILURE if reason else Outcome.INTERRUPTED, reason or "the worker stopped")
         try:
             pid = _spawn(a.command, jobdir, out, err, env)
         except OSError as e:
-            return InstanceReport(a.instance_id, Outcome.FAILURE, None, time.monotonic() - started, 0.0,
-                                  f"could not start the command: {e}")
+            return unstarted(Outcome.FAILURE, f"could not start the command: {e}")
         try:
             if a.limits is not None:
                 apply_limits(pid, a.limits)

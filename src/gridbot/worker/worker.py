@@ -556,7 +556,7 @@ class Worker:
                 lost.add_done_callback(functools.partial(self._vanished, iid))
                 continue
             if self.config.keep_dirs:
-                jobdir = self.workdir / f"{a.bag_name}" / f"{a.index}-{a.instance_id}"
+                jobdir = self._kept_dir(a)
             else:
                 slot = self.slot_of[iid] = self.free_slots.pop()
                 jobdir = self._slot_dir(slot)
@@ -579,10 +579,7 @@ class Worker:
         """Run a held instance on slot thread `index` (gridbot.worker.threads), in that thread's own slot
         directory (the loop's slots number theirs 0, 1, ...; these are t0, t1, ...)."""
         a, iid = held.a, held.a.instance_id
-        if self.config.keep_dirs:
-            jobdir = self.workdir / f"{a.bag_name}" / f"{a.index}-{iid}"
-        else:
-            jobdir = self._slot_dir(f"t{index}")
+        jobdir = self._kept_dir(a) if self.config.keep_dirs else self._slot_dir(f"t{index}")
         held.stop.on_set(functools.partial(self.threads.poke, index))
         try:
             return run_blocking(a, jobdir, self.max_result_bytes, held.stop, wake,
@@ -608,21 +605,31 @@ class Worker:
             if self.threads.broken and self.use_threads:
                 self._start_ready()
             return
-        kept: list[InstanceReport] = []
-        for held, report in done:
+        for held, _ in done:
             self.pids.pop(held.a.instance_id, None)
-            if held.stop.is_set() and not held.stop.reason and not self.stopping.is_set():
-                continue  # taken back by the server: no report
-            self.pacing.ran(report.wall_s)
-            kept.append(report)
-        if kept:
+        self._took([report for held, report in done if not self._taken_back(held.stop)])
+
+    def _taken_back(self, stop: KillSwitch) -> bool:
+        """Whether an ended instance was taken back by the server (a cancel): no report is sent for it."""
+        return stop.is_set() and not stop.reason and not self.stopping.is_set()
+
+    def _took(self, reports: list[InstanceReport]) -> None:
+        """Hold the reports of ended instances for the next exchange (on disk too while the server is away),
+        then fill the slots they freed."""
+        if reports:
+            for r in reports:
+                self.pacing.ran(r.wall_s)
             if not self.reports:
                 self.reports_since = time.monotonic()
-            self.reports.extend(kept)
+            self.reports.extend(reports)
             if self.outage:
-                self.spool.keep(kept)
+                self.spool.keep(reports)
         self._start_ready()
         self._nudge()
+
+    def _kept_dir(self, a: Assignment) -> Path:
+        """The directory of its own an instance runs in with `--keep-dirs`, kept after it ends."""
+        return self.workdir / a.bag_name / f"{a.index}-{a.instance_id}"
 
     def _slot_dir(self, slot: int | str) -> Path:
         """A slot's reused job directory, per host id: workers started side by side (gridbot run) may share
@@ -647,8 +654,8 @@ class Worker:
         return self.starved.get(iid, "")
 
     def _started(self, iid: int, pid: int) -> None:
-        """Watch the CPU a job's process group uses (`min_cpu`), from its spawn: it has used none yet (one
-        item set, atomic in CPython; `_starving` copies the items on the loop's thread)."""
+        """Watch the CPU a job's session uses (`min_cpu`), from its spawn: it has used none yet (one item set,
+        atomic in CPython; `_starving` copies the items on the loop's thread)."""
         if self.config.min_cpu:
             self.pids[iid] = (pid, time.monotonic(), 0.0)
 
@@ -675,18 +682,8 @@ class Worker:
             report = InstanceReport(iid, Outcome.FAILURE, reason=f"worker error: {exc!r}"[:500])
         else:
             report = task.result()
-        if killed.is_set() and not killed.reason and not self.stopping.is_set():
-            self._start_ready()  # taken back by the server: no report, but its slot takes the next job now
-            self._nudge()
-            return
-        self.pacing.ran(report.wall_s)
-        if not self.reports:
-            self.reports_since = time.monotonic()
-        self.reports.append(report)
-        if self.outage:
-            self.spool.keep([report])
-        self._start_ready()
-        self._nudge()
+        # taken back by the server: no report, but its slot takes the next job now
+        self._took([] if self._taken_back(killed) else [report])
 
     def _low_water(self) -> None:
         """Tell the slot threads how few queued instances make the pacing ask for more (half the prefetch
