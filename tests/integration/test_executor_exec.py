@@ -1,6 +1,7 @@
 """The executor runs a plain command without a shell (as GNU make does) and everything else under
 `/bin/sh -c`; a user sees the same outputs, exit codes and messages either way, and on both of the worker's
-paths: a task of its event loop (`run_instance`) and a slot thread (`run_blocking`). Real processes."""
+paths: a task of its event loop (`run_instance`) and a slot thread (`run_blocking`, with and without the
+output files it holds open). Real processes."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from gridbot.model.records import Assignment, InstanceReport, Outcome
-from gridbot.worker.executor import KillSwitch, plain_argv, run_blocking, run_instance
+from gridbot.worker import executor
+from gridbot.worker.executor import KillSwitch, SlotFiles, plain_argv, run_blocking, run_instance
 
 
 async def no_inputs(bag_id: int, name: str) -> Path:
@@ -20,17 +22,21 @@ async def no_inputs(bag_id: int, name: str) -> Path:
 
 
 def run_on(path: str, a: Assignment, jobdir: Path, base_env: dict[str, str] | None = None) -> InstanceReport:
-    """Run `a` on the event loop's path ("loop") or a slot thread's ("thread", here the calling thread)."""
+    """Run `a` on the event loop's path ("loop") or a slot thread's (here the calling thread): "thread" with
+    output files opened by the child, "slot-files" with the slot's held open (`SlotFiles`), as the worker does."""
     if path == "loop":
         return asyncio.run(run_instance(a, jobdir, no_inputs, 1 << 20, KillSwitch(), base_env=base_env))
     wake = os.eventfd(0, os.EFD_NONBLOCK)
+    files = SlotFiles(jobdir) if path == "slot-files" else None
     try:
-        return run_blocking(a, jobdir, 1 << 20, KillSwitch(), wake, lambda pid: None, None, base_env)
+        return run_blocking(a, jobdir, 1 << 20, KillSwitch(), wake, lambda pid: None, None, base_env, files=files)
     finally:
         os.close(wake)
+        if files is not None:
+            files.close()
 
 
-@pytest.fixture(params=["loop", "thread"])
+@pytest.fixture(params=["loop", "thread", "slot-files"])
 def run(request):
     def run(tmp_path: Path, command: str, env: dict[str, str] | None = None) -> InstanceReport:
         return run_on(request.param, Assignment(1, 1, 1, "b", 0, command, env or {}, [], [], 60.0), tmp_path / "job")
@@ -94,7 +100,33 @@ def test_exit_codes_and_outputs_are_the_programs(tmp_path, run):
     assert (r.outcome, r.stdout_tail) == (Outcome.SUCCESS, "plain words\n")
 
 
-@pytest.mark.parametrize("path", ["loop", "thread"])
+def test_a_program_gone_from_where_it_was_found_is_searched_for_again_at_once(tmp_path, run, monkeypatch):
+    """The spawn remembers where a program was found on the PATH (`executor._find`): one removed since runs
+    from where the PATH now has it, at once; one installed earlier on the PATH is used once FOUND_FOR passes."""
+    monkeypatch.setattr(executor, "FOUND_FOR", 60.0)
+    first, second = tmp_path / "first", tmp_path / "second"
+    for d in (first, second):
+        d.mkdir()
+    env = {"PATH": f"{first}:{second}:{os.environ['PATH']}"}
+
+    def install(d: Path) -> None:
+        prog = d / "which-gridbot"
+        prog.write_text(f"#!/bin/sh\necho {d.name}\n")
+        prog.chmod(0o755)
+
+    install(first)
+    assert run(tmp_path, "which-gridbot", env).stdout_tail == "first\n"
+    (first / "which-gridbot").unlink()
+    install(second)
+    assert run(tmp_path, "which-gridbot", env).stdout_tail == "second\n"
+    assert run(tmp_path, "which-gridbot", env).stdout_tail == "second\n"
+    install(first)
+    assert run(tmp_path, "which-gridbot", env).stdout_tail == "second\n", "earlier on the PATH: not yet seen"
+    monkeypatch.setattr(executor, "FOUND_FOR", 0.0)
+    assert run(tmp_path, "which-gridbot", env).stdout_tail == "first\n", "found again once FOUND_FOR has passed"
+
+
+@pytest.mark.parametrize("path", ["loop", "thread", "slot-files"])
 def test_a_bags_env_cannot_take_the_run_mark_by_which_the_worker_watches_its_jobs(tmp_path, path):
     """Found by the review of 2026-11-27: `[env] GRIDBOT_RUN = "mine"` replaced the worker's mark, so the reaper
     no longer found the job's processes and its memory limit went unenforced. Specs now refuse GRIDBOT_* in

@@ -16,7 +16,7 @@ import pytest
 
 from gridbot.model.records import Assignment, InstanceReport, Limits, Outcome
 from gridbot.worker import executor
-from gridbot.worker.executor import KillSwitch, run_blocking
+from gridbot.worker.executor import KillSwitch, SlotFiles, run_blocking
 from gridbot.worker.threads import BATCH, Held, SlotThreads
 from gridbot.worker.worker import Worker
 
@@ -169,8 +169,8 @@ def test_a_crash_of_the_runner_fails_the_job_and_the_thread_runs_the_next():
     assert "worker error: ValueError('a bug')" in reports[0].reason
 
 
-def blocking(tmp_path: Path, a: Assignment, stop: KillSwitch | None = None,
-             set_after: float | None = None, reason: str = "", ready: str = "") -> tuple[InstanceReport, list[int]]:
+def blocking(tmp_path: Path, a: Assignment, stop: KillSwitch | None = None, set_after: float | None = None,
+             reason: str = "", ready: str = "", files: SlotFiles | None = None) -> tuple[InstanceReport, list[int]]:
     """Run `a` with run_blocking on this thread; once it has spawned (and printed `ready`, if given) and
     `set_after` seconds more have passed, another thread sets its switch."""
     stop = stop or KillSwitch()
@@ -198,7 +198,7 @@ def blocking(tmp_path: Path, a: Assignment, stop: KillSwitch | None = None,
     try:
         if helper is not None:
             helper.start()
-        return run_blocking(a, tmp_path / "job", 1 << 20, stop, wake, started, None, None), pids
+        return run_blocking(a, tmp_path / "job", 1 << 20, stop, wake, started, None, None, files=files), pids
     finally:
         if helper is not None:
             helper.join(timeout=60)
@@ -265,6 +265,68 @@ def test_an_instance_taken_back_before_it_started_carries_no_output_of_the_slots
     stop.set()
     r, _ = blocking(tmp_path, assignment(2, "true"), stop)
     assert (r.outcome, r.stdout_tail, r.stderr_tail) == (Outcome.INTERRUPTED, "", ""), r
+
+
+def test_each_job_of_a_slot_gets_only_its_own_output_from_the_files_the_slot_holds_open(tmp_path):
+    """A slot thread hands its held output files to each job (SlotFiles): what a job wrote is gone before the
+    next starts, at the start of the file (the offset is shared: without moving it back, a shorter output
+    would land after a hole), and a job that writes nothing reads nothing."""
+    files = SlotFiles(tmp_path / "job")
+    try:
+        r, _ = blocking(tmp_path, assignment(1, "head -c 5000 /dev/zero | tr '\\0' a; echo long stderr >&2"),
+                        files=files)
+        assert (len(r.stdout_tail), r.stderr_tail) == (5000, "long stderr\n")
+        r, _ = blocking(tmp_path, assignment(2, "echo b; echo c >&2"), files=files)
+        assert (r.stdout_tail, r.stderr_tail) == ("b\n", "c\n"), r
+        assert (tmp_path / "job" / executor.STDOUT).read_bytes() == b"b\n", "the file in the directory, too"
+        r, _ = blocking(tmp_path, assignment(3, "true"), files=files)
+        assert (r.stdout_tail, r.stderr_tail) == ("", ""), r
+        stop = KillSwitch()
+        stop.set()
+        blocking(tmp_path, assignment(4, "echo never"), stop, files=files)
+        r, _ = blocking(tmp_path, assignment(5, "cat; readlink /proc/$$/fd/0 /proc/$$/fd/1 /proc/$$/fd/2"),
+                        files=files)
+        job = tmp_path / "job"
+        assert (r.outcome, r.stdout_tail.split()) == (
+            Outcome.SUCCESS, ["/dev/null", str(job / executor.STDOUT), str(job / executor.STDERR)]), r
+    finally:
+        files.close()
+
+
+def test_a_job_that_removes_its_slots_directory_leaves_the_next_job_its_output(tmp_path):
+    files = SlotFiles(tmp_path / "job")
+    try:
+        r, _ = blocking(tmp_path, assignment(1, 'echo gone; rm -rf "$PWD"'), files=files)
+        assert r.outcome is Outcome.SUCCESS and not (tmp_path / "job").exists()
+        r, _ = blocking(tmp_path, assignment(2, "echo here; pwd"), files=files)
+        assert (r.outcome, r.stdout_tail) == (Outcome.SUCCESS, f"here\n{tmp_path / 'job'}\n"), r
+        assert (tmp_path / "job" / executor.STDOUT).read_text() == r.stdout_tail
+    finally:
+        files.close()
+
+
+@pytest.mark.parametrize("left", ["fifo", "link", "directory"])
+def test_slot_files_replace_what_an_earlier_job_left_in_their_place(tmp_path, left):
+    """A fifo is not waited on, a link not written through (the file it names is untouched), a directory
+    removed: the slot's files are regular files of the slot's directory."""
+    job = tmp_path / "job"
+    job.mkdir()
+    outside = tmp_path / "precious"
+    outside.write_text("keep me")
+    path = job / executor.STDOUT
+    if left == "fifo":
+        os.mkfifo(path)
+    elif left == "link":
+        path.symlink_to(outside)
+    else:
+        (path / "inner").mkdir(parents=True)
+    files = SlotFiles(job)
+    try:
+        r, _ = blocking(tmp_path, assignment(1, "echo fine"), files=files)
+        assert (r.outcome, r.stdout_tail) == (Outcome.SUCCESS, "fine\n"), r
+        assert path.is_file() and not path.is_symlink() and outside.read_text() == "keep me"
+    finally:
+        files.close()
 
 
 def test_min_cpu_stops_watching_a_threads_job_when_it_is_reaped(tmp_path):

@@ -34,7 +34,7 @@ from gridbot.protocol import MSGPACK, ErrorBody, ExchangeRequest, ExchangeRespon
 from gridbot.security import tls
 from gridbot.security.keys import write_private
 from gridbot.worker import hostid
-from gridbot.worker.executor import KillSwitch, run_blocking, run_instance, sessions_cpu_seconds
+from gridbot.worker.executor import KillSwitch, SlotFiles, run_blocking, run_instance, sessions_cpu_seconds
 from gridbot.worker.inputs import InputCache
 from gridbot.worker.isolation import job_environment, new_token, resolve_user
 from gridbot.worker.reaper import Reaper
@@ -154,6 +154,8 @@ class Worker:
         """Job directories reused from one instance to the next (unless keep_dirs)."""
         self.slot_of: dict[int, int] = {}
         self.slot_dirs: dict[tuple[str, int | str], Path] = {}
+        self.slot_files: dict[int, SlotFiles] = {}
+        """Each slot thread's standard streams, by thread index (not with --keep-dirs: a directory per job)."""
         self.token = new_token()
         self.base_env = job_environment(config.pass_env, self.token, self.run_as)
         self.reaper = Reaper(self.token)
@@ -212,6 +214,9 @@ class Worker:
                 return code
         finally:
             self.threads.close()
+            for index, files in self.slot_files.items():
+                if not self.threads.threads[index].is_alive():  # one still in a job (a daemon) keeps them
+                    files.close()
             self.identity.release()
 
     def _spool_dir(self) -> Path:
@@ -579,13 +584,22 @@ class Worker:
         """Run a held instance on slot thread `index` (gridbot.worker.threads), in that thread's own slot
         directory (the loop's slots number theirs 0, 1, ...; these are t0, t1, ...)."""
         a, iid = held.a, held.a.instance_id
-        jobdir = self._kept_dir(a) if self.config.keep_dirs else self._slot_dir(f"t{index}")
+        files = None
+        if self.config.keep_dirs:
+            jobdir = self._kept_dir(a)
+        else:
+            jobdir = self._slot_dir(f"t{index}")
+            files = self.slot_files.get(index)
+            if files is None or files.dir != jobdir:
+                if files is not None:
+                    files.close()
+                files = self.slot_files[index] = SlotFiles(jobdir)
         held.stop.on_set(functools.partial(self.threads.poke, index))
         try:
             return run_blocking(a, jobdir, self.max_result_bytes, held.stop, wake,
                                 functools.partial(self._thread_job_started, held),
                                 functools.partial(self._stop_reason, iid), self.base_env, self.config.keep_dirs,
-                                functools.partial(self.pids.pop, iid, None))
+                                functools.partial(self.pids.pop, iid, None), files)
         finally:
             if self.reaper.ended(iid) and self.threads.loop is not None:
                 with contextlib.suppress(RuntimeError):
