@@ -170,7 +170,8 @@ def test_a_crash_of_the_runner_fails_the_job_and_the_thread_runs_the_next():
 
 
 def blocking(tmp_path: Path, a: Assignment, stop: KillSwitch | None = None, set_after: float | None = None,
-             reason: str = "", ready: str = "", files: SlotFiles | None = None) -> tuple[InstanceReport, list[int]]:
+             reason: str = "", ready: str = "", files: SlotFiles | None = None,
+             keep: bool = True) -> tuple[InstanceReport, list[int]]:
     """Run `a` with run_blocking on this thread; once it has spawned (and printed `ready`, if given) and
     `set_after` seconds more have passed, another thread sets its switch."""
     stop = stop or KillSwitch()
@@ -198,7 +199,7 @@ def blocking(tmp_path: Path, a: Assignment, stop: KillSwitch | None = None, set_
     try:
         if helper is not None:
             helper.start()
-        return run_blocking(a, tmp_path / "job", 1 << 20, stop, wake, started, None, None, files=files), pids
+        return run_blocking(a, tmp_path / "job", 1 << 20, stop, wake, started, None, None, keep, files=files), pids
     finally:
         if helper is not None:
             helper.join(timeout=60)
@@ -289,6 +290,35 @@ def test_each_job_of_a_slot_gets_only_its_own_output_from_the_files_the_slot_hol
         job = tmp_path / "job"
         assert (r.outcome, r.stdout_tail.split()) == (
             Outcome.SUCCESS, ["/dev/null", str(job / executor.STDOUT), str(job / executor.STDERR)]), r
+    finally:
+        files.close()
+
+
+def test_a_slots_directory_is_emptied_after_each_job_of_anything_but_its_output_files(tmp_path):
+    """What was there before is removed after the first job, which still sees it; what a job adds, after it;
+    the slot's output files stay, even when a job moved one away."""
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "stale").write_text("from an earlier worker")
+    files = SlotFiles(job)
+
+    def listing(iid: int) -> list[str]:
+        r, _ = blocking(tmp_path, assignment(iid, "ls -A"), files=files, keep=False)
+        return sorted(set(r.stdout_tail.split()) - {executor.STDOUT, executor.STDERR})
+
+    def run(iid: int, command: str) -> None:
+        r, _ = blocking(tmp_path, assignment(iid, command), files=files, keep=False)
+        assert r.outcome is Outcome.SUCCESS, r
+
+    try:
+        assert listing(1) == ["stale"]
+        assert listing(2) == []
+        run(3, "touch junk; mkdir -p sub/deeper; touch sub/deeper/file")
+        assert listing(4) == []
+        run(5, "true")
+        run(6, "mv .gridbot-stdout moved; echo x > .gridbot-stdout")
+        assert listing(7) == []
+        assert listing(8) == []
     finally:
         files.close()
 
