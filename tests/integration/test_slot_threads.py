@@ -323,6 +323,29 @@ def test_a_slots_directory_is_emptied_after_each_job_of_anything_but_its_output_
         files.close()
 
 
+def test_a_slot_thread_starts_its_jobs_in_a_directory_of_its_own_and_the_workers_stays(tmp_path):
+    """A slot thread (not the main one) gets a working directory of its own, its slot's, where its jobs start
+    without the worker's being changed around each spawn; the worker's own stays where it was."""
+    files = SlotFiles(tmp_path / "job")
+    reports: list[InstanceReport] = []
+    here = os.getcwd()
+
+    def slot() -> None:
+        for iid, command in enumerate(["pwd", 'rm -rf "$PWD"', "pwd"]):
+            reports.append(blocking(tmp_path, assignment(iid, command), files=files, keep=False)[0])
+        reports.append(InstanceReport(99, Outcome.SUCCESS, 0, 0.0, 0.0, str(files.inside)))
+
+    thread = threading.Thread(target=slot)
+    try:
+        thread.start()
+        thread.join(30)
+    finally:
+        files.close()
+    assert [r.stdout_tail for r in reports[:3]] == [f"{tmp_path / 'job'}\n", "", f"{tmp_path / 'job'}\n"], reports
+    assert reports[3].reason == "True", "the thread has a directory of its own (unshare)"
+    assert os.getcwd() == here and os.readlink("/proc/self/cwd") == here
+
+
 def test_a_job_that_removes_its_slots_directory_leaves_the_next_job_its_output(tmp_path):
     files = SlotFiles(tmp_path / "job")
     try:
