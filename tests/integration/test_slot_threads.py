@@ -217,6 +217,10 @@ def test_a_threads_job_taken_back_is_interrupted_and_one_that_ignores_sigterm_is
     monkeypatch.setattr(executor, "KILL_GRACE", 0.3)
     r, _ = blocking(tmp_path, assignment(1, "sleep 30"), set_after=0.2)
     assert (r.outcome, r.reason, r.exit_code) == (Outcome.INTERRUPTED, "the worker stopped", -15)
+    deadline = time.monotonic() + 5
+    while any(isinstance(t, threading.Timer) for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not any(isinstance(t, threading.Timer) for t in threading.enumerate()), "its SIGKILL timer is gone"
     start = time.monotonic()
     r, _ = blocking(tmp_path, assignment(2, "trap '' TERM; echo ready; sleep 30 & wait; sleep 30"), set_after=0.05,
                     ready="ready")

@@ -687,8 +687,10 @@ def run_blocking(a: Assignment, jobdir: Path, max_result_bytes: int, stop: KillS
     report, as `run_instance` would on the event loop: same environment, spawn, timeout, kill switch, outputs
     and report, without inputs or a user to switch to (those instances stay on the loop).
 
-    The thread sleeps in `poll` on the job's pidfd and on `wake`, an eventfd that a callback of `stop` writes
-    (a write meant for an earlier job only wakes it once: what counts is `stop.is_set()`). `started_cb(pid)`
+    A job without a timeout is waited for in `waitid`, and its switch takes it back itself (`_Waiting`). For
+    one with a timeout the thread sleeps in `poll` on the job's pidfd and on `wake`, an eventfd that a callback
+    of `stop` writes (a write meant for an earlier job only wakes it once: what counts is `stop.is_set()`),
+    and takes it back itself when the switch is set or the timeout comes (`_wait_blocking`). `started_cb(pid)`
     is called under SPAWN_LOCK with the job spawned: it registers the job with the reaper; `reaped_cb()` at once
     after the job's first process is reaped, before its outputs are read. `files`: the thread's `SlotFiles`
     for `jobdir`, a reused directory (without them, or when they cannot be opened, the child opens its files).
@@ -748,13 +750,21 @@ def _run_blocking(a: Assignment, jobdir: Path, max_result_bytes: int, stop: Kill
             _killpg(pid, signal.SIGKILL)
             os.wait4(pid, 0)
             raise
+    fd = -1
+    waiting = None
     try:
-        fd = os.pidfd_open(pid)
-    except OSError:
-        fd = -1
-    try:
-        why = _wait_blocking(pid, fd, wake, stop, a.timeout)
+        if a.timeout is None:  # most bags: nothing to wake for but the job's end, or its switch (`_Waiting`)
+            waiting = _Waiting(pid, stop)
+            stop.on_set(waiting.stop)
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+            why = waiting.ended()
+        else:
+            with contextlib.suppress(OSError):
+                fd = os.pidfd_open(pid)
+            why = _wait_blocking(pid, fd, wake, stop, a.timeout)
     finally:  # whatever happened (an error of ours too), the job does not outlive its slot
+        if waiting is not None:
+            waiting.ended()
         if fd >= 0:
             os.close(fd)
         _killpg(pid, signal.SIGKILL)  # before the reaping: the group's id cannot be reused while its leader lives
@@ -762,6 +772,51 @@ def _run_blocking(a: Assignment, jobdir: Path, max_result_bytes: int, stop: Kill
         reaped_cb()
     code, cpu = os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime
     return _verdict(a, jobdir, out, err, why, stop, stop_reason, code, cpu, max_result_bytes, started, True)
+
+
+class _Waiting:
+    """A slot thread's job without a timeout, which the thread sleeps on in `waitid` (one system call, where
+    a pidfd and `poll` with the thread's eventfd take three, and more of the thread's time: about 10 µs a job,
+    issue 14). Its kill switch then takes it back itself, from whichever thread sets it, as `_wait_blocking`
+    would: SIGTERM to the job's process group, SIGKILL KILL_GRACE seconds later (from a timer thread), or
+    SIGKILL at once when the switch has a reason. The lock keeps every signal before the reaping, which
+    frees the group's id for reuse: the thread calls `ended` first."""
+
+    __slots__ = ("lock", "pid", "stopped", "timer", "why")
+
+    def __init__(self, pid: int, stop: KillSwitch) -> None:
+        self.lock = threading.Lock()
+        self.pid = pid
+        self.stopped = stop
+        self.why: list[str] = []
+        self.timer: threading.Timer | None = None
+
+    def stop(self) -> None:
+        """The switch was set (any thread; more than once is once)."""
+        with self.lock:
+            if not self.pid or self.why:
+                return
+            self.why.append("stop")
+            if self.stopped.reason:
+                _killpg(self.pid, signal.SIGKILL)
+                return
+            _killpg(self.pid, signal.SIGTERM)
+            self.timer = threading.Timer(KILL_GRACE, self._kill)
+            self.timer.daemon = True
+            self.timer.start()
+
+    def _kill(self) -> None:
+        with self.lock:
+            if self.pid:
+                _killpg(self.pid, signal.SIGKILL)
+
+    def ended(self) -> list[str]:
+        """The job has exited and is about to be reaped: no signal from here on. Returns what ended it."""
+        with self.lock:
+            self.pid = 0
+            if self.timer is not None:
+                self.timer.cancel()
+            return self.why
 
 
 def _wait_blocking(pid: int, pidfd: int, wake: int, stop: KillSwitch, timeout: float | None) -> list[str]:

@@ -2,9 +2,9 @@
 
 On the event loop's path a job costs an asyncio task, a pidfd reader, a future and a pass of the loop at its
 end; for a bag of short commands that was most of the worker's own CPU (docs/performance.md, issue 14). A
-slot thread spawns the job, sleeps in `poll` until it exits, reaps it, builds its report with the executor's
-own code, and takes the next held instance itself, with the slot it already has: a bundle of short jobs
-runs without the loop, which hears of ended jobs in batches.
+slot thread spawns the job, sleeps in `waitid` (or `poll`) until it exits, reaps it, builds its report with
+the executor's own code, and takes the next held instance itself, with the slot it already has: a bundle of
+short jobs runs without the loop, which hears of ended jobs in batches.
 
 The slots are counted here, for both paths: a slot is free, reserved for the head of the queue (a thread is
 on its way to it), or held by a running job of either path. The loop moves instances to the queue in the
@@ -304,7 +304,7 @@ class SlotThreads:
             self.loop.call_soon_threadsafe(self.on_reports)
 
     def poke(self, index: int) -> None:
-        """Wake thread `index` from its poll: a kill switch was set (the event loop's thread, or the thread)."""
+        """Wake thread `index` from its poll (a job with a timeout): a kill switch was set (any thread)."""
         if not self.closed and index < len(self.wakes):
             with contextlib.suppress(OSError):
                 os.eventfd_write(self.wakes[index], 1)
