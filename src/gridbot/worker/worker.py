@@ -156,6 +156,8 @@ class Worker:
         self.slot_dirs: dict[tuple[str, int | str], Path] = {}
         self.slot_files: dict[int, SlotFiles] = {}
         """Each slot thread's standard streams, by thread index (not with --keep-dirs: a directory per job)."""
+        self.pokes: dict[int, functools.partial[None]] = {}
+        """Each slot thread's wake-up, for its jobs' kill switches (made once)."""
         self.token = new_token()
         self.base_env = job_environment(config.pass_env, self.token, self.run_as)
         self.reaper = Reaper(self.token)
@@ -590,11 +592,14 @@ class Worker:
         else:
             jobdir = self._slot_dir(f"t{index}")
             files = self.slot_files.get(index)
-            if files is None or files.dir != jobdir:
+            if files is None or files.dir is not jobdir:  # `_slot_dir` keeps its paths: a new one is a new host id
                 if files is not None:
                     files.close()
                 files = self.slot_files[index] = SlotFiles(jobdir)
-        held.stop.on_set(functools.partial(self.threads.poke, index))
+        poke = self.pokes.get(index)
+        if poke is None:
+            poke = self.pokes[index] = functools.partial(self.threads.poke, index)
+        held.stop.on_set(poke)
         try:
             return run_blocking(a, jobdir, self.max_result_bytes, held.stop, wake,
                                 functools.partial(self._thread_job_started, held),
