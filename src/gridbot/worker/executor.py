@@ -652,17 +652,18 @@ def _verdict(a: Assignment, jobdir: Path, out: str | int, err: str | int, why: l
         return InstanceReport(a.instance_id, outcome, code, time.monotonic() - started, cpu, reason,
                               _tail(out), _tail(err), outputs or {})
 
-    if why[:1] == ["stop"]:
+    cause = why[0] if why else ""
+    if cause == "stop":
         reason = _stop_cause(stop, stop_reason)
         if reason:  # the worker stops because of this job: it counts against the job
             return report(Outcome.FAILURE, reason)
         return report(Outcome.INTERRUPTED, "the worker stopped")
-    if why[:1] == ["timeout"]:
+    if cause == "timeout":
         return report(Outcome.FAILURE, f"timed out after {a.timeout:g} s (the bag's timeout)")
     if code != 0:
         assert code is not None
         return report(Outcome.FAILURE, limit_reason(code, a.limits) or describe_exit(code, _tail(err, 4096)))
-    outputs, problem = _collect(jobdir, a.outputs, max_result_bytes, follow=follow)
+    outputs, problem = _collect(jobdir, a.outputs, max_result_bytes, follow=follow) if a.outputs else ({}, "")
     if problem:
         return report(Outcome.FAILURE, problem)
     result = report(Outcome.SUCCESS, "", outputs)
