@@ -79,37 +79,36 @@ DUTY_ARGV = {"shell": ["sh", "-c", "true"], "exec": ["true"]}
 DUTY_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "USER", "LOGNAME", "TZ", "SHELL")
 OUT, ERR = ".gridbot-stdout", ".gridbot-stderr"
 _slot = ""
-_files: list[int] = []
-"""The slot's /dev/null, then stdout's and stderr's writer and reader, held open (a slot thread's SlotFiles)."""
 _found: dict[str, str] = {}
 """Programs found on the PATH (the worker searches once a second)."""
 
 
 def _slot_init(parent: str) -> None:
-    """A pool process's own job directory under `parent`, reused by every task it runs (a gridbot slot's),
-    and its output files, opened once; none without a parent (the tasks that need none)."""
+    """A pool process's own job directory under `parent`, reused by every task it runs (a gridbot slot's), and
+    its working directory from then on (a slot thread's own); none without a parent (the tasks that need none)."""
     global _slot
     if parent:
         _slot = tempfile.mkdtemp(prefix="slot-", dir=parent)
-        _files.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
-        for name in (OUT, ERR):
-            _files.append(os.open(f"{_slot}/{name}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644))
-            _files.append(os.open(f"{_slot}/{name}", os.O_RDONLY | os.O_CLOEXEC))
+        os.chdir(_slot)
 
 
-def _tail(fd: int, limit: int = 64 * 1024) -> str:
-    st = os.fstat(fd)
-    if not st.st_size or not stat.S_ISREG(st.st_mode):
-        return ""
-    return os.pread(fd, min(st.st_size, limit), max(0, st.st_size - limit)).decode(errors="replace")
+def _tail(path: str, limit: int = 64 * 1024) -> str:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not st.st_size or not stat.S_ISREG(st.st_mode):
+            return ""
+        return os.pread(fd, min(st.st_size, limit), max(0, st.st_size - limit)).decode(errors="replace")
+    finally:
+        os.close(fd)
 
 
 def duties_task(argv: list[str], i: int) -> Result:
     """Run `argv` as a gridbot worker runs a job (gridbot.worker.executor, same system calls, written
     again here so that this process imports nothing of gridbot's): the worker's environment filtered
-    plus the job's variables; stdout and stderr into files of the slot's directory, held open and handed to
-    the child with dup2, emptied when a job wrote to them; the program found on the PATH once; a session of
-    its own; started in the slot's directory with `posix_spawn`; its
+    plus the job's variables; stdout and stderr into files of the slot's directory, created or truncated by
+    the child; the program found on the PATH once; a session of its own; started with `posix_spawn` in the
+    slot's directory, which is the process's own (a slot thread has one of its own); its
     end awaited without reaping, its process group killed, then reaped with its resource usage; both output
     tails read; the directory emptied of anything else. No server, no report, no event loop: what is left of
     gridbot's per-job cost once those are gone. (It spawns as gridbot does, where the plain map's tasks use
@@ -118,26 +117,19 @@ def duties_task(argv: list[str], i: int) -> Result:
     env = {k: os.environ[k] for k in DUTY_ENV if k in os.environ}
     env.update(GRIDBOT_RUN="bench", GRIDBOT_JOB_INDEX=str(i), GRIDBOT_JOB_ID=str(i), GRIDBOT_INSTANCE=str(i),
                GRIDBOT_BAG="bench", GRIDBOT_CPUS="1")
-    null, out, out_r, err, err_r = _files
-    for w, r in ((out, out_r), (err, err_r)):
-        if os.fstat(r).st_size:
-            os.ftruncate(w, 0)
-            os.lseek(w, 0, os.SEEK_SET)
-    actions = [(os.POSIX_SPAWN_DUP2, null, 0), (os.POSIX_SPAWN_DUP2, out, 1), (os.POSIX_SPAWN_DUP2, err, 2)]
+    out, err = f"{_slot}/{OUT}", f"{_slot}/{ERR}"
+    actions = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+               (os.POSIX_SPAWN_OPEN, 1, out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644),
+               (os.POSIX_SPAWN_OPEN, 2, err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)]
     program = _found.get(argv[0]) or _found.setdefault(argv[0], shutil.which(argv[0]) or argv[0])
-    home = os.getcwd()
-    os.chdir(_slot)
-    try:
-        pid = os.posix_spawn(program, argv, env, file_actions=actions, setsid=True,
-                             setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
-    finally:
-        os.chdir(home)
+    pid = os.posix_spawn(program, argv, env, file_actions=actions, setsid=True,
+                         setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
     os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # ended, not reaped (the worker's pidfd says as much)
     with contextlib.suppress(ProcessLookupError):  # its group, before the reaping frees the group's id
         os.killpg(pid, signal.SIGKILL)
     _, status, usage = os.wait4(pid, 0)
     report = (os.waitstatus_to_exitcode(status), time.monotonic() - started, usage.ru_utime + usage.ru_stime,
-              _tail(out_r), _tail(err_r))
+              _tail(out), _tail(err))
     with os.scandir(_slot) as entries:
         for entry in entries:
             if entry.name not in (OUT, ERR):

@@ -1,20 +1,22 @@
 """The executor runs a plain command without a shell (as GNU make does) and everything else under
 `/bin/sh -c`; a user sees the same outputs, exit codes and messages either way, and on both of the worker's
-paths: a task of its event loop (`run_instance`) and a slot thread (`run_blocking`, with and without the
-output files it holds open). Real processes."""
+paths: a task of its event loop (`run_instance`) and a slot thread (`run_blocking`, on a thread with a working
+directory of its own, as a slot thread has, and on the main thread, which changes the process's around each
+spawn). Real processes."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import stat
+import threading
 from pathlib import Path
 
 import pytest
 
 from gridbot.model.records import Assignment, InstanceReport, Outcome
 from gridbot.worker import executor
-from gridbot.worker.executor import KillSwitch, SlotFiles, plain_argv, run_blocking, run_instance
+from gridbot.worker.executor import KillSwitch, plain_argv, run_blocking, run_instance
 
 
 async def no_inputs(bag_id: int, name: str) -> Path:
@@ -22,21 +24,29 @@ async def no_inputs(bag_id: int, name: str) -> Path:
 
 
 def run_on(path: str, a: Assignment, jobdir: Path, base_env: dict[str, str] | None = None) -> InstanceReport:
-    """Run `a` on the event loop's path ("loop") or a slot thread's (here the calling thread): "thread" with
-    output files opened by the child, "slot-files" with the slot's held open (`SlotFiles`), as the worker does."""
+    """Run `a` on the event loop's path ("loop") or a slot thread's: "thread" on a thread of its own (which
+    gets a working directory of its own), "main-thread" on this one (which changes the process's)."""
     if path == "loop":
         return asyncio.run(run_instance(a, jobdir, no_inputs, 1 << 20, KillSwitch(), base_env=base_env))
-    wake = os.eventfd(0, os.EFD_NONBLOCK)
-    files = SlotFiles(jobdir) if path == "slot-files" else None
-    try:
-        return run_blocking(a, jobdir, 1 << 20, KillSwitch(), wake, lambda pid: None, None, base_env, files=files)
-    finally:
-        os.close(wake)
-        if files is not None:
-            files.close()
+    reports: list[InstanceReport] = []
+
+    def run() -> None:
+        wake = os.eventfd(0, os.EFD_NONBLOCK)
+        try:
+            reports.append(run_blocking(a, jobdir, 1 << 20, KillSwitch(), wake, lambda pid: None, None, base_env))
+        finally:
+            os.close(wake)
+
+    if path == "main-thread":
+        run()
+    else:
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join(60)
+    return reports[0]
 
 
-@pytest.fixture(params=["loop", "thread", "slot-files"])
+@pytest.fixture(params=["loop", "thread", "main-thread"])
 def run(request):
     def run(tmp_path: Path, command: str, env: dict[str, str] | None = None) -> InstanceReport:
         return run_on(request.param, Assignment(1, 1, 1, "b", 0, command, env or {}, [], [], 60.0), tmp_path / "job")
@@ -126,7 +136,23 @@ def test_a_program_gone_from_where_it_was_found_is_searched_for_again_at_once(tm
     assert run(tmp_path, "which-gridbot", env).stdout_tail == "first\n", "found again once FOUND_FOR has passed"
 
 
-@pytest.mark.parametrize("path", ["loop", "thread", "slot-files"])
+def test_a_program_on_a_relative_path_entry_is_looked_for_in_each_jobs_directory(tmp_path, run):
+    """Found by review: a PATH with a relative (or empty) entry before the one that held the program must not
+    be remembered, since another job's directory may hold the program at that entry."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "which-rel").write_text("#!/bin/sh\necho absolute\n")
+    (bin_dir / "which-rel").chmod(0o755)
+    env = {"PATH": f":{bin_dir}:{os.environ['PATH']}"}
+    assert run(tmp_path / "a", "which-rel", env).stdout_tail == "absolute\n"
+    local = tmp_path / "b" / "job" / "which-rel"
+    local.parent.mkdir(parents=True)
+    local.write_text("#!/bin/sh\necho local\n")
+    local.chmod(0o755)
+    assert run(tmp_path / "b", "which-rel", env).stdout_tail == "local\n"
+
+
+@pytest.mark.parametrize("path", ["loop", "thread", "main-thread"])
 def test_a_bags_env_cannot_take_the_run_mark_by_which_the_worker_watches_its_jobs(tmp_path, path):
     """Found by the review of 2026-11-27: `[env] GRIDBOT_RUN = "mine"` replaced the worker's mark, so the reaper
     no longer found the job's processes and its memory limit went unenforced. Specs now refuse GRIDBOT_* in

@@ -16,7 +16,7 @@ import pytest
 
 from gridbot.model.records import Assignment, InstanceReport, Limits, Outcome
 from gridbot.worker import executor
-from gridbot.worker.executor import KillSwitch, SlotFiles, run_blocking
+from gridbot.worker.executor import KillSwitch, run_blocking
 from gridbot.worker.threads import BATCH, Held, SlotThreads
 from gridbot.worker.worker import Worker
 
@@ -170,8 +170,7 @@ def test_a_crash_of_the_runner_fails_the_job_and_the_thread_runs_the_next():
 
 
 def blocking(tmp_path: Path, a: Assignment, stop: KillSwitch | None = None, set_after: float | None = None,
-             reason: str = "", ready: str = "", files: SlotFiles | None = None,
-             keep: bool = True) -> tuple[InstanceReport, list[int]]:
+             reason: str = "", ready: str = "", keep: bool = True) -> tuple[InstanceReport, list[int]]:
     """Run `a` with run_blocking on this thread; once it has spawned (and printed `ready`, if given) and
     `set_after` seconds more have passed, another thread sets its switch."""
     stop = stop or KillSwitch()
@@ -199,7 +198,7 @@ def blocking(tmp_path: Path, a: Assignment, stop: KillSwitch | None = None, set_
     try:
         if helper is not None:
             helper.start()
-        return run_blocking(a, tmp_path / "job", 1 << 20, stop, wake, started, None, None, keep, files=files), pids
+        return run_blocking(a, tmp_path / "job", 1 << 20, stop, wake, started, None, None, keep), pids
     finally:
         if helper is not None:
             helper.join(timeout=60)
@@ -215,17 +214,32 @@ def test_a_threads_job_over_its_timeout_is_killed_and_fails_saying_so(tmp_path):
 
 def test_a_threads_job_taken_back_is_interrupted_and_one_that_ignores_sigterm_is_killed(tmp_path, monkeypatch):
     monkeypatch.setattr(executor, "KILL_GRACE", 0.3)
+    monkeypatch.setattr(executor, "KILL_GRACE", 30.0)
     r, _ = blocking(tmp_path, assignment(1, "sleep 30"), set_after=0.2)
     assert (r.outcome, r.reason, r.exit_code) == (Outcome.INTERRUPTED, "the worker stopped", -15)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 2
     while any(isinstance(t, threading.Timer) for t in threading.enumerate()) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert not any(isinstance(t, threading.Timer) for t in threading.enumerate()), "its SIGKILL timer is gone"
+    assert not any(isinstance(t, threading.Timer) for t in threading.enumerate()), "its SIGKILL timer went with it"
+    monkeypatch.setattr(executor, "KILL_GRACE", 0.3)
     start = time.monotonic()
     r, _ = blocking(tmp_path, assignment(2, "trap '' TERM; echo ready; sleep 30 & wait; sleep 30"), set_after=0.05,
                     ready="ready")
     assert r.outcome is Outcome.INTERRUPTED and r.exit_code == -9, r
     assert time.monotonic() - start < 5
+
+
+def test_a_threads_job_that_ignores_sigterm_is_killed_at_once_when_no_timer_thread_can_start(tmp_path, monkeypatch):
+    """Found by review: the switch of a job waited for in `waitid` starts a timer thread for its SIGKILL; where
+    the system refuses a thread (a small `ulimit -u`), the job is killed at once rather than never."""
+    def refused(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Timer, "start", refused)
+    start = time.monotonic()
+    r, _ = blocking(tmp_path, assignment(1, "trap '' TERM; echo ready; sleep 30"), set_after=0.05, ready="ready")
+    assert (r.outcome, r.exit_code) == (Outcome.INTERRUPTED, -9), r
+    assert time.monotonic() - start < 10
 
 
 def test_a_threads_job_stopped_with_a_reason_fails_with_it_and_one_stopped_before_it_starts_never_runs(tmp_path):
@@ -272,30 +286,29 @@ def test_an_instance_taken_back_before_it_started_carries_no_output_of_the_slots
     assert (r.outcome, r.stdout_tail, r.stderr_tail) == (Outcome.INTERRUPTED, "", ""), r
 
 
-def test_each_job_of_a_slot_gets_only_its_own_output_from_the_files_the_slot_holds_open(tmp_path):
-    """A slot thread hands its held output files to each job (SlotFiles): what a job wrote is gone before the
-    next starts, at the start of the file (the offset is shared: without moving it back, a shorter output
-    would land after a hole), and a job that writes nothing reads nothing."""
-    files = SlotFiles(tmp_path / "job")
-    try:
-        r, _ = blocking(tmp_path, assignment(1, "head -c 5000 /dev/zero | tr '\\0' a; echo long stderr >&2"),
-                        files=files)
-        assert (len(r.stdout_tail), r.stderr_tail) == (5000, "long stderr\n")
-        r, _ = blocking(tmp_path, assignment(2, "echo b; echo c >&2"), files=files)
-        assert (r.stdout_tail, r.stderr_tail) == ("b\n", "c\n"), r
-        assert (tmp_path / "job" / executor.STDOUT).read_bytes() == b"b\n", "the file in the directory, too"
-        r, _ = blocking(tmp_path, assignment(3, "true"), files=files)
-        assert (r.stdout_tail, r.stderr_tail) == ("", ""), r
-        stop = KillSwitch()
-        stop.set()
-        blocking(tmp_path, assignment(4, "echo never"), stop, files=files)
-        r, _ = blocking(tmp_path, assignment(5, "cat; readlink /proc/$$/fd/0 /proc/$$/fd/1 /proc/$$/fd/2"),
-                        files=files)
-        job = tmp_path / "job"
-        assert (r.outcome, r.stdout_tail.split()) == (
-            Outcome.SUCCESS, ["/dev/null", str(job / executor.STDOUT), str(job / executor.STDERR)]), r
-    finally:
-        files.close()
+def in_a_thread(fn):
+    """Run `fn` on a thread of its own, as a slot thread (which gets a working directory of its own); its result."""
+    results = []
+    thread = threading.Thread(target=lambda: results.append(fn()))
+    thread.start()
+    thread.join(60)
+    assert results, "the thread did not finish"
+    return results[0]
+
+
+def test_each_job_of_a_slot_gets_only_its_own_output(tmp_path):
+    """A slot's output files are emptied for each job, whatever the last one wrote, and a job that writes
+    nothing reads nothing."""
+    r, _ = blocking(tmp_path, assignment(1, "head -c 5000 /dev/zero | tr '\\0' a; echo long stderr >&2"))
+    assert (len(r.stdout_tail), r.stderr_tail) == (5000, "long stderr\n")
+    r, _ = blocking(tmp_path, assignment(2, "echo b; echo c >&2"))
+    assert (r.stdout_tail, r.stderr_tail) == ("b\n", "c\n"), r
+    r, _ = blocking(tmp_path, assignment(3, "true"))
+    assert (r.stdout_tail, r.stderr_tail) == ("", ""), r
+    job = tmp_path / "job"
+    r, _ = blocking(tmp_path, assignment(5, "cat; readlink /proc/$$/fd/0 /proc/$$/fd/1 /proc/$$/fd/2"))
+    assert (r.outcome, r.stdout_tail.split()) == (
+        Outcome.SUCCESS, ["/dev/null", str(job / executor.STDOUT), str(job / executor.STDERR)]), r
 
 
 def test_a_slots_directory_is_emptied_after_each_job_of_anything_but_its_output_files(tmp_path):
@@ -304,86 +317,61 @@ def test_a_slots_directory_is_emptied_after_each_job_of_anything_but_its_output_
     job = tmp_path / "job"
     job.mkdir()
     (job / "stale").write_text("from an earlier worker")
-    files = SlotFiles(job)
 
     def listing(iid: int) -> list[str]:
-        r, _ = blocking(tmp_path, assignment(iid, "ls -A"), files=files, keep=False)
+        r, _ = blocking(tmp_path, assignment(iid, "ls -A"), keep=False)
         return sorted(set(r.stdout_tail.split()) - {executor.STDOUT, executor.STDERR})
 
     def run(iid: int, command: str) -> None:
-        r, _ = blocking(tmp_path, assignment(iid, command), files=files, keep=False)
+        r, _ = blocking(tmp_path, assignment(iid, command), keep=False)
         assert r.outcome is Outcome.SUCCESS, r
 
-    try:
-        assert listing(1) == ["stale"]
-        assert listing(2) == []
-        run(3, "touch junk; mkdir -p sub/deeper; touch sub/deeper/file")
-        assert listing(4) == []
-        run(5, "true")
-        run(6, "mv .gridbot-stdout moved; echo x > .gridbot-stdout")
-        assert listing(7) == []
-        assert listing(8) == []
-    finally:
-        files.close()
+    assert listing(1) == ["stale"]
+    assert listing(2) == []
+    run(3, "touch junk; mkdir -p sub/deeper; touch sub/deeper/file")
+    assert listing(4) == []
+    run(5, "mv .gridbot-stdout moved; echo x > .gridbot-stdout")
+    assert listing(6) == []
 
 
 def test_a_slot_thread_starts_its_jobs_in_a_directory_of_its_own_and_the_workers_stays(tmp_path):
     """A slot thread (not the main one) gets a working directory of its own, its slot's, where its jobs start
-    without the worker's being changed around each spawn; the worker's own stays where it was."""
-    files = SlotFiles(tmp_path / "job")
-    reports: list[InstanceReport] = []
+    without the worker's being changed around each spawn; removed, renamed or replaced, the slot's directory
+    is made again and the thread moves into the new one. The worker's own directory stays where it was."""
+    job = tmp_path / "job"
     here = os.getcwd()
 
-    def slot() -> None:
-        for iid, command in enumerate(["pwd", 'rm -rf "$PWD"', "pwd"]):
-            reports.append(blocking(tmp_path, assignment(iid, command), files=files, keep=False)[0])
-        reports.append(InstanceReport(99, Outcome.SUCCESS, 0, 0.0, 0.0, str(files.inside)))
+    def slot() -> tuple[list[str], str]:
+        seen = []
+        for iid, command in enumerate(["pwd", 'rm -rf "$PWD"', "pwd", 'mv "$PWD" ../moved', "pwd > out.txt",
+                                       'cd .. && mv job replaced && mkdir job', "pwd"]):
+            outputs = ["out.txt"] if "out.txt" in command else []
+            r, _ = blocking(tmp_path, assignment(iid, command, outputs=outputs), keep=False)
+            assert r.outcome is Outcome.SUCCESS, r
+            seen.append(r.stdout_tail + r.outputs.get("out.txt", b"").decode())
+        return seen, os.getcwd()
 
-    thread = threading.Thread(target=slot)
-    try:
-        thread.start()
-        thread.join(30)
-    finally:
-        files.close()
-    assert [r.stdout_tail for r in reports[:3]] == [f"{tmp_path / 'job'}\n", "", f"{tmp_path / 'job'}\n"], reports
-    assert reports[3].reason == "True", "the thread has a directory of its own (unshare)"
+    seen, cwd = in_a_thread(slot)
+    path = f"{job}\n"
+    assert seen == [path, "", path, "", path, "", path]
+    assert cwd == str(job), "the thread's own directory is the slot's"
     assert os.getcwd() == here and os.readlink("/proc/self/cwd") == here
 
 
-def test_a_job_that_removes_its_slots_directory_leaves_the_next_job_its_output(tmp_path):
-    files = SlotFiles(tmp_path / "job")
-    try:
-        r, _ = blocking(tmp_path, assignment(1, 'echo gone; rm -rf "$PWD"'), files=files)
-        assert r.outcome is Outcome.SUCCESS and not (tmp_path / "job").exists()
-        r, _ = blocking(tmp_path, assignment(2, "echo here; pwd"), files=files)
-        assert (r.outcome, r.stdout_tail) == (Outcome.SUCCESS, f"here\n{tmp_path / 'job'}\n"), r
-        assert (tmp_path / "job" / executor.STDOUT).read_text() == r.stdout_tail
-    finally:
-        files.close()
-
-
 @pytest.mark.parametrize("left", ["fifo", "link", "directory"])
-def test_slot_files_replace_what_an_earlier_job_left_in_their_place(tmp_path, left):
+def test_what_a_job_leaves_in_place_of_its_output_files_goes_before_the_next_job(tmp_path, left):
     """A fifo is not waited on, a link not written through (the file it names is untouched), a directory
-    removed: the slot's files are regular files of the slot's directory."""
-    job = tmp_path / "job"
-    job.mkdir()
+    removed: the next job's output files are regular files of the slot's directory."""
     outside = tmp_path / "precious"
     outside.write_text("keep me")
-    path = job / executor.STDOUT
-    if left == "fifo":
-        os.mkfifo(path)
-    elif left == "link":
-        path.symlink_to(outside)
-    else:
-        (path / "inner").mkdir(parents=True)
-    files = SlotFiles(job)
-    try:
-        r, _ = blocking(tmp_path, assignment(1, "echo fine"), files=files)
-        assert (r.outcome, r.stdout_tail) == (Outcome.SUCCESS, "fine\n"), r
-        assert path.is_file() and not path.is_symlink() and outside.read_text() == "keep me"
-    finally:
-        files.close()
+    make = {"fifo": "mkfifo .gridbot-stdout", "link": f"ln -s {outside} .gridbot-stdout",
+            "directory": "mkdir -p .gridbot-stdout/inner"}[left]
+    r, _ = blocking(tmp_path, assignment(1, f"rm -f .gridbot-stdout; {make}"), keep=False)
+    assert r.outcome is Outcome.SUCCESS, r
+    r, _ = blocking(tmp_path, assignment(2, "echo fine"), keep=False)
+    assert (r.outcome, r.stdout_tail) == (Outcome.SUCCESS, "fine\n"), r
+    path = tmp_path / "job" / executor.STDOUT
+    assert path.is_file() and not path.is_symlink() and outside.read_text() == "keep me"
 
 
 def test_min_cpu_stops_watching_a_threads_job_when_it_is_reaped(tmp_path):

@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import re
 import select
 import shutil
 import signal
 import stat
-import struct
 import subprocess
 import threading
 import time
@@ -32,8 +30,6 @@ from typing import Any
 
 from gridbot.model.records import Assignment, InstanceReport, Limits, Outcome
 from gridbot.worker.isolation import RUN_VAR, RunAs, apply_limits
-
-log = logging.getLogger("gridbot.worker")
 
 TAIL_BYTES = 64 * 1024
 STDOUT, STDERR = ".gridbot-stdout", ".gridbot-stderr"
@@ -78,15 +74,11 @@ def sessions_cpu_seconds(sids: Collection[int]) -> dict[int, float]:
     return {sid: t / _TICKS for sid, t in ticks.items()}
 
 
-def _tail(path: Path | str | int, limit: int = TAIL_BYTES) -> str:
-    """The last `limit` bytes of an output file, named or open (a descriptor, left open)."""
-    if isinstance(path, int):
-        fd = path
-    else:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError:
-            return ""
+def _tail(path: Path | str, limit: int = TAIL_BYTES) -> str:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return ""
     try:
         st = os.fstat(fd)
         size = st.st_size
@@ -96,8 +88,7 @@ def _tail(path: Path | str | int, limit: int = TAIL_BYTES) -> str:
     except OSError:
         return ""
     finally:
-        if fd is not path:
-            os.close(fd)
+        os.close(fd)
 
 
 def _last_line(text: str) -> str:
@@ -177,7 +168,7 @@ _LIBC: list[Any] = []
 
 
 def _libc() -> Any:
-    """The C library, for the system calls the standard library has no binding for (loaded once)."""
+    """The C library, for a system call the standard library has no binding for (loaded once)."""
     if not _LIBC:
         import ctypes
 
@@ -186,184 +177,39 @@ def _libc() -> Any:
 
 
 _fs = threading.local()
+"""A slot thread's own working directory: `own` (it has one, unshare(CLONE_FS)) and `at` (the (st_dev,
+st_ino) of the directory it is in)."""
 
 
-def _own_cwd(path: Path) -> bool:
-    """Give the calling thread a working directory of its own (unshare(CLONE_FS), Linux) and make it `path`;
-    False where the system refuses (a seccomp profile may), and the worker's is left as it was. Never on the
-    main thread, whose directory is the process's for everything else (/proc/self/cwd, a test's runner)."""
-    if threading.current_thread() is threading.main_thread():
-        return False
+def _cwd_here(jobdir: Path, st: os.stat_result) -> bool:
+    """Whether the calling thread's own working directory is `jobdir` (whose stat is `st`), moving it there if
+    need be: its jobs then start there with no change of the worker's around each spawn.
+
+    The thread gets a directory of its own with unshare(CLONE_FS) (Linux; through ctypes, the standard library
+    of Python 3.11 has no binding) the first time; never the main thread, whose directory is the process's for
+    everything else (/proc/self/cwd, a test's runner). False where the system refuses (a seccomp profile may):
+    the spawn then changes the worker's directory around itself, under SPAWN_LOCK. A directory removed,
+    renamed or replaced since has another identity, and the thread moves to the one now at `jobdir`.
+    """
+    at = (st.st_dev, st.st_ino)
+    if getattr(_fs, "at", None) == at:
+        return True
     if not getattr(_fs, "own", False):
+        if threading.current_thread() is threading.main_thread():
+            return False
         try:
             if _libc().unshare(0x200) != 0:  # CLONE_FS
                 return False
-        except (OSError, AttributeError):
+        except (OSError, AttributeError, ImportError):
             return False
         _fs.own = True
-    os.chdir(path)
-    return True
-
-
-class _Watch:
-    """What was added to a directory, and whether it or the slot's files went, from inotify (through ctypes:
-    the standard library has no binding); `None` from `start` where the system gives none (a full table, no
-    inotify, not Linux). A directory removed while the worker holds files of it open says so only when they
-    are closed: `rm -rf` is seen by its files' removal."""
-
-    CHANGED = 0x100 | 0x80  # IN_CREATE | IN_MOVED_TO: a new entry
-    GONE = 0x400 | 0x800 | 0x8000  # IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED
-    REMOVED = 0x200 | 0x40  # IN_DELETE | IN_MOVED_FROM: an entry went (GONE if it is one of the slot's files)
-    OURS = (STDOUT.encode(), STDERR.encode())
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-
-    @classmethod
-    def start(cls, path: Path) -> _Watch | None:
-        try:
-            libc = _libc()
-            fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
-        except (OSError, AttributeError):
-            return None
-        if fd < 0:
-            return None
-        if libc.inotify_add_watch(fd, os.fsencode(path), cls.CHANGED | cls.GONE | cls.REMOVED | 0x01000000) < 0:
-            os.close(fd)
-            return None
-        return cls(fd)
-
-    def events(self) -> int:
-        """The events since the last call, or'ed (an overflowed queue counts as every event)."""
-        mask = 0
-        while True:
-            try:
-                data = os.read(self.fd, 1 << 16)
-            except BlockingIOError:
-                return mask
-            at = 0
-            while at + 16 <= len(data):
-                _, flags, _, size = struct.unpack_from("iIII", data, at)
-                if flags & 0x4000:  # IN_Q_OVERFLOW: events were lost
-                    mask |= self.CHANGED | self.GONE
-                elif flags & self.REMOVED:
-                    if data[at + 16:at + 16 + size].rstrip(b"\0") in self.OURS:
-                        mask |= self.GONE
-                else:
-                    mask |= flags
-                at += 16 + size
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-
-class SlotFiles:
-    """A slot thread's standard streams for its jobs, opened once in its reused directory: /dev/null, and the
-    output files `STDOUT` and `STDERR`, which each job gets with dup2 and which are emptied before the next;
-    and a watch on the directory, which is emptied after a job only if something was added to it.
-
-    Opening and truncating both files by path in every child was a tenth of the machine's time per `sh -c
-    true` job (children 0.81 -> 0.74 ms, the thread 142 -> 124 µs, measured apart; issue 14), and looking
-    through the directory after each job, and whether it was still there before, another 15-20 µs. The job's
-    stdout is the same file, at the same path, opened for writing only, as with an open per job. Used from
-    one thread at a time (its slot thread); the worker closes it when that thread has ended.
-    """
-
-    def __init__(self, jobdir: Path) -> None:
-        self.dir = jobdir
-        self.fds: list[int] = []
-        """/dev/null, then each output file's writer (the job's) and reader (the tails'); empty: closed."""
-        self.watch: _Watch | None = None
-        self.unseen = False
-        """What was in the directory before the watch began is not known: the next `clean` looks."""
-        self.inside = False
-        """The thread has a working directory of its own, and it is this one (`_own_cwd`): its jobs start
-        there, with no change of the worker's around each spawn."""
-
-    def ready(self) -> FileActions:
-        """Make the directory and open the files (once, and again if the directory went), empty what the last
-        job wrote, and return the spawn's file actions."""
-        if self.fds and (self.watch is None and not os.path.isdir(self.dir)):
-            self.close()
-        if not self.fds:
-            os.makedirs(self.dir, exist_ok=True)
-            self._open()
-        null, out, out_r, err, err_r = self.fds
-        for w, r in ((out, out_r), (err, err_r)):
-            if os.fstat(r).st_size:
-                os.ftruncate(w, 0)
-                os.lseek(w, 0, os.SEEK_SET)  # the offset is shared with the last job's stdout: back to the start
-        return [(os.POSIX_SPAWN_DUP2, null, 0), (os.POSIX_SPAWN_DUP2, out, 1), (os.POSIX_SPAWN_DUP2, err, 2)]
-
-    def readers(self) -> tuple[int, int]:
-        """Descriptors to read the last job's stdout and stderr from (after `ready`)."""
-        return self.fds[2], self.fds[4]
-
-    def after(self, clean: bool) -> None:
-        """After a job: if the directory or the files went, open everything again before the next job; else
-        if `clean`, empty the directory (`clean_dir`) if anything was added to it."""
-        if self.watch is None:
-            if clean:
-                clean_dir(self.dir)
-            return
-        events = self.watch.events()
-        if events & _Watch.GONE:
-            self.close()
-            if clean:
-                clean_dir(self.dir)
-        elif clean and (events or self.unseen):
-            clean_dir(self.dir)
-            self.unseen = False
-
-    def close(self) -> None:
-        fds, self.fds = self.fds, []
-        self.inside = False
-        if self.watch is not None:
-            fds.append(self.watch.fd)
-            self.watch = None
-        for fd in fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-    def _open(self) -> None:
-        self.watch = _Watch.start(self.dir)  # first: an entry made before it would go unseen
-        self.unseen = True
-        fds = [os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)]
-        try:
-            for name in (STDOUT, STDERR):
-                path = self.dir / name
-                fds.append(_output_file(path))
-                fds.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK))
-        except BaseException:
-            for fd in fds:
-                os.close(fd)
-            self.close()
-            raise
-        self.fds = fds
-        self.inside = _own_cwd(self.dir)
-        if self.watch is not None:
-            self.watch.events()  # its own making of the files (`unseen` has the next `clean` look anyway)
-
-
-def _output_file(path: Path) -> int:
-    """`path` opened to write, as an empty regular file: whatever an earlier job left there in its place (a
-    link, a fifo, a directory) is removed first, never written through or waited on."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        fd = os.open(path, flags, 0o644)
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            os.set_blocking(fd, True)
-            return fd
-        os.close(fd)
+        os.chdir(jobdir)
     except OSError:
-        pass
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-    fd = os.open(path, flags | os.O_EXCL, 0o644)
-    os.set_blocking(fd, True)
-    return fd
+        _fs.at = None
+        return False
+    _fs.at = at
+    return True
 
 
 _FOUND: dict[tuple[str, str], tuple[str, float]] = {}
@@ -378,15 +224,15 @@ def _find(name: str, path: str) -> str | None:
     execvp tries every directory of the PATH in the child, in turn, until one holds the program: on a PATH of
     nine directories before /usr/bin, finding `sh` cost the child 10-15 µs, 1.5% of an `sh -c true` job
     (issue 14). A program installed earlier on the PATH is used within FOUND_FOR seconds (a shell's hash
-    table never sees it), and one that is gone is searched for again at once (`_spawn`). Only absolute
-    places are kept: a relative PATH entry means a different file in each job's directory.
+    table never sees it), and one that is gone is searched for again at once (`_spawn`). Nothing is kept
+    for a PATH with a relative (or empty) entry: there, each job's directory may hold another program.
     """
     now = time.monotonic()
     hit = _FOUND.get((name, path))
     if hit is not None and now - hit[1] < FOUND_FOR:
         return hit[0]
     found = shutil.which(name, path=path)
-    if found is not None and os.path.isabs(found):
+    if found is not None and all(d.startswith("/") for d in path.split(os.pathsep)):
         if len(_FOUND) >= 1024:  # bags with many programs: a bound, not an eviction policy
             _FOUND.clear()
         _FOUND[name, path] = (found, now)
@@ -394,9 +240,8 @@ def _find(name: str, path: str) -> str | None:
 
 
 def _spawn(command: str, jobdir: Path | None, actions: FileActions, env: dict[str, str]) -> int:
-    """Start the command in `jobdir` (None: in the calling thread's own working directory, `_own_cwd`), in a
-    session of its own, its standard streams set by `actions` (`_output_actions`, or a slot thread's
-    `SlotFiles`).
+    """Start the command in `jobdir` (None: in the calling thread's own working directory, `_cwd_here`), in a
+    session of its own, its standard streams set by `actions` (`_output_actions`).
 
     A plain command (`plain_argv`) is executed directly, found on the job's PATH as the shell would
     (`_find`): that saves starting a shell, a seventh of the cost of a short job (issue 6). Anything else,
@@ -404,18 +249,23 @@ def _spawn(command: str, jobdir: Path | None, actions: FileActions, env: dict[st
     `/bin/sh -c`, which runs it or fails it with the shell's own message and exit code.
 
     `posix_spawn` costs a third of `subprocess.Popen` here (issue 6), but it cannot change directory in
-    the child, so the worker changes its own for the call, under SPAWN_LOCK (the caller's): the event loop
-    and the slot threads spawn, and the loop goes on while a thread is in here, so every path any thread of
-    the worker uses is absolute. Descriptors the worker opened are close-on-exec (PEP 446).
+    the child: a slot thread with a directory of its own starts its jobs there (`_cwd_here`); otherwise the
+    worker changes its own for the call, under SPAWN_LOCK (the caller's): the event loop and the slot threads
+    spawn, and the loop goes on while a thread is in here, so every path any thread of the worker uses is
+    absolute. Descriptors the worker opened are close-on-exec (PEP 446).
     """
     if jobdir is None:
         return _spawn_here(command, actions, env)
-    home = os.getcwd()
+    try:
+        home: str | None = os.getcwd()
+    except FileNotFoundError:  # a slot thread's own directory, removed: nothing to go back to
+        home = None
     os.chdir(jobdir)
     try:
         return _spawn_here(command, actions, env)
     finally:
-        os.chdir(home)
+        if home is not None:
+            os.chdir(home)
 
 
 def _spawn_here(command: str, actions: FileActions, env: dict[str, str]) -> int:
@@ -480,10 +330,12 @@ def _stage(src: Path, dest: Path, user: RunAs | None) -> None:
 
 
 def clean_dir(jobdir: Path) -> None:
-    """Empty a reused job directory for the next instance (the output files are truncated on reuse)."""
+    """Empty a reused job directory for the next instance. The output files stay (the next spawn truncates
+    them) if they are regular files: a link, fifo or directory a job left at their place goes, so the next
+    job's output is not written through a link or waited on."""
     with contextlib.suppress(OSError), os.scandir(jobdir) as entries:
         for entry in entries:
-            if entry.name in (STDOUT, STDERR):
+            if entry.name in (STDOUT, STDERR) and entry.is_file(follow_symlinks=False):
                 continue
             if entry.is_dir(follow_symlinks=False):
                 shutil.rmtree(entry.path, ignore_errors=True)
@@ -641,12 +493,12 @@ def job_env(a: Assignment, base_env: dict[str, str] | None) -> dict[str, str]:
     return env
 
 
-def _verdict(a: Assignment, jobdir: Path, out: str | int, err: str | int, why: list[str], stop: KillSwitch,
+def _verdict(a: Assignment, jobdir: Path, out: str, err: str, why: list[str], stop: KillSwitch,
              stop_reason: Callable[[], str] | None, code: int | None, cpu: float, max_result_bytes: int,
              started: float, follow: bool) -> InstanceReport:
     """The report of an instance whose command has ended (`code` None: it never started, taken back first):
-    what ended it (`why`: "stop" or "timeout", or nothing), its exit status, then its declared outputs.
-    `out` and `err`: its output files, by path or open (`SlotFiles.readers`)."""
+    what ended it (`why`: "stop" or "timeout", or nothing), its exit status, then its declared outputs
+    (`out`, `err`: the paths of its output files)."""
 
     def report(outcome: Outcome, reason: str = "", outputs: dict[str, bytes] | None = None) -> InstanceReport:
         return InstanceReport(a.instance_id, outcome, code, time.monotonic() - started, cpu, reason,
@@ -683,7 +535,7 @@ def _stop_cause(stop: KillSwitch, stop_reason: Callable[[], str] | None) -> str:
 def run_blocking(a: Assignment, jobdir: Path, max_result_bytes: int, stop: KillSwitch, wake: int,
                  started_cb: Callable[[int], None], stop_reason: Callable[[], str] | None,
                  base_env: dict[str, str] | None, keep: bool = True,
-                 reaped_cb: Callable[[], object] = lambda: None, files: SlotFiles | None = None) -> InstanceReport:
+                 reaped_cb: Callable[[], object] = lambda: None) -> InstanceReport:
     """Run `a` in `jobdir` on the calling thread (a slot thread of gridbot.worker.threads) and return its
     report, as `run_instance` would on the event loop: same environment, spawn, timeout, kill switch, outputs
     and report, without inputs or a user to switch to (those instances stay on the loop).
@@ -693,54 +545,44 @@ def run_blocking(a: Assignment, jobdir: Path, max_result_bytes: int, stop: KillS
     of `stop` writes (a write meant for an earlier job only wakes it once: what counts is `stop.is_set()`),
     and takes it back itself when the switch is set or the timeout comes (`_wait_blocking`). `started_cb(pid)`
     is called under SPAWN_LOCK with the job spawned: it registers the job with the reaper; `reaped_cb()` at once
-    after the job's first process is reaped, before its outputs are read. `files`: the thread's `SlotFiles`
-    for `jobdir`, a reused directory (without them, or when they cannot be opened, the child opens its files).
+    after the job's first process is reaped, before its outputs are read. A slot thread starts its jobs in a
+    working directory of its own (`_cwd_here`).
     """
     started = time.monotonic()
     try:
         return _run_blocking(a, jobdir, max_result_bytes, stop, wake, started_cb, stop_reason, base_env, started,
-                             reaped_cb, files)
+                             reaped_cb)
     finally:
-        if files is not None and files.fds:
-            files.after(clean=not keep)
-        elif not keep:
+        if not keep:
             clean_dir(jobdir)
 
 
 def _run_blocking(a: Assignment, jobdir: Path, max_result_bytes: int, stop: KillSwitch, wake: int,
                   started_cb: Callable[[int], None], stop_reason: Callable[[], str] | None,
                   base_env: dict[str, str] | None, started: float,
-                  reaped_cb: Callable[[], object], files: SlotFiles | None) -> InstanceReport:
-    out: str | int = f"{jobdir}/{STDOUT}"
-    err: str | int = f"{jobdir}/{STDERR}"
+                  reaped_cb: Callable[[], object]) -> InstanceReport:
+    out, err = f"{jobdir}/{STDOUT}", f"{jobdir}/{STDERR}"
 
     def unstarted(outcome: Outcome, reason: str) -> InstanceReport:
         """A report without output tails: the slot's files are another job's until a spawn truncates them."""
         return InstanceReport(a.instance_id, outcome, None, time.monotonic() - started, 0.0, reason)
 
-    actions = None
-    if files is not None:
-        try:
-            actions = files.ready()
-            out, err = files.readers()
-        except OSError as e:
-            log.debug("slot files in %s: %s; this job opens its own", jobdir, e)
-            files.close()
     try:
-        if actions is None and not os.path.isdir(jobdir):
+        try:
+            st = os.stat(jobdir)
+        except FileNotFoundError:
             os.makedirs(jobdir, exist_ok=True)
+            st = os.stat(jobdir)
     except OSError as e:
         return unstarted(Outcome.FAILURE, f"could not make the job's directory: {e}")
+    here = _cwd_here(jobdir, st)
     env = job_env(a, base_env)
     with SPAWN_LOCK:
         if stop.is_set():  # taken back before it started: it never does
             reason = _stop_cause(stop, stop_reason)
             return unstarted(Outcome.FAILURE if reason else Outcome.INTERRUPTED, reason or "the worker stopped")
         try:
-            if actions is None:
-                pid = _spawn(a.command, jobdir, _output_actions(f"{jobdir}/{STDOUT}", f"{jobdir}/{STDERR}"), env)
-            else:
-                pid = _spawn(a.command, None if files is not None and files.inside else jobdir, actions, env)
+            pid = _spawn(a.command, None if here else jobdir, _output_actions(out, err), env)
         except OSError as e:
             return unstarted(Outcome.FAILURE, f"could not start the command: {e}")
         try:
@@ -779,9 +621,9 @@ class _Waiting:
     """A slot thread's job without a timeout, which the thread sleeps on in `waitid` (one system call, where
     a pidfd and `poll` with the thread's eventfd take three, and more of the thread's time: about 10 µs a job,
     issue 14). Its kill switch then takes it back itself, from whichever thread sets it, as `_wait_blocking`
-    would: SIGTERM to the job's process group, SIGKILL KILL_GRACE seconds later (from a timer thread), or
-    SIGKILL at once when the switch has a reason. The lock keeps every signal before the reaping, which
-    frees the group's id for reuse: the thread calls `ended` first."""
+    would: SIGTERM to the job's process group, SIGKILL KILL_GRACE seconds later (from a timer thread; at once
+    if none can be started), or SIGKILL at once when the switch has a reason. The lock keeps every signal
+    before the reaping, which frees the group's id for reuse: the thread calls `ended` first."""
 
     __slots__ = ("lock", "pid", "stopped", "timer", "why")
 
@@ -802,9 +644,14 @@ class _Waiting:
                 _killpg(self.pid, signal.SIGKILL)
                 return
             _killpg(self.pid, signal.SIGTERM)
-            self.timer = threading.Timer(KILL_GRACE, self._kill)
-            self.timer.daemon = True
-            self.timer.start()
+            timer = threading.Timer(KILL_GRACE, self._kill)
+            timer.daemon = True
+            try:
+                timer.start()
+            except RuntimeError:  # no thread to be had (a small `ulimit -u`): no grace, rather than no end
+                _killpg(self.pid, signal.SIGKILL)
+                return
+            self.timer = timer
 
     def _kill(self) -> None:
         with self.lock:

@@ -34,7 +34,7 @@ from gridbot.protocol import MSGPACK, ErrorBody, ExchangeRequest, ExchangeRespon
 from gridbot.security import tls
 from gridbot.security.keys import write_private
 from gridbot.worker import hostid
-from gridbot.worker.executor import KillSwitch, SlotFiles, run_blocking, run_instance, sessions_cpu_seconds
+from gridbot.worker.executor import KillSwitch, run_blocking, run_instance, sessions_cpu_seconds
 from gridbot.worker.inputs import InputCache
 from gridbot.worker.isolation import job_environment, new_token, resolve_user
 from gridbot.worker.reaper import Reaper
@@ -127,7 +127,8 @@ class Worker:
         self.run_as = resolve_user(config.run_as, config.allow_root) if config.executor == "shell" else None
         self.config = config
         self.state_dir = (config.state_dir or hostid.state_dir()).absolute()
-        """Absolute: a slot thread changes the process's directory around each spawn while the loop runs."""
+        """Absolute: a spawn may change the process's directory (the loop's, or a slot thread's where the system
+        refuses it a directory of its own) while another thread runs."""
         self.identity = hostid.acquire(config.slot_name, self.state_dir)
         self.host = HostInfo(self.identity.host_id, self.identity.name, f"{platform.system()}-{platform.machine()}",
                              os.cpu_count() or 1, _memory_mb(), config.slots, config.pool,
@@ -154,8 +155,6 @@ class Worker:
         """Job directories reused from one instance to the next (unless keep_dirs)."""
         self.slot_of: dict[int, int] = {}
         self.slot_dirs: dict[tuple[str, int | str], Path] = {}
-        self.slot_files: dict[int, SlotFiles] = {}
-        """Each slot thread's standard streams, by thread index (not with --keep-dirs: a directory per job)."""
         self.pokes: dict[int, functools.partial[None]] = {}
         """Each slot thread's wake-up, for its jobs' kill switches (made once)."""
         self.token = new_token()
@@ -216,9 +215,6 @@ class Worker:
                 return code
         finally:
             self.threads.close()
-            for index, files in self.slot_files.items():
-                if not self.threads.threads[index].is_alive():  # one still in a job (a daemon) keeps them
-                    files.close()
             self.identity.release()
 
     def _spool_dir(self) -> Path:
@@ -586,16 +582,7 @@ class Worker:
         """Run a held instance on slot thread `index` (gridbot.worker.threads), in that thread's own slot
         directory (the loop's slots number theirs 0, 1, ...; these are t0, t1, ...)."""
         a, iid = held.a, held.a.instance_id
-        files = None
-        if self.config.keep_dirs:
-            jobdir = self._kept_dir(a)
-        else:
-            jobdir = self._slot_dir(f"t{index}")
-            files = self.slot_files.get(index)
-            if files is None or files.dir is not jobdir:  # `_slot_dir` keeps its paths: a new one is a new host id
-                if files is not None:
-                    files.close()
-                files = self.slot_files[index] = SlotFiles(jobdir)
+        jobdir = self._kept_dir(a) if self.config.keep_dirs else self._slot_dir(f"t{index}")
         poke = self.pokes.get(index)
         if poke is None:
             poke = self.pokes[index] = functools.partial(self.threads.poke, index)
@@ -604,7 +591,7 @@ class Worker:
             return run_blocking(a, jobdir, self.max_result_bytes, held.stop, wake,
                                 functools.partial(self._thread_job_started, held),
                                 functools.partial(self._stop_reason, iid), self.base_env, self.config.keep_dirs,
-                                functools.partial(self.pids.pop, iid, None), files)
+                                functools.partial(self.pids.pop, iid, None))
         finally:
             if self.reaper.ended(iid) and self.threads.loop is not None:
                 with contextlib.suppress(RuntimeError):
