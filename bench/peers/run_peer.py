@@ -118,13 +118,14 @@ def duties_task(argv: list[str], i: int) -> Result:
     env.update(GRIDBOT_RUN="bench", GRIDBOT_JOB_INDEX=str(i), GRIDBOT_JOB_ID=str(i), GRIDBOT_INSTANCE=str(i),
                GRIDBOT_BAG="bench", GRIDBOT_CPUS="1")
     out, err = f"{_slot}/{OUT}", f"{_slot}/{ERR}"
+    os.stat(_slot)  # the worker's look at the slot's directory (is it there, is it still its thread's?)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK
     actions = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-               (os.POSIX_SPAWN_OPEN, 1, out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644),
-               (os.POSIX_SPAWN_OPEN, 2, err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)]
+               (os.POSIX_SPAWN_OPEN, 1, out, flags, 0o644), (os.POSIX_SPAWN_OPEN, 2, err, flags, 0o644)]
     program = _found.get(argv[0]) or _found.setdefault(argv[0], shutil.which(argv[0]) or argv[0])
     pid = os.posix_spawn(program, argv, env, file_actions=actions, setsid=True,
                          setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
-    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # ended, not reaped (the worker's pidfd says as much)
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # ended, not reaped, as the worker waits
     with contextlib.suppress(ProcessLookupError):  # its group, before the reaping frees the group's id
         os.killpg(pid, signal.SIGKILL)
     _, status, usage = os.wait4(pid, 0)

@@ -213,7 +213,6 @@ def test_a_threads_job_over_its_timeout_is_killed_and_fails_saying_so(tmp_path):
 
 
 def test_a_threads_job_taken_back_is_interrupted_and_one_that_ignores_sigterm_is_killed(tmp_path, monkeypatch):
-    monkeypatch.setattr(executor, "KILL_GRACE", 0.3)
     monkeypatch.setattr(executor, "KILL_GRACE", 30.0)
     r, _ = blocking(tmp_path, assignment(1, "sleep 30"), set_after=0.2)
     assert (r.outcome, r.reason, r.exit_code) == (Outcome.INTERRUPTED, "the worker stopped", -15)
@@ -227,6 +226,22 @@ def test_a_threads_job_taken_back_is_interrupted_and_one_that_ignores_sigterm_is
                     ready="ready")
     assert r.outcome is Outcome.INTERRUPTED and r.exit_code == -9, r
     assert time.monotonic() - start < 5
+
+
+def test_a_switch_set_after_the_job_ended_on_its_own_does_not_take_it_back():
+    """Found by review: between the job's exit and the thread's reaping, a switch set (a cancel, the worker
+    stopping) must not turn a finished job into one taken back."""
+    pid = os.posix_spawn("/bin/true", ["true"], {})
+    try:
+        stop = KillSwitch()
+        waiting = executor._Waiting(pid, stop)
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        stop.on_set(waiting.stop)
+        stop.set()
+        assert waiting.ended() == []
+    finally:
+        _, status, _ = os.wait4(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "ended on its own, not by a signal"
 
 
 def test_a_threads_job_that_ignores_sigterm_is_killed_at_once_when_no_timer_thread_can_start(tmp_path, monkeypatch):
@@ -354,8 +369,41 @@ def test_a_slot_thread_starts_its_jobs_in_a_directory_of_its_own_and_the_workers
     seen, cwd = in_a_thread(slot)
     path = f"{job}\n"
     assert seen == [path, "", path, "", path, "", path]
-    assert cwd == str(job), "the thread's own directory is the slot's"
+    if in_a_thread(executor._unshare_fs):
+        assert cwd == str(job), "the thread's own directory is the slot's"
     assert os.getcwd() == here and os.readlink("/proc/self/cwd") == here
+
+
+@pytest.mark.parametrize("left", ["fifo", "link"])
+def test_a_fifo_or_link_found_in_place_of_an_output_file_fails_one_job_and_stops_nothing(tmp_path, left):
+    """Found by review: a slot's directory is the same after a restart (its path comes from the host id), and
+    what an earlier run left there is seen by the first job. A fifo without a reader, opened by the spawn, held
+    the whole worker (posix_spawn keeps the GIL until the child has its files); a link was written through.
+    Now that job fails saying why, the next runs, and the file a link named is untouched."""
+    job = tmp_path / "job"
+    job.mkdir()
+    outside = tmp_path / "precious"
+    outside.write_text("keep me")
+    if left == "fifo":
+        os.mkfifo(job / executor.STDOUT)
+    else:
+        (job / executor.STDOUT).symlink_to(outside)
+    start = time.monotonic()
+    r, _ = blocking(tmp_path, assignment(1, "echo first"), keep=False)
+    assert r.outcome is Outcome.FAILURE and "could not start the command" in r.reason, r
+    r, _ = blocking(tmp_path, assignment(2, "echo fine"), keep=False)
+    assert (r.outcome, r.stdout_tail) == (Outcome.SUCCESS, "fine\n"), r
+    assert time.monotonic() - start < 10 and outside.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("left", ["file", "dangling link"])
+def test_a_job_that_leaves_something_else_in_place_of_its_slots_directory_does_not_break_the_slot(tmp_path, left):
+    """Found by review: a file or a dangling link at the slot directory's path failed every later job at once."""
+    make = {"file": "touch job", "dangling link": "ln -s nowhere job"}[left]
+    r, _ = blocking(tmp_path, assignment(1, f"cd .. && rm -rf job && {make}"), keep=False)
+    assert r.outcome is Outcome.SUCCESS, r
+    r, _ = blocking(tmp_path, assignment(2, "pwd"), keep=False)
+    assert (r.outcome, r.stdout_tail) == (Outcome.SUCCESS, f"{tmp_path / 'job'}\n"), r
 
 
 @pytest.mark.parametrize("left", ["fifo", "link", "directory"])

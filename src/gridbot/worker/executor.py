@@ -40,7 +40,8 @@ _DEFAULT_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)
 subprocess does (else `yes | head -1` says "Broken pipe", and a file over max_file_size is no signal)."""
 SPAWN_LOCK = threading.Lock()
 """Held around a job's spawn and its registration with the reaper, by the event loop and by the slot threads
-(gridbot.worker.threads): the spawn changes the process's working directory, and the reaper's sweep (run by
+(gridbot.worker.threads): the spawn may change the process's working directory (the loop's always, a slot
+thread's where it has no directory of its own), and the reaper's sweep (run by
 whichever thread ends a job) kills every child of the worker's main thread that is not a registered job's
 first process, so it must not see a job of the loop's between the two. (A slot thread's jobs are that thread's
 children, which the sweep does not list; their orphans come to the main thread, and it does.)"""
@@ -154,13 +155,19 @@ FileActions = list[tuple[int, int, int] | tuple[int, int, str, int, int]]
 """`os.posix_spawn`'s file_actions: how the child gets its standard streams."""
 
 
+_OUTPUT_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK
+"""How the child opens its output files: never through a link, never waiting on a fifo (posix_spawn holds the GIL
+and SPAWN_LOCK until the child has opened them: a fifo without a reader would stop the whole worker). Either
+fails the spawn, and `clean_dir` removes what was there. O_NONBLOCK does nothing to a regular file."""
+
+
 def _output_actions(out: str, err: str) -> FileActions:
     """Standard streams made in the child: stdin from /dev/null, stdout and stderr into new (or emptied)
     files `out` and `err`."""
     return [
         (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-        (os.POSIX_SPAWN_OPEN, 1, out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644),
-        (os.POSIX_SPAWN_OPEN, 2, err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644),
+        (os.POSIX_SPAWN_OPEN, 1, out, _OUTPUT_FLAGS, 0o644),
+        (os.POSIX_SPAWN_OPEN, 2, err, _OUTPUT_FLAGS, 0o644),
     ]
 
 
@@ -185,31 +192,36 @@ def _cwd_here(jobdir: Path, st: os.stat_result) -> bool:
     """Whether the calling thread's own working directory is `jobdir` (whose stat is `st`), moving it there if
     need be: its jobs then start there with no change of the worker's around each spawn.
 
-    The thread gets a directory of its own with unshare(CLONE_FS) (Linux; through ctypes, the standard library
-    of Python 3.11 has no binding) the first time; never the main thread, whose directory is the process's for
+    The thread asks for a directory of its own with unshare(CLONE_FS) (Linux; through ctypes, the standard
+    library of Python 3.11 has no binding) once; never the main thread, whose directory is the process's for
     everything else (/proc/self/cwd, a test's runner). False where the system refuses (a seccomp profile may):
     the spawn then changes the worker's directory around itself, under SPAWN_LOCK. A directory removed,
-    renamed or replaced since has another identity, and the thread moves to the one now at `jobdir`.
+    renamed or replaced since has another identity, and the thread moves to the one now at `jobdir`; the
+    identity kept is that of where it landed, which it holds (its number cannot be reused meanwhile).
     """
-    at = (st.st_dev, st.st_ino)
-    if getattr(_fs, "at", None) == at:
+    if getattr(_fs, "at", None) == (st.st_dev, st.st_ino):
         return True
-    if not getattr(_fs, "own", False):
-        if threading.current_thread() is threading.main_thread():
-            return False
-        try:
-            if _libc().unshare(0x200) != 0:  # CLONE_FS
-                return False
-        except (OSError, AttributeError, ImportError):
-            return False
-        _fs.own = True
+    own: bool | None = getattr(_fs, "own", None)
+    if own is None:
+        own = _fs.own = threading.current_thread() is not threading.main_thread() and _unshare_fs()
+    if not own:
+        return False
     try:
         os.chdir(jobdir)
+        here = os.stat(".")
     except OSError:
         _fs.at = None
         return False
-    _fs.at = at
-    return True
+    at = _fs.at = (here.st_dev, here.st_ino)
+    return at == (st.st_dev, st.st_ino)
+
+
+def _unshare_fs() -> bool:
+    """Give the calling thread its own working directory, umask and root (unshare(CLONE_FS)); False if refused."""
+    try:
+        return bool(_libc().unshare(0x200) == 0)  # CLONE_FS
+    except (OSError, AttributeError, ImportError):
+        return False
 
 
 _FOUND: dict[tuple[str, str], tuple[str, float]] = {}
@@ -258,7 +270,7 @@ def _spawn(command: str, jobdir: Path | None, actions: FileActions, env: dict[st
         return _spawn_here(command, actions, env)
     try:
         home: str | None = os.getcwd()
-    except FileNotFoundError:  # a slot thread's own directory, removed: nothing to go back to
+    except FileNotFoundError:  # the directory it was in is gone (a job removed it): nothing to go back to
         home = None
     os.chdir(jobdir)
     try:
@@ -331,8 +343,8 @@ def _stage(src: Path, dest: Path, user: RunAs | None) -> None:
 
 def clean_dir(jobdir: Path) -> None:
     """Empty a reused job directory for the next instance. The output files stay (the next spawn truncates
-    them) if they are regular files: a link, fifo or directory a job left at their place goes, so the next
-    job's output is not written through a link or waited on."""
+    them) if they are regular files: a symbolic link, fifo or directory a job left at their place goes (the
+    next spawn would refuse it: `_OUTPUT_FLAGS`)."""
     with contextlib.suppress(OSError), os.scandir(jobdir) as entries:
         for entry in entries:
             if entry.name in (STDOUT, STDERR) and entry.is_file(follow_symlinks=False):
@@ -570,7 +582,11 @@ def _run_blocking(a: Assignment, jobdir: Path, max_result_bytes: int, stop: Kill
     try:
         try:
             st = os.stat(jobdir)
-        except FileNotFoundError:
+            if not stat.S_ISDIR(st.st_mode):
+                raise NotADirectoryError(jobdir)
+        except (FileNotFoundError, NotADirectoryError):
+            if os.path.lexists(jobdir) and not os.path.isdir(jobdir):
+                os.unlink(jobdir)  # the worker's own path: a job left a file or a dangling link there
             os.makedirs(jobdir, exist_ok=True)
             st = os.stat(jobdir)
     except OSError as e:
@@ -639,6 +655,8 @@ class _Waiting:
         with self.lock:
             if not self.pid or self.why:
                 return
+            if os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None:
+                return  # it has ended on its own: its end is its own, not the switch's
             self.why.append("stop")
             if self.stopped.reason:
                 _killpg(self.pid, signal.SIGKILL)

@@ -48,8 +48,9 @@ def _pidfds() -> bool:
 
 
 AVAILABLE = _pidfds()
-"""Linux with pidfds: a thread sleeps on the job's pidfd and on an eventfd its kill switch writes (without
-them it would look every 50 ms, slower for short jobs than the event loop's path, which every job then takes)."""
+"""Linux with pidfds: a thread sleeps in `waitid`, or for a job with a timeout on the job's pidfd and on an
+eventfd its kill switch writes (without pidfds it would look every 50 ms, slower for short jobs than the event
+loop's path, which every job then takes)."""
 
 
 @dataclass(eq=False)
