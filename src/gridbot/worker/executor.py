@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import re
 import select
@@ -26,7 +27,6 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
-from typing import Any
 
 from gridbot.model.records import Assignment, InstanceReport, Limits, Outcome
 from gridbot.worker.isolation import RUN_VAR, RunAs, apply_limits
@@ -151,36 +151,14 @@ def plain_argv(command: str) -> list[str] | None:
     return words
 
 
-FileActions = list[tuple[int, int, int] | tuple[int, int, str, int, int]]
-"""`os.posix_spawn`'s file_actions: how the child gets its standard streams."""
-
-
 _OUTPUT_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK
 """How the child opens its output files: never through a link, never waiting on a fifo (posix_spawn holds the GIL
 and SPAWN_LOCK until the child has opened them: a fifo without a reader would stop the whole worker). Either
 fails the spawn, and `clean_dir` removes what was there. O_NONBLOCK does nothing to a regular file."""
 
 
-def _output_actions(out: str, err: str) -> FileActions:
-    """Standard streams made in the child: stdin from /dev/null, stdout and stderr into new (or emptied)
-    files `out` and `err`."""
-    return [
-        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-        (os.POSIX_SPAWN_OPEN, 1, out, _OUTPUT_FLAGS, 0o644),
-        (os.POSIX_SPAWN_OPEN, 2, err, _OUTPUT_FLAGS, 0o644),
-    ]
-
-
-_LIBC: list[Any] = []
-
-
-def _libc() -> Any:
-    """The C library, for a system call the standard library has no binding for (loaded once)."""
-    if not _LIBC:
-        import ctypes
-
-        _LIBC.append(ctypes.CDLL(None, use_errno=True))
-    return _LIBC[0]
+LIBC = ctypes.CDLL(None, use_errno=True)
+"""The C library, for the system calls the standard library has no binding for (prctl, unshare)."""
 
 
 _fs = threading.local()
@@ -219,8 +197,8 @@ def _cwd_here(jobdir: Path, st: os.stat_result) -> bool:
 def _unshare_fs() -> bool:
     """Give the calling thread its own working directory, umask and root (unshare(CLONE_FS)); False if refused."""
     try:
-        return bool(_libc().unshare(0x200) == 0)  # CLONE_FS
-    except (OSError, AttributeError, ImportError):
+        return bool(LIBC.unshare(0x200) == 0)  # CLONE_FS
+    except AttributeError:  # not Linux
         return False
 
 
@@ -251,9 +229,9 @@ def _find(name: str, path: str) -> str | None:
     return found
 
 
-def _spawn(command: str, jobdir: Path | None, actions: FileActions, env: dict[str, str]) -> int:
+def _spawn(command: str, jobdir: Path | None, out: str, err: str, env: dict[str, str]) -> int:
     """Start the command in `jobdir` (None: in the calling thread's own working directory, `_cwd_here`), in a
-    session of its own, its standard streams set by `actions` (`_output_actions`).
+    session of its own, output to the job's files (opened as `_OUTPUT_FLAGS` says).
 
     A plain command (`plain_argv`) is executed directly, found on the job's PATH as the shell would
     (`_find`): that saves starting a shell, a seventh of the cost of a short job (issue 6). Anything else,
@@ -266,34 +244,32 @@ def _spawn(command: str, jobdir: Path | None, actions: FileActions, env: dict[st
     spawn, and the loop goes on while a thread is in here, so every path any thread of the worker uses is
     absolute. Descriptors the worker opened are close-on-exec (PEP 446).
     """
-    if jobdir is None:
-        return _spawn_here(command, actions, env)
+    actions = [
+        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+        (os.POSIX_SPAWN_OPEN, 1, out, _OUTPUT_FLAGS, 0o644),
+        (os.POSIX_SPAWN_OPEN, 2, err, _OUTPUT_FLAGS, 0o644),
+    ]
+    home = None
+    if jobdir is not None:
+        with contextlib.suppress(FileNotFoundError):  # the directory it was in is gone: nothing to go back to
+            home = os.getcwd()
+        os.chdir(jobdir)
     try:
-        home: str | None = os.getcwd()
-    except FileNotFoundError:  # the directory it was in is gone (a job removed it): nothing to go back to
-        home = None
-    os.chdir(jobdir)
-    try:
-        return _spawn_here(command, actions, env)
+        argv = plain_argv(command)
+        if argv is not None:
+            key = (argv[0], env.get("PATH", os.defpath))
+            found = argv[0] if "/" in argv[0] else _find(*key)
+            if found is not None:
+                try:
+                    return os.posix_spawn(found, argv, env, file_actions=actions, setsid=True,
+                                          setsigdef=_DEFAULT_SIGNALS)
+                except OSError:
+                    _FOUND.pop(key, None)  # gone or changed since it was found: the shell has its say
+        return os.posix_spawn("/bin/sh", ["/bin/sh", "-c", command], env, file_actions=actions, setsid=True,
+                              setsigdef=_DEFAULT_SIGNALS)
     finally:
         if home is not None:
             os.chdir(home)
-
-
-def _spawn_here(command: str, actions: FileActions, env: dict[str, str]) -> int:
-    """`_spawn` in the calling thread's working directory."""
-    argv = plain_argv(command)
-    if argv is not None:
-        key = (argv[0], env.get("PATH", os.defpath))
-        found = argv[0] if "/" in argv[0] else _find(*key)
-        if found is not None:
-            try:
-                return os.posix_spawn(found, argv, env, file_actions=actions, setsid=True,
-                                      setsigdef=_DEFAULT_SIGNALS)
-            except OSError:
-                _FOUND.pop(key, None)  # gone or changed since it was found: the shell has its say
-    return os.posix_spawn("/bin/sh", ["/bin/sh", "-c", command], env, file_actions=actions, setsid=True,
-                          setsigdef=_DEFAULT_SIGNALS)
 
 
 def _spawn_as(command: str, jobdir: Path, out: str, err: str, env: dict[str, str],
@@ -428,7 +404,7 @@ async def _run(a: Assignment, jobdir: Path, fetch: FetchInput, max_result_bytes:
     with SPAWN_LOCK:
         try:
             if user is None:
-                pid = _spawn(a.command, jobdir, _output_actions(out, err), env)
+                pid = _spawn(a.command, jobdir, out, err, env)
             else:
                 proc = _spawn_as(a.command, jobdir, out, err, env, user)
                 pid = proc.pid
@@ -487,7 +463,7 @@ async def _run(a: Assignment, jobdir: Path, fetch: FetchInput, max_result_bytes:
     code, cpu = os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime
     if proc is not None:
         proc.returncode = code  # reaped here: subprocess must not wait for the pid again
-    return _verdict(a, jobdir, out, err, why, stop, stop_reason, code, cpu, max_result_bytes, started, user is None)
+    return _verdict(a, jobdir, why, stop, stop_reason, code, cpu, max_result_bytes, started, user is None)
 
 
 def job_env(a: Assignment, base_env: dict[str, str] | None) -> dict[str, str]:
@@ -505,12 +481,11 @@ def job_env(a: Assignment, base_env: dict[str, str] | None) -> dict[str, str]:
     return env
 
 
-def _verdict(a: Assignment, jobdir: Path, out: str, err: str, why: list[str], stop: KillSwitch,
-             stop_reason: Callable[[], str] | None, code: int | None, cpu: float, max_result_bytes: int,
-             started: float, follow: bool) -> InstanceReport:
+def _verdict(a: Assignment, jobdir: Path, why: list[str], stop: KillSwitch, stop_reason: Callable[[], str] | None,
+             code: int | None, cpu: float, max_result_bytes: int, started: float, follow: bool) -> InstanceReport:
     """The report of an instance whose command has ended (`code` None: it never started, taken back first):
-    what ended it (`why`: "stop" or "timeout", or nothing), its exit status, then its declared outputs
-    (`out`, `err`: the paths of its output files)."""
+    what ended it (`why`: "stop" or "timeout", or nothing), its exit status, then its declared outputs."""
+    out, err = f"{jobdir}/{STDOUT}", f"{jobdir}/{STDERR}"
 
     def report(outcome: Outcome, reason: str = "", outputs: dict[str, bytes] | None = None) -> InstanceReport:
         return InstanceReport(a.instance_id, outcome, code, time.monotonic() - started, cpu, reason,
@@ -598,7 +573,7 @@ def _run_blocking(a: Assignment, jobdir: Path, max_result_bytes: int, stop: Kill
             reason = _stop_cause(stop, stop_reason)
             return unstarted(Outcome.FAILURE if reason else Outcome.INTERRUPTED, reason or "the worker stopped")
         try:
-            pid = _spawn(a.command, None if here else jobdir, _output_actions(out, err), env)
+            pid = _spawn(a.command, None if here else jobdir, out, err, env)
         except OSError as e:
             return unstarted(Outcome.FAILURE, f"could not start the command: {e}")
         try:
@@ -630,7 +605,7 @@ def _run_blocking(a: Assignment, jobdir: Path, max_result_bytes: int, stop: Kill
         _, status, usage = os.wait4(pid, 0)
         reaped_cb()
     code, cpu = os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime
-    return _verdict(a, jobdir, out, err, why, stop, stop_reason, code, cpu, max_result_bytes, started, True)
+    return _verdict(a, jobdir, why, stop, stop_reason, code, cpu, max_result_bytes, started, True)
 
 
 class _Waiting:

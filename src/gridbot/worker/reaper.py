@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gridbot.worker.executor import SPAWN_LOCK
+from gridbot.worker.executor import LIBC, SPAWN_LOCK
 from gridbot.worker.isolation import RUN_VAR
 
 log = logging.getLogger("gridbot.worker")
@@ -87,8 +87,7 @@ class Reaper:
         if not sys.platform.startswith("linux"):
             return False
         self._start_watchdog()
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        if LIBC.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
             log.warning("cannot adopt the orphans of jobs (prctl: %s)", os.strerror(ctypes.get_errno()))
             return False
         self._children = os.open(f"/proc/self/task/{os.getpid()}/children", os.O_RDONLY | os.O_CLOEXEC)

@@ -155,8 +155,6 @@ class Worker:
         """Job directories reused from one instance to the next (unless keep_dirs)."""
         self.slot_of: dict[int, int] = {}
         self.slot_dirs: dict[tuple[str, int | str], Path] = {}
-        self.pokes: dict[int, functools.partial[None]] = {}
-        """Each slot thread's wake-up, for its jobs' kill switches (made once)."""
         self.token = new_token()
         self.base_env = job_environment(config.pass_env, self.token, self.run_as)
         self.reaper = Reaper(self.token)
@@ -583,10 +581,7 @@ class Worker:
         directory (the loop's slots number theirs 0, 1, ...; these are t0, t1, ...)."""
         a, iid = held.a, held.a.instance_id
         jobdir = self._kept_dir(a) if self.config.keep_dirs else self._slot_dir(f"t{index}")
-        poke = self.pokes.get(index)
-        if poke is None:
-            poke = self.pokes[index] = functools.partial(self.threads.poke, index)
-        held.stop.on_set(poke)
+        held.stop.on_set(functools.partial(self.threads.poke, index))
         try:
             return run_blocking(a, jobdir, self.max_result_bytes, held.stop, wake,
                                 functools.partial(self._thread_job_started, held),
