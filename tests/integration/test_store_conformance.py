@@ -1,5 +1,6 @@
 """One conformance suite for every store: memory, SQLite and a real PostgreSQL."""
 
+import contextlib
 import itertools
 import threading
 
@@ -155,6 +156,65 @@ def test_only_one_server_may_own_a_store(tmp_path, pg_url):
         first.close()
         second.claim()  # free again once the owner is gone
         second.close()
+
+
+@pytest.mark.postgres
+def test_a_postgresql_connection_the_driver_left_in_pipeline_mode_is_replaced(pg_url):
+    """CI saw it (stop 30): the server's backends were terminated in the middle of an `executemany`;
+    psycopg failed to leave pipeline mode and kept the connection, not marked broken, so every later
+    transaction failed with "PQsendQuery not allowed in pipeline mode" and the server answered 503 for
+    good. That state is reached here through the driver itself (the race that led to it in CI is rare);
+    the store must give one StoreUnavailable and then work on a new connection, its claim taken again."""
+    from gridbot.store.base import StoreUnavailable
+    from gridbot.store.sql import open_store
+
+    store = open_store(pg_url)
+    store.claim()
+    try:
+        row = store.create_bag(SPEC, None, {}, 1.0)
+        jobs = store.queued_jobs(row.bag_id, 0, 2)
+        for conn in (store.conn, store.reader):
+            conn.pgconn.enter_pipeline_mode()
+        with pytest.raises(StoreUnavailable, match="pipeline"):
+            store.apply(Changes(new_instances=[NewInstance(1, jobs[0].job_id, row.bag_id, "h", 1.0, 2.0)]))
+        with pytest.raises(StoreUnavailable, match="pipeline"):
+            store.bag(row.bag_id)
+        store.apply(Changes(new_instances=[NewInstance(2, jobs[1].job_id, row.bag_id, "h", 1.0, 2.0)]))
+        assert store.bag(row.bag_id).spec == SPEC
+        assert store.instances_of(jobs[0].job_id) == [] and len(store.instances_of(jobs[1].job_id)) == 1
+        with store.conn.cursor() as cur:  # the claim went with the old connection and was taken again
+            cur.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()")
+            assert cur.fetchone()[0] == 1
+    finally:
+        store.close()
+
+
+@pytest.mark.postgres
+def test_a_postgresql_store_recovers_when_its_backends_are_terminated(pg_url):
+    import psycopg
+
+    from gridbot.store.base import StoreUnavailable
+    from gridbot.store.sql import open_store
+
+    store = open_store(pg_url)
+    store.claim()
+    try:
+        row = store.create_bag(SPEC, None, {}, 1.0)
+        jobs = store.queued_jobs(row.bag_id, 0, 3)
+        with psycopg.connect(pg_url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as admin:
+            killed = admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                                   (pg_url.rsplit("/", 1)[1],)).fetchall()
+        assert len(killed) == 2
+        for _ in range(2):  # each connection fails once, then is opened again
+            with contextlib.suppress(StoreUnavailable):
+                store.bag(row.bag_id)
+            with contextlib.suppress(StoreUnavailable):
+                store.apply(Changes(new_instances=[NewInstance(1, jobs[0].job_id, row.bag_id, "h", 1.0, 2.0)]))
+        assert store.bag(row.bag_id).spec == SPEC
+        store.apply(Changes(new_instances=[NewInstance(2, jobs[1].job_id, row.bag_id, "h", 1.0, 2.0)]))
+        assert len(store.instances_of(jobs[1].job_id)) == 1
+    finally:
+        store.close()
 
 
 def test_a_sweep_of_thousands_is_stored_in_index_order_with_ascending_ids(store):

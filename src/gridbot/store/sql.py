@@ -863,20 +863,31 @@ class PostgresStore(SqlStore):
 
     @contextlib.contextmanager
     def _own_tx(self, write: bool) -> Iterator[Any]:
-        with self._mutex, self._writer().transaction(), self.conn.cursor() as cur:
-            previous, self._writing = self._writing, threading.get_ident()
+        with self._mutex:
+            conn = self._writer()
             try:
-                yield cur
-            finally:
-                self._writing = previous
+                with conn.transaction(), conn.cursor() as cur:
+                    previous, self._writing = self._writing, threading.get_ident()
+                    try:
+                        yield cur
+                    finally:
+                        self._writing = previous
+            except self._transient as e:
+                _drop_if_unsound(conn, e)
+                raise
 
     @contextlib.contextmanager
     def _read(self) -> Iterator[Any]:
         with self._rmutex:
             if self.reader.closed or self.reader.broken:
                 self.reader = self._connect("lost the reading connection to PostgreSQL at {url}: {e}")
-            with self.reader.transaction(), self.reader.cursor() as cur:
-                yield cur
+            conn = self.reader
+            try:
+                with conn.transaction(), conn.cursor() as cur:
+                    yield cur
+            except self._transient as e:
+                _drop_if_unsound(conn, e)
+                raise
 
     def _lock_schema(self, cur: Any) -> None:
         cur.execute("SELECT pg_advisory_xact_lock(7715370)")
@@ -907,6 +918,29 @@ class PostgresStore(SqlStore):
         self.conn.close()
         with self._rmutex:
             self.reader.close()
+
+
+def _drop_if_unsound(conn: Any, e: Exception) -> None:
+    """Close a PostgreSQL connection that a lost-connection error may have left unfit for the next
+    transaction, so that the next one opens a new connection.
+
+    psycopg marks a connection broken only when libpq has seen the socket close. When the server's
+    "terminating connection" arrives as a result in the middle of a pipeline (`executemany`), the driver
+    can fail to leave pipeline mode and keep the connection, not broken, in pipeline mode: every later
+    statement then fails with "PQsendQuery not allowed in pipeline mode" and the server never recovered.
+    A connection is kept only when the error was the server's answer to a statement and the connection
+    is idle and out of pipeline mode again."""
+    import psycopg
+
+    if conn.closed:
+        return
+    sqlstate = getattr(e, "sqlstate", None)
+    sound = (not conn.broken and sqlstate is not None and sqlstate[:2] not in ("08", "57", "58")
+             and conn.pgconn.pipeline_status == psycopg.pq.PipelineStatus.OFF
+             and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE)
+    if not sound:
+        with contextlib.suppress(Exception):
+            conn.close()
 
 
 def _no_nul(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
