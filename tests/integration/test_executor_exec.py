@@ -65,6 +65,17 @@ def test_only_commands_the_shell_would_just_split_skip_it(command, plain):
     assert plain_argv(command) == plain
 
 
+@pytest.mark.parametrize("left", ["file", "dangling link"])
+def test_a_file_or_dangling_link_at_the_slots_path_is_replaced_by_its_directory(tmp_path, run, left):
+    """On every path (the event loop's too, which only checked `isdir` and failed each later job): a job
+    can leave these at its slot's path, and the path is the same after a restart."""
+    make = {"file": "touch job", "dangling link": "ln -s nowhere job"}[left]
+    r = run(tmp_path, f"cd .. && rm -rf job && {make}")
+    assert r.outcome is Outcome.SUCCESS, r
+    r = run(tmp_path, "pwd")
+    assert (r.outcome, r.stdout_tail) == (Outcome.SUCCESS, f"{tmp_path / 'job'}\n"), r
+
+
 def test_a_plain_command_runs_without_a_shell(tmp_path, run):
     def parent(report: InstanceReport) -> int:
         assert report.outcome is Outcome.SUCCESS, report

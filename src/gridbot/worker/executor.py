@@ -317,6 +317,24 @@ def _stage(src: Path, dest: Path, user: RunAs | None) -> None:
         os.close(fd)
 
 
+def slot_dir(jobdir: Path) -> os.stat_result:
+    """The slot's directory, made if it is missing; its stat (one system call when it is there).
+
+    The path is the worker's own, but a job can leave a file or a link there (`rm -rf ../0; touch ../0`),
+    and a slot's path is the same after a restart: such a thing is removed and the directory made again,
+    so that one job's mess fails no later job of the slot."""
+    try:
+        st = os.stat(jobdir)
+        if stat.S_ISDIR(st.st_mode):
+            return st
+    except FileNotFoundError:
+        pass
+    if os.path.lexists(jobdir) and not os.path.isdir(jobdir):
+        os.unlink(jobdir)
+    os.makedirs(jobdir, exist_ok=True)
+    return os.stat(jobdir)
+
+
 def clean_dir(jobdir: Path) -> None:
     """Empty a reused job directory for the next instance. The output files stay (the next spawn truncates
     them) if they are regular files: a symbolic link, fifo or directory a job left at their place goes (the
@@ -391,8 +409,10 @@ async def _run(a: Assignment, jobdir: Path, fetch: FetchInput, max_result_bytes:
                               _tail(out), _tail(err), outputs or {})
 
     try:
-        if not os.path.isdir(jobdir):
-            os.makedirs(jobdir, exist_ok=True)
+        slot_dir(jobdir)
+    except OSError as e:
+        return report(Outcome.FAILURE, f"could not make the job's directory: {e}")
+    try:
         if user is not None:
             os.chown(jobdir, user.uid, user.gid, follow_symlinks=False)
         for name in a.inputs:
@@ -555,15 +575,7 @@ def _run_blocking(a: Assignment, jobdir: Path, max_result_bytes: int, stop: Kill
         return InstanceReport(a.instance_id, outcome, None, time.monotonic() - started, 0.0, reason)
 
     try:
-        try:
-            st = os.stat(jobdir)
-            if not stat.S_ISDIR(st.st_mode):
-                raise NotADirectoryError(jobdir)
-        except (FileNotFoundError, NotADirectoryError):
-            if os.path.lexists(jobdir) and not os.path.isdir(jobdir):
-                os.unlink(jobdir)  # the worker's own path: a job left a file or a dangling link there
-            os.makedirs(jobdir, exist_ok=True)
-            st = os.stat(jobdir)
+        st = slot_dir(jobdir)
     except OSError as e:
         return unstarted(Outcome.FAILURE, f"could not make the job's directory: {e}")
     here = _cwd_here(jobdir, st)
