@@ -34,6 +34,19 @@ def process_cpu(pid: int) -> tuple[float, float]:
     return utime + stime, cutime + cstime
 
 
+def thread_cpu(pid: int) -> dict[int, float]:
+    """Each thread's CPU seconds so far, from /proc/PID/task/TID/stat (a thread gone is left out)."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(tid)] = (int(fields[11]) + int(fields[12])) / TICK
+    return out
+
+
 def machine_cpu() -> tuple[float, float]:
     """(idle, total) CPU seconds of the machine so far, from /proc/stat."""
     with open("/proc/stat") as f:
@@ -50,17 +63,24 @@ def one_run(jobs: int, command: str) -> str:
             suite.wait_registered(client, 2, procs)
             pids = {"server": srv.proc.pid, **{f"worker {n}": p.pid for n, p in enumerate(procs)}}
             before = {k: process_cpu(p) for k, p in pids.items()}
+            threads_before = {k: thread_cpu(p) for k, p in pids.items()}
             me, machine = os.times(), machine_cpu()
             start = time.time()
             client.submit(suite.sweep("cpu", jobs, command))
             end = suite.wait_until(client, "cpu")
             after = {k: process_cpu(p) for k, p in pids.items()}
+            threads_after = {k: thread_cpu(p) for k, p in pids.items()}
             me_after, machine_after = os.times(), machine_cpu()
     lines = [f"{jobs / (end - start):,.0f} jobs/s over {end - start:.2f} s"]
     for k in pids:
         own, kids = (a - b for a, b in zip(after[k], before[k], strict=True))
         lines.append(f"  {k:9s} {1e3 * own / jobs:.3f} ms of its own CPU per job of the bag"
                      + (f", its jobs' processes {1e3 * kids / jobs:.3f}" if k != "server" else ""))
+        busy = sorted(((threads_after[k][t] - threads_before[k].get(t, 0.0), t) for t in threads_after[k]),
+                      reverse=True)
+        lines.append("            threads (main first, then the busiest): " + ", ".join(
+            f"{'main' if t == pids[k] else t} {1e3 * s / jobs:.3f}"
+            for s, t in sorted(busy, key=lambda st: (st[1] != pids[k], -st[0]))[:5] if s > 0))
     client_cpu = (me_after.user - me.user) + (me_after.system - me.system)
     idle, total = (a - b for a, b in zip(machine_after, machine, strict=True))
     lines.append(f"  client    {1e3 * client_cpu / jobs:.3f} ms per job")
