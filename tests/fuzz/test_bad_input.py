@@ -310,6 +310,22 @@ def test_a_body_that_does_not_decompress_is_a_400(app, caplog, encoding):
                     headers={"Content-Encoding": encoding}).status == 200  # a good one still reads
 
 
+def test_a_malformed_request_is_one_line_in_the_log_not_a_traceback(app, caplog):
+    """aiohttp answers a Content-Encoding it cannot decode (br, zstd) or a body that does not decompress with
+    400, and logged each at ERROR with a traceback (twice for the body): any client could fill the log."""
+    import logging
+
+    caplog.set_level(logging.DEBUG, logger="aiohttp.server")
+    for encoding in ("br", "zstd", "gzip"):
+        assert app.call("POST", "/v1/bags", b"garbage", headers={"Content-Encoding": encoding}).status == 400
+    mine = [r for r in caplog.records if r.name == "aiohttp.server"]
+    assert mine and not [r for r in mine if r.exc_info or r.levelno >= logging.ERROR], \
+        [(r.levelname, r.getMessage()) for r in mine]
+    said = "\n".join(r.getMessage() for r in mine)
+    assert "a malformed request, answered 400" in said and "br" in said and "zstd" in said, said
+    assert "Traceback" not in caplog.text
+
+
 @pytest.mark.parametrize(("at", "needle"), [(1.0, "has passed"), (time.time() - 60, "has passed"),
                                             (-1e300, "from 1970"), (1e300, "from 1970"), (0.0, "from 1970")])
 def test_a_bag_deadline_already_past_or_out_of_time_is_refused_at_submission(app, at, needle):

@@ -97,11 +97,42 @@ def _json_hint(decoder: object, body: bytes) -> str:
     return ""
 
 
-def unreadable_body(e: Exception) -> str:
-    """Why a request's body could not be read, for the client (aiohttp's words, then what to do)."""
+class _MalformedRequests(logging.Filter):
+    """aiohttp answers a request it cannot parse with 400 (a bad header line, a Content-Encoding it cannot
+    decode, such as br or zstd without their packages, a body that does not decompress), then logs it at
+    ERROR with a traceback, and once more when it drains the body: a client's fault, which any client on
+    the network can repeat to fill the log. It becomes one line at WARNING, naming the problem."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError | RequestPayloadError):
+            record.msg = f"{record.getMessage()}: a malformed request, answered 400: {_what(exc)}"
+            record.args = None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+_MALFORMED = _MalformedRequests()
+
+
+def quiet_malformed_requests() -> None:
+    """Log aiohttp's malformed requests as one line (`_MalformedRequests`); for every server of ours."""
+    logger = logging.getLogger("aiohttp.server")
+    if _MALFORMED not in logger.filters:
+        logger.addFilter(_MALFORMED)
+
+
+def _what(e: BaseException) -> str:
+    """aiohttp's own words for a request it could not read, on one line."""
     cause = e.__cause__ if isinstance(e, RequestPayloadError) and e.__cause__ is not None else e
     what = getattr(cause, "message", "") or str(cause) or type(cause).__name__
-    return (f"the body cannot be read ({what[:200]}): send it as it is, or compressed exactly as its "
+    return " ".join(str(what).split())[:200]
+
+
+def unreadable_body(e: Exception) -> str:
+    """Why a request's body could not be read, for the client (aiohttp's words, then what to do)."""
+    return (f"the body cannot be read ({_what(e)}): send it as it is, or compressed exactly as its "
             "Content-Encoding header says")
 
 
@@ -277,6 +308,7 @@ class Server:
         self.overlay = overlay
         self.access = access
         self.max_hosts_per_key = max_hosts_per_key
+        quiet_malformed_requests()
         self.registered: dict[str, int] = {}
         """Hosts registered with each worker key since the server started."""
         self.tick_interval = tick_interval
