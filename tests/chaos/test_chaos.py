@@ -229,10 +229,12 @@ def test_a_postgresql_store_whose_backends_are_terminated_in_a_loop_always_recov
                 assert longest < 3.0, f"no write succeeded for {longest:.1f} s: the store does not recover"
         stop.set()
         killer.join()
-        assert kills[0] > 200 and failed > 50, (kills, failed)
-        for _ in range(2):  # the reading connection may have been terminated last
+        assert kills[0] > 100 and failed > 20, (kills, failed)
+        attempts = -1
+        for _ in range(3):  # the reading connection may have been terminated last
             with contextlib.suppress(StoreUnavailable):
                 attempts = store.jobs(bag)[0].attempts
+                break
         # a write refused as its commit's answer was lost may be there too
         assert attempts in (written, written + 1), "every acknowledged write is there"
         print(f"backends terminated {kills[0]} times: {written} writes, {failed} refused, longest gap "

@@ -65,15 +65,21 @@ def test_only_commands_the_shell_would_just_split_skip_it(command, plain):
     assert plain_argv(command) == plain
 
 
-@pytest.mark.parametrize("left", ["file", "dangling link"])
-def test_a_file_or_dangling_link_at_the_slots_path_is_replaced_by_its_directory(tmp_path, run, left):
+@pytest.mark.parametrize("left", ["file", "dangling link", "link to itself", "link to a directory"])
+def test_a_file_or_link_at_the_slots_path_is_replaced_by_its_directory(tmp_path, run, left):
     """On every path (the event loop's too, which only checked `isdir` and failed each later job): a job
-    can leave these at its slot's path, and the path is the same after a restart."""
-    make = {"file": "touch job", "dangling link": "ln -s nowhere job"}[left]
+    can leave these at its slot's path, and the path is the same after a restart. A link to a directory
+    would have the next jobs run there, and the slot's cleaning empty it."""
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "keep").write_text("mine")
+    make = {"file": "touch job", "dangling link": "ln -s nowhere job", "link to itself": "ln -s job job",
+            "link to a directory": f"ln -s {other} job"}[left]
     r = run(tmp_path, f"cd .. && rm -rf job && {make}")
     assert r.outcome is Outcome.SUCCESS, r
-    r = run(tmp_path, "pwd")
+    r = run(tmp_path, "pwd -P && touch made")
     assert (r.outcome, r.stdout_tail) == (Outcome.SUCCESS, f"{tmp_path / 'job'}\n"), r
+    assert not (tmp_path / "job").is_symlink() and sorted(p.name for p in other.iterdir()) == ["keep"]
 
 
 def test_a_plain_command_runs_without_a_shell(tmp_path, run):

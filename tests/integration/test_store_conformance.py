@@ -163,8 +163,9 @@ def test_a_postgresql_connection_the_driver_left_in_pipeline_mode_is_replaced(pg
     """CI saw it (stop 30): the server's backends were terminated in the middle of an `executemany`;
     psycopg failed to leave pipeline mode and kept the connection, not marked broken, so every later
     transaction failed with "PQsendQuery not allowed in pipeline mode" and the server answered 503 for
-    good. That state is reached here through the driver itself (the race that led to it in CI is rare);
-    the store must give one StoreUnavailable and then work on a new connection, its claim taken again."""
+    good. That state is reached here through the driver itself (the race that led to it in CI is rare):
+    before a transaction, the store must see it and open a new connection, its claim taken again; in the
+    middle of one, fail that transaction (StoreUnavailable) and close the connection."""
     from gridbot.store.base import StoreUnavailable
     from gridbot.store.sql import open_store
 
@@ -173,15 +174,20 @@ def test_a_postgresql_connection_the_driver_left_in_pipeline_mode_is_replaced(pg
     try:
         row = store.create_bag(SPEC, None, {}, 1.0)
         jobs = store.queued_jobs(row.bag_id, 0, 2)
-        for conn in (store.conn, store.reader):
+        stuck = (store.conn, store.reader)
+        for conn in stuck:
             conn.pgconn.enter_pipeline_mode()
-        with pytest.raises(StoreUnavailable, match="pipeline"):
-            store.apply(Changes(new_instances=[NewInstance(1, jobs[0].job_id, row.bag_id, "h", 1.0, 2.0)]))
-        with pytest.raises(StoreUnavailable, match="pipeline"):
-            store.bag(row.bag_id)
-        store.apply(Changes(new_instances=[NewInstance(2, jobs[1].job_id, row.bag_id, "h", 1.0, 2.0)]))
+        store.apply(Changes(new_instances=[NewInstance(1, jobs[0].job_id, row.bag_id, "h", 1.0, 2.0)]))
         assert store.bag(row.bag_id).spec == SPEC
-        assert store.instances_of(jobs[0].job_id) == [] and len(store.instances_of(jobs[1].job_id)) == 1
+        assert all(conn.closed for conn in stuck) and not store.conn.closed and not store.reader.closed
+
+        with pytest.raises(StoreUnavailable, match="pipeline"), store._tx() as cur:
+            cur.execute("SELECT 1")
+            store.conn.pgconn.enter_pipeline_mode()
+            cur.execute("SELECT 2")
+        assert store.conn.closed, "the connection the error left in pipeline mode is closed at once"
+        store.apply(Changes(new_instances=[NewInstance(2, jobs[1].job_id, row.bag_id, "h", 1.0, 2.0)]))
+        assert len(store.instances_of(jobs[0].job_id)) == 1 and len(store.instances_of(jobs[1].job_id)) == 1
         with store.conn.cursor() as cur:  # the claim went with the old connection and was taken again
             cur.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()")
             assert cur.fetchone()[0] == 1
@@ -201,10 +207,10 @@ def test_a_postgresql_store_recovers_when_its_backends_are_terminated(pg_url):
     try:
         row = store.create_bag(SPEC, None, {}, 1.0)
         jobs = store.queued_jobs(row.bag_id, 0, 3)
+        pids = [store.conn.info.backend_pid, store.reader.info.backend_pid]
         with psycopg.connect(pg_url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as admin:
-            killed = admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
-                                   (pg_url.rsplit("/", 1)[1],)).fetchall()
-        assert len(killed) == 2
+            killed = [admin.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0] for pid in pids]
+        assert killed == [True, True]
         for _ in range(2):  # each connection fails once, then is opened again
             with contextlib.suppress(StoreUnavailable):
                 store.bag(row.bag_id)

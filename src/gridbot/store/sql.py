@@ -847,24 +847,30 @@ class PostgresStore(SqlStore):
         return isinstance(e, self._transient)
 
     def _writer(self) -> Any:
-        """The writing connection, opened again if it was lost (its claim on the database taken again)."""
-        if self.conn.closed or self.conn.broken:
+        """The writing connection, opened again if it was lost or left unfit (its claim on the database
+        taken again)."""
+        if not _fit(self.conn):
+            _close_quietly(self.conn)
             conn = self._connect("lost the connection to PostgreSQL at {url} and cannot reconnect: {e}")
-            if self._claimed:  # the claim went with the old connection: take it again before any write
-                with conn.cursor() as cur:
-                    cur.execute("SELECT pg_try_advisory_lock(7715371)")
-                    claimed = cur.fetchone()[0]
-                if not claimed:
-                    conn.close()
-                    raise StoreUnavailable("reconnected to PostgreSQL, but the database is claimed by another "
-                                           "gridbot server (or the old connection's lock is not released yet)")
+            try:
+                if self._claimed:  # the claim went with the old connection: take it again before any write
+                    with conn.cursor() as cur:
+                        cur.execute("SELECT pg_try_advisory_lock(7715371)")
+                        claimed = cur.fetchone()[0]
+                    if not claimed:
+                        raise StoreUnavailable("reconnected to PostgreSQL, but the database is claimed by another "
+                                               "gridbot server (or the old connection's lock is not released yet)")
+            except BaseException:
+                _close_quietly(conn)
+                raise
             self.conn = conn
         return self.conn
 
     @contextlib.contextmanager
     def _own_tx(self, write: bool) -> Iterator[Any]:
         with self._mutex:
-            conn = self._writer()
+            nested = self._writing == threading.get_ident()  # a savepoint in this thread's transaction
+            conn = self.conn if nested else self._writer()
             try:
                 with conn.transaction(), conn.cursor() as cur:
                     previous, self._writing = self._writing, threading.get_ident()
@@ -873,13 +879,15 @@ class PostgresStore(SqlStore):
                     finally:
                         self._writing = previous
             except self._transient as e:
-                _drop_if_unsound(conn, e)
+                if not nested:  # (the outermost transaction judges the connection, once it has ended)
+                    _drop_if_unsound(conn, e)
                 raise
 
     @contextlib.contextmanager
     def _read(self) -> Iterator[Any]:
         with self._rmutex:
-            if self.reader.closed or self.reader.broken:
+            if not _fit(self.reader):
+                _close_quietly(self.reader)
                 self.reader = self._connect("lost the reading connection to PostgreSQL at {url}: {e}")
             conn = self.reader
             try:
@@ -939,8 +947,22 @@ def _drop_if_unsound(conn: Any, e: Exception) -> None:
              and conn.pgconn.pipeline_status == psycopg.pq.PipelineStatus.OFF
              and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE)
     if not sound:
-        with contextlib.suppress(Exception):
-            conn.close()
+        _close_quietly(conn)
+
+
+def _fit(conn: Any) -> bool:
+    """Whether a PostgreSQL connection can start a transaction: open, not broken, idle, out of pipeline mode
+    (a connection an error of another kind than `_drop_if_unsound` sees may have been left otherwise, and
+    a transaction begun on one still in a transaction would be a savepoint, never committed)."""
+    import psycopg
+
+    return (not conn.closed and not conn.broken and conn.pgconn.pipeline_status == psycopg.pq.PipelineStatus.OFF
+            and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE)
+
+
+def _close_quietly(conn: Any) -> None:
+    with contextlib.suppress(Exception):
+        conn.close()
 
 
 def _no_nul(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:

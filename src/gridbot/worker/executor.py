@@ -331,19 +331,18 @@ def _stage(src: Path, dest: Path, user: RunAs | None) -> None:
 def slot_dir(jobdir: Path) -> os.stat_result:
     """The slot's directory, made if it is missing; its stat (one system call when it is there).
 
-    The path is the worker's own, but a job can leave a file or a link there (`rm -rf ../0; touch ../0`),
+    The path is the worker's own, but a job can leave a file or a link there (`rm -rf ../0; ln -s / ../0`),
     and a slot's path is the same after a restart: such a thing is removed and the directory made again,
     so that one job's mess fails no later job of the slot."""
     try:
-        st = os.stat(jobdir)
+        st = os.lstat(jobdir)
         if stat.S_ISDIR(st.st_mode):
             return st
+        os.unlink(jobdir)  # a link too, to a directory or to itself: jobs run, and `clean_dir` empties, here only
     except FileNotFoundError:
         pass
-    if os.path.lexists(jobdir) and not os.path.isdir(jobdir):
-        os.unlink(jobdir)
     os.makedirs(jobdir, exist_ok=True)
-    return os.stat(jobdir)
+    return os.lstat(jobdir)
 
 
 def clean_dir(jobdir: Path) -> None:
