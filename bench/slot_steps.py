@@ -4,7 +4,8 @@ Runs `sh -c true` JOBS times on a thread of its own (as a slot thread does), onc
 one of the worker's duties to the one before, and prints the thread's CPU per job, the CPU of the job's
 processes, and the wall time. The last row is `run_blocking`, the worker's whole path without a server:
 the gap between it and the bare spawn is what the worker's Python costs per job; `subprocess.run` is what
-ProcessPoolExecutor's tasks pay in the chunked map. The steps alternate over --runs rounds (the machine's
+ProcessPoolExecutor's tasks pay in the chunked map; the row after it, a helper in the shell that would keep
+the spawning out of the interpreter (`shell_helper`). The steps alternate over --runs rounds (the machine's
 speed drifts); the table gives each row's median. A benchmark, not a test:
 
     .venv/bin/python bench/slot_steps.py [--jobs 3000] [--runs 3]
@@ -32,6 +33,8 @@ import harness  # bench/ is not a package: its modules come from sys.path
 from gridbot.model.records import Assignment
 from gridbot.worker import executor as ex
 from gridbot.worker.isolation import job_environment
+
+HELPER = "a helper in the shell: a persistent dash per slot, a subshell per job"
 
 
 def steps(jobdir: Path) -> list[tuple[str, Callable[[], object]]]:
@@ -111,6 +114,37 @@ def measure(step: Callable[[], object], jobs: int, jobdir: Path) -> tuple[float,
     return result[0]
 
 
+def shell_helper(jobs: int, jobdir: Path) -> tuple[float, float, float]:
+    """The same triple for a helper in the shell: a persistent `dash` per slot that reads a command a line
+    and runs it in a subshell with the job's files, answering its exit status (what a worker could hand its
+    spawning to, to keep it out of the interpreter). The job's processes' CPU here is the helper's own and
+    its children's, from /proc."""
+    script = 'while IFS= read -r c; do (eval "exec $c") >o 2>e </dev/null; echo $?; done'
+    helper = subprocess.Popen(["/bin/dash", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              cwd=jobdir, bufsize=0)
+    assert helper.stdin is not None and helper.stdout is not None
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def spent() -> float:
+        with open(f"/proc/{helper.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return sum(int(v) for v in fields[11:15]) / tick
+
+    try:
+        for n in range(min(200, jobs) + jobs):
+            if n == min(200, jobs):
+                before, cpu, wall = spent(), time.thread_time(), time.perf_counter()
+            helper.stdin.write(b"sh -c true\n")
+            if helper.stdout.readline() != b"0\n":
+                raise RuntimeError("the helper's job failed")
+        cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
+        children = spent() - before
+    finally:
+        helper.stdin.close()
+        helper.wait()
+    return 1e6 * cpu / jobs, 1e6 * children / jobs, 1e6 * wall / jobs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=3000)
@@ -125,10 +159,11 @@ def main() -> None:
         for _ in range(args.runs):
             for name, step in rows:
                 figures[name].append(measure(step, args.jobs, jobdir))
+            figures.setdefault(HELPER, []).append(shell_helper(args.jobs, jobdir))
     print(f"\n{args.jobs:,} x `sh -c true` per row and run, {args.runs} runs, medians, µs per job\n")
     print("| step | the thread's CPU | the job's processes' CPU | wall |")
     print("|---|---|---|---|")
-    for name, _ in rows:
+    for name in figures:
         thread, children, wall = (statistics.median(f[i] for f in figures[name]) for i in range(3))
         print(f"| {name} | {thread:.1f} | {children:.1f} | {wall:.1f} |")
 
