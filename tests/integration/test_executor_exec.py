@@ -82,6 +82,23 @@ def test_a_file_or_link_at_the_slots_path_is_replaced_by_its_directory(tmp_path,
     assert not (tmp_path / "job").is_symlink() and sorted(p.name for p in other.iterdir()) == ["keep"]
 
 
+def test_a_job_whose_inputs_cannot_be_staged_reports_no_output_of_the_job_before_it(tmp_path):
+    """Found in the last read of this session: on the event loop's path (jobs with inputs run there) a job
+    that failed before its spawn reported the slot's output files as its own tails, which still held the
+    previous job's output, maybe another bag's. The slot threads' path already reported none."""
+    async def unreachable(bag_id: int, name: str) -> Path:
+        raise OSError("the server is away")
+
+    jobdir = tmp_path / "job"
+    first = Assignment(1, 1, 1, "theirs", 0, "echo secret-of-another-bag; echo err >&2", {}, [], [], 60.0)
+    r = asyncio.run(run_instance(first, jobdir, no_inputs, 1 << 20, KillSwitch(), keep=False))
+    assert (r.outcome, r.stdout_tail) == (Outcome.SUCCESS, "secret-of-another-bag\n"), r
+    second = Assignment(2, 2, 2, "mine", 0, "cat in.txt", {}, ["in.txt"], [], 60.0)
+    r = asyncio.run(run_instance(second, jobdir, unreachable, 1 << 20, KillSwitch(), keep=False))
+    assert r.outcome is Outcome.FAILURE and "could not stage inputs: the server is away" in r.reason, r
+    assert (r.stdout_tail, r.stderr_tail, r.exit_code) == ("", "", None), r
+
+
 def test_a_plain_command_runs_without_a_shell(tmp_path, run):
     def parent(report: InstanceReport) -> int:
         assert report.outcome is Outcome.SUCCESS, report

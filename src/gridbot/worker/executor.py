@@ -413,22 +413,22 @@ async def _run(a: Assignment, jobdir: Path, fetch: FetchInput, max_result_bytes:
 
     out, err = f"{jobdir}/{STDOUT}", f"{jobdir}/{STDERR}"
 
-    def report(outcome: Outcome, reason: str = "", code: int | None = None, cpu: float = 0.0,
-               outputs: dict[str, bytes] | None = None) -> InstanceReport:
-        return InstanceReport(a.instance_id, outcome, code, time.monotonic() - started, cpu, reason,
-                              _tail(out), _tail(err), outputs or {})
+    def unstarted(reason: str) -> InstanceReport:
+        """A report without output tails: until a spawn truncates them, the slot's files hold the previous
+        job's output, maybe another bag's."""
+        return InstanceReport(a.instance_id, Outcome.FAILURE, None, time.monotonic() - started, 0.0, reason)
 
     try:
         slot_dir(jobdir)
     except OSError as e:
-        return report(Outcome.FAILURE, f"could not make the job's directory: {e}")
+        return unstarted(f"could not make the job's directory: {e}")
     try:
         if user is not None:
             os.chown(jobdir, user.uid, user.gid, follow_symlinks=False)
         for name in a.inputs:
             _stage(await fetch(a.bag_id, name), jobdir / name, user)
     except Exception as e:  # staging is part of the job: its failure is reported, never a crash
-        return report(Outcome.FAILURE, f"could not stage inputs: {e}")
+        return unstarted(f"could not stage inputs: {e}")
     env = job_env(a, base_env)
     proc = None
     with SPAWN_LOCK:
@@ -439,7 +439,7 @@ async def _run(a: Assignment, jobdir: Path, fetch: FetchInput, max_result_bytes:
                 proc = _spawn_as(a.command, jobdir, out, err, env, user)
                 pid = proc.pid
         except OSError as e:
-            return report(Outcome.FAILURE, f"could not start the command: {e}")
+            return unstarted(f"could not start the command: {e}")
         if a.limits is not None:
             apply_limits(pid, a.limits)
         if started_cb is not None:
