@@ -938,15 +938,8 @@ def _drop_if_unsound(conn: Any, e: Exception) -> None:
     statement then fails with "PQsendQuery not allowed in pipeline mode" and the server never recovered.
     A connection is kept only when the error was the server's answer to a statement and the connection
     is idle and out of pipeline mode again."""
-    import psycopg
-
-    if conn.closed:
-        return
     sqlstate = getattr(e, "sqlstate", None)
-    sound = (not conn.broken and sqlstate is not None and sqlstate[:2] not in ("08", "57", "58")
-             and conn.pgconn.pipeline_status == psycopg.pq.PipelineStatus.OFF
-             and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE)
-    if not sound:
+    if sqlstate is None or sqlstate[:2] in ("08", "57", "58") or not _fit(conn):
         _close_quietly(conn)
 
 

@@ -94,7 +94,7 @@ def _tail(path: Path | str, limit: int = TAIL_BYTES) -> str:
     try:
         st = os.fstat(fd)
         size = st.st_size
-        if not size or not stat.S_ISREG(st.st_mode):  # most jobs of a sweep write nothing: no read
+        if not size or not stat.S_ISREG(st.st_mode):  # replaced since the lstat
             return ""
         return os.pread(fd, min(size, limit), max(0, size - limit)).decode("utf-8", errors="replace")
     except OSError:
@@ -413,22 +413,17 @@ async def _run(a: Assignment, jobdir: Path, fetch: FetchInput, max_result_bytes:
 
     out, err = f"{jobdir}/{STDOUT}", f"{jobdir}/{STDERR}"
 
-    def unstarted(reason: str) -> InstanceReport:
-        """A report without output tails: until a spawn truncates them, the slot's files hold the previous
-        job's output, maybe another bag's."""
-        return InstanceReport(a.instance_id, Outcome.FAILURE, None, time.monotonic() - started, 0.0, reason)
-
     try:
         slot_dir(jobdir)
     except OSError as e:
-        return unstarted(f"could not make the job's directory: {e}")
+        return _unstarted(a, started, f"could not make the job's directory: {e}")
     try:
         if user is not None:
             os.chown(jobdir, user.uid, user.gid, follow_symlinks=False)
         for name in a.inputs:
             _stage(await fetch(a.bag_id, name), jobdir / name, user)
     except Exception as e:  # staging is part of the job: its failure is reported, never a crash
-        return unstarted(f"could not stage inputs: {e}")
+        return _unstarted(a, started, f"could not stage inputs: {e}")
     env = job_env(a, base_env)
     proc = None
     with SPAWN_LOCK:
@@ -439,7 +434,7 @@ async def _run(a: Assignment, jobdir: Path, fetch: FetchInput, max_result_bytes:
                 proc = _spawn_as(a.command, jobdir, out, err, env, user)
                 pid = proc.pid
         except OSError as e:
-            return unstarted(f"could not start the command: {e}")
+            return _unstarted(a, started, f"could not start the command: {e}")
         if a.limits is not None:
             apply_limits(pid, a.limits)
         if started_cb is not None:
@@ -494,6 +489,12 @@ async def _run(a: Assignment, jobdir: Path, fetch: FetchInput, max_result_bytes:
     if proc is not None:
         proc.returncode = code  # reaped here: subprocess must not wait for the pid again
     return _verdict(a, jobdir, why, stop, stop_reason, code, cpu, max_result_bytes, started, user is None)
+
+
+def _unstarted(a: Assignment, started: float, reason: str, outcome: Outcome = Outcome.FAILURE) -> InstanceReport:
+    """The report of an instance that ended before its spawn, without output tails: until a spawn truncates
+    them, the slot's files hold the previous job's output, maybe another bag's."""
+    return InstanceReport(a.instance_id, outcome, None, time.monotonic() - started, 0.0, reason)
 
 
 def job_env(a: Assignment, base_env: dict[str, str] | None) -> dict[str, str]:
@@ -580,24 +581,21 @@ def _run_blocking(a: Assignment, jobdir: Path, max_result_bytes: int, stop: Kill
                   reaped_cb: Callable[[], object]) -> InstanceReport:
     out, err = f"{jobdir}/{STDOUT}", f"{jobdir}/{STDERR}"
 
-    def unstarted(outcome: Outcome, reason: str) -> InstanceReport:
-        """A report without output tails: the slot's files are another job's until a spawn truncates them."""
-        return InstanceReport(a.instance_id, outcome, None, time.monotonic() - started, 0.0, reason)
-
     try:
         st = slot_dir(jobdir)
     except OSError as e:
-        return unstarted(Outcome.FAILURE, f"could not make the job's directory: {e}")
+        return _unstarted(a, started, f"could not make the job's directory: {e}")
     here = _cwd_here(jobdir, st)
     env = job_env(a, base_env)
     with SPAWN_LOCK:
         if stop.is_set():  # taken back before it started: it never does
             reason = _stop_cause(stop, stop_reason)
-            return unstarted(Outcome.FAILURE if reason else Outcome.INTERRUPTED, reason or "the worker stopped")
+            return _unstarted(a, started, reason or "the worker stopped",
+                              Outcome.FAILURE if reason else Outcome.INTERRUPTED)
         try:
             pid = _spawn(a.command, None if here else jobdir, out, err, env)
         except OSError as e:
-            return unstarted(Outcome.FAILURE, f"could not start the command: {e}")
+            return _unstarted(a, started, f"could not start the command: {e}")
         try:
             if a.limits is not None:
                 apply_limits(pid, a.limits)
