@@ -196,3 +196,63 @@ def test_a_bags_env_cannot_take_the_run_mark_by_which_the_worker_watches_its_job
     base = {"PATH": os.environ["PATH"], "GRIDBOT_RUN": "the-workers-token"}
     report = run_on(path, a, tmp_path / "job", base)
     assert report.outcome is Outcome.SUCCESS and report.stdout_tail == "the-workers-token kept\n"
+
+
+def test_a_slot_threads_jobs_in_a_row_truncate_only_output_files_that_hold_something(tmp_path, monkeypatch):
+    """A slot thread skips truncating output files its last cleaning found empty (a journalled change of the
+    inode, 16 µs of an `sh -c true` job: issue 14); a file that held the job before's output is truncated,
+    or its tail would show that job's output after this one's."""
+    spawned: list[bool] = []
+    spawn = executor._spawn
+
+    def recording(*args, **kwargs):
+        spawned.append(args[5] if len(args) > 5 else kwargs.get("trunc", True))
+        return spawn(*args, **kwargs)
+
+    monkeypatch.setattr(executor, "_spawn", recording)
+    commands = ["true", "printf x", "echo long-output-of-the-job-before; echo e >&2", "printf y", "true", "true"]
+    reports: list[InstanceReport] = []
+
+    def slot() -> None:
+        wake = os.eventfd(0, os.EFD_NONBLOCK)
+        try:
+            for i, command in enumerate(commands):
+                a = Assignment(i, i, i, "b", i, command, {}, [], [], None)
+                reports.append(run_blocking(a, tmp_path / "t0", 1 << 20, KillSwitch(), wake, lambda pid: None,
+                                            None, None, keep=False))
+        finally:
+            os.close(wake)
+
+    thread = threading.Thread(target=slot)
+    thread.start()
+    thread.join(60)
+    assert [(r.outcome, r.stdout_tail, r.stderr_tail) for r in reports] == [
+        (Outcome.SUCCESS, "", ""), (Outcome.SUCCESS, "x", ""),
+        (Outcome.SUCCESS, "long-output-of-the-job-before\n", "e\n"), (Outcome.SUCCESS, "y", ""),
+        (Outcome.SUCCESS, "", ""), (Outcome.SUCCESS, "", "")]
+    assert spawned == [True, False, True, True, True, False]
+
+
+def test_cleaning_removes_output_files_a_job_made_unreadable_and_says_whether_they_are_empty(tmp_path, run):
+    """A job's `chmod 000` on its output files failed every later spawn of the slot for a worker that is not
+    root (they were kept for the next spawn to truncate); they are removed now, and the next job's are new."""
+    jobdir = tmp_path / "job"
+    jobdir.mkdir()
+    assert executor.clean_dir(jobdir) is True  # nothing there: the spawn creates them empty
+    (jobdir / executor.STDOUT).write_text("")
+    (jobdir / executor.STDERR).write_text("")
+    (jobdir / "left.txt").write_text("x")
+    assert executor.clean_dir(jobdir) is True and sorted(p.name for p in jobdir.iterdir()) == sorted(
+        [executor.STDOUT, executor.STDERR])
+    (jobdir / executor.STDERR).write_text("something")
+    assert executor.clean_dir(jobdir) is False
+    for name in (executor.STDOUT, executor.STDERR):
+        (jobdir / name).chmod(0)
+    assert executor.clean_dir(jobdir) is True and list(jobdir.iterdir()) == []
+    assert executor.clean_dir(tmp_path / "gone") is False
+    r = run(tmp_path, f"chmod 000 {executor.STDOUT} {executor.STDERR}")
+    assert r.outcome is Outcome.SUCCESS, r
+    executor.clean_dir(jobdir)
+    r = run(tmp_path, "echo fine")
+    assert (r.outcome, r.stdout_tail) == (Outcome.SUCCESS, "fine\n"), r
+    assert stat.S_IMODE((jobdir / executor.STDOUT).stat().st_mode) == 0o644
