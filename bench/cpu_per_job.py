@@ -11,9 +11,11 @@ cores the rate is CPU per job when the machine is busy all through; this says wh
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -54,6 +56,18 @@ def machine_cpu() -> tuple[float, float]:
     return ticks[3] / TICK, sum(ticks) / TICK
 
 
+def metric(srv: harness.Server, name: str) -> float:
+    """A counter of the server's /metrics (summed over its labels), read with the admin's key."""
+    headers = {}
+    if not harness.NO_AUTH:
+        access = json.loads(Path(os.environ["GRIDBOT_ACCESS"]).read_text())
+        headers["Authorization"] = f"Bearer {access['admin']}"
+    with urllib.request.urlopen(urllib.request.Request(f"{srv.url}/metrics", headers=headers), timeout=10) as r:
+        text = r.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith((name + " ", name + "{")))
+
+
 def one_run(jobs: int, command: str) -> str:
     with harness.workdir() as t:
         tmp = Path(t)
@@ -71,7 +85,9 @@ def one_run(jobs: int, command: str) -> str:
             after = {k: process_cpu(p) for k, p in pids.items()}
             threads_after = {k: thread_cpu(p) for k, p in pids.items()}
             me_after, machine_after = os.times(), machine_cpu()
-    lines = [f"{jobs / (end - start):,.0f} jobs/s over {end - start:.2f} s"]
+            exchanges = metric(srv, "gridbot_exchanges_total")
+    lines = [f"{jobs / (end - start):,.0f} jobs/s over {end - start:.2f} s, {exchanges:,.0f} exchanges "
+             f"({jobs / max(exchanges, 1):.1f} jobs an exchange)"]
     for k in pids:
         own, kids = (a - b for a, b in zip(after[k], before[k], strict=True))
         lines.append(f"  {k:9s} {1e3 * own / jobs:.3f} ms of its own CPU per job of the bag"
