@@ -232,6 +232,51 @@ def test_a_bag_on_postgresql(tmp_path, pg_url):
         cluster.stop()
 
 
+@pytest.mark.postgres
+def test_a_server_whose_postgresql_database_another_server_took_stops_and_says_why(tmp_path, pg_url):
+    """The review's finding (stop 31): a server whose connections were lost while a second server took the
+    database went on serving reads and answered 503 to every write for good. It stops now, naming the
+    other server, with a non-zero exit; the other server is the database's writer."""
+    import psycopg
+
+    from gridbot.store.sql import open_store
+
+    cluster = Cluster(tmp_path, db=pg_url)
+    other = None
+    try:
+        server = cluster.start_server()
+        spec = write(tmp_path, "s.toml", 'command = "true"\n[parameters]\ni = { from = 1, to = 5 }\n')
+        gridbot_json("submit", spec, "--server", cluster.url)
+        database = pg_url.rsplit("/", 1)[1]
+        with psycopg.connect(pg_url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as admin:
+            pids = [r[0] for r in admin.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s AND "
+                                                "application_name LIKE 'gridbot server %%'", (database,))]
+            assert len(pids) == 2, "the server's writing and reading connections"
+            for pid in pids:
+                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            deadline = time.monotonic() + 30
+            while admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)).fetchone()[0]:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+        other = open_store(pg_url)
+        other.claim()
+        answers = []
+        for _ in range(3):  # the lost connection's own failure first, then the claim found taken
+            answers.append(gridbot("submit", spec, "--name", f"t{len(answers)}", "--server", cluster.url))
+            if server.proc is not None and server.proc.poll() is not None:
+                break
+            time.sleep(0.2)
+        assert server.wait(30) != 0
+        assert "took the database while this server's connection to it was lost" in server.log, server.log
+        assert other.tag in server.log
+        assert all(a.returncode != 0 for a in answers), [a.stderr for a in answers]
+        assert other.bag("s") is not None and other.bag("t0") is None
+    finally:
+        cluster.stop()
+        if other is not None:
+            other.close()
+
+
 def test_a_worker_whose_job_gets_no_cpu_leaves_and_the_job_counts_a_failure(tmp_path):
     """GridBot's pilot suicide (section 5): a job that barely uses the CPU means this is no host for it."""
     cluster = Cluster(tmp_path)

@@ -3,6 +3,7 @@
 import contextlib
 import itertools
 import threading
+import time
 
 import pytest
 
@@ -704,3 +705,67 @@ def test_a_retried_quorum_job_forgets_its_old_votes(store):
     store.apply(d.retry(BagSnapshot(bag.bag_id, bag.spec, bag.counts, bag.created_at), bag.state, failed, 30.0))
     assert store.bag(row.bag_id).state is BagState.ACTIVE
     assert store.snapshot().votes == [], "the retried job's votes are forgotten"
+
+
+def _terminate_and_wait(pg_url: str, pids: list[int]) -> None:
+    """Terminate PostgreSQL backends and wait until they have exited (their locks released)."""
+    import psycopg
+
+    with psycopg.connect(pg_url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as admin:
+        for pid in pids:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        deadline = time.monotonic() + 30
+        while admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)).fetchone()[0]:
+            assert time.monotonic() < deadline, "the terminated backends did not exit"
+            time.sleep(0.02)
+
+
+@pytest.mark.postgres
+def test_a_postgresql_server_whose_database_another_took_while_its_connection_was_lost_is_told_to_stop(pg_url):
+    """The review's finding (stop 31): after the writing connection was lost, the claim was free until the
+    next write reconnected; a second server started in that window took the database, and this one then
+    answered 503 to every write for good, saying it might be its old connection's lock, while it went on
+    serving reads. Now the holder is looked up: another server's connection is ClaimLost (the server
+    stops), this server's own old backend still exiting is a wait (StoreUnavailable)."""
+    import psycopg
+
+    from gridbot.store.base import ClaimLost, StoreUnavailable
+    from gridbot.store.sql import open_store
+
+    first = open_store(pg_url)
+    first.claim()
+    told: list[ClaimLost] = []
+    first.on_lost(told.append)
+    second = None
+    try:
+        row = first.create_bag(SPEC, None, {}, 1.0)
+        jobs = first.queued_jobs(row.bag_id, 0, 3)
+
+        # its own old connection still holds the claim (a backend exits some milliseconds after it is told to):
+        # a connection of the same application_name stands for it
+        _terminate_and_wait(pg_url, [first.conn.info.backend_pid])
+        with psycopg.connect(pg_url, autocommit=True, application_name=first.tag) as old:
+            old.execute("SELECT pg_advisory_lock(7715371)")
+            for _ in range(2):  # the lost connection fails its transaction, then the claim is not free yet
+                with pytest.raises(StoreUnavailable) as e:
+                    first.apply(Changes(new_instances=[NewInstance(1, jobs[0].job_id, row.bag_id, "h", 1.0, 2.0)]))
+                assert not isinstance(e.value, ClaimLost)
+            assert "old connection still holds" in str(e.value) and told == []
+        first.apply(Changes(new_instances=[NewInstance(1, jobs[0].job_id, row.bag_id, "h", 1.0, 2.0)]))
+        assert len(first.instances_of(jobs[0].job_id)) == 1, "its claim taken again, it writes"
+
+        # another server takes the database while the connection is lost
+        _terminate_and_wait(pg_url, [first.conn.info.backend_pid])
+        second = open_store(pg_url)
+        second.claim()
+        with contextlib.suppress(StoreUnavailable):  # the lost connection's own failure, if it comes first
+            first.apply(Changes(new_instances=[NewInstance(2, jobs[1].job_id, row.bag_id, "h", 1.0, 2.0)]))
+        with pytest.raises(ClaimLost, match="another gridbot server") as lost:
+            first.apply(Changes(new_instances=[NewInstance(2, jobs[1].job_id, row.bag_id, "h", 1.0, 2.0)]))
+        assert second.tag in str(lost.value) and told == [lost.value]
+        assert first.instances_of(jobs[1].job_id) == [], "nothing was written by the server that lost the claim"
+        second.apply(Changes(new_instances=[NewInstance(3, jobs[2].job_id, row.bag_id, "h", 1.0, 2.0)]))
+    finally:
+        first.close()
+        if second is not None:
+            second.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -252,6 +253,7 @@ def server(db: str, host: str, port: int, dispatch: DispatchConfig, max_jobs: in
                            max_bags_per_submitter=max_bags_per_submitter, queues=tuple(queues),
                            validators=tuple(validators))
     service = Service(store, config)
+    service.on_lost.append(lambda lost: os.kill(os.getpid(), signal.SIGTERM))  # run_app's own way to stop
     overlay = None
     if pool_specs:
         from gridbot.server.overlay import Overlay
@@ -276,6 +278,8 @@ def server(db: str, host: str, port: int, dispatch: DispatchConfig, max_jobs: in
         raise GridbotError(f"cannot listen on {host}:{port}: {e.strerror}; choose another --port") from e
     finally:
         store.close()
+    if service.lost is not None:
+        raise GridbotError(f"the server stopped: {service.lost}")
 
 
 

@@ -66,7 +66,7 @@ from gridbot.protocol import (
 from gridbot.schedulers import registry
 from gridbot.schedulers.base import StrategyError
 from gridbot.schedulers.expert.tail import SERVER_TICK, observe, reliable_pools
-from gridbot.store.base import BagExists, BagRow, InstanceRow, JobRow, Store, spec_hash
+from gridbot.store.base import BagExists, BagRow, ClaimLost, InstanceRow, JobRow, Store, spec_hash
 
 log = logging.getLogger("gridbot.server")
 
@@ -137,6 +137,7 @@ class Service:
             raise GridbotError(f"the heartbeat ({self.config.heartbeat:g} s) must be at most half the host timeout "
                                f"({self.config.dispatch.host_timeout:g} s), or busy hosts would be taken for lost")
         store.claim()
+        store.on_lost(self._claim_lost)
         self._pending: list[Changes] = []
         self._waiters: list[Waiter] = []
         self._flight: _Flight | None = None
@@ -148,6 +149,11 @@ class Service:
         self.commit_hooks: list[Callable[[Changes, float], None]] = []
         """Called on the loop's thread with each batch once it is durable and the seconds its commit took
         (`gridbot.server.metrics` counts instances and commit latency there): read-only observers."""
+        self.lost: ClaimLost | None = None
+        """Set when another server took the store (`ClaimLost`): this one must stop."""
+        self.on_lost: list[Callable[[ClaimLost], None]] = []
+        """Called once the claim is lost (on the thread that wrote: the store's writer thread, or the loop's):
+        `gridbot server` stops."""
         self._commit_seconds = 0.0
         self._last_tick = 0.0
         self.stale = False
@@ -196,11 +202,21 @@ class Service:
         self._last_tick = 0.0  # the gap since the last tick is covered by the grace, not shifted again
         self.feed()
 
+    def _claim_lost(self, e: ClaimLost) -> None:
+        if self.lost is None:
+            self.lost = e
+            log.critical("%s", e)
+            for hook in self.on_lost:
+                hook(e)
+
     def ready(self) -> None:
         """Raise ServerUnavailable while the dispatcher waits to be reloaded from a store that was down
-        (a reload is tried at most every RELOAD_EVERY seconds; requests in between are refused at once)."""
+        (a reload is tried at most every RELOAD_EVERY seconds; requests in between are refused at once), and
+        for good once another server took the store (`lost`)."""
         if not self.stale:
             return
+        if self.lost is not None:
+            raise self.lost
         if time.monotonic() < self._next_reload:
             raise ServerUnavailable("the store is unavailable; try again shortly")
         try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import msgspec
 
@@ -29,6 +29,11 @@ class StoreUnavailable(StoreError, ServerUnavailable):
     may succeed later, and the server answers 503 with Retry-After meanwhile."""
 
     retryable = True
+
+
+class ClaimLost(StoreUnavailable):
+    """Another gridbot server took the database while this one's connection to it was lost: this server
+    is no longer its writer and must stop (a request is answered 503 until it has)."""
 
 
 class BagExists(StoreError):
@@ -296,6 +301,10 @@ class Store(ABC):
 
         Two dispatchers on one store would send the same jobs twice; the claim lasts until `close`.
         """
+
+    def on_lost(self, hook: Callable[[ClaimLost], None]) -> None:  # noqa: B027 - only a shared database is taken
+        """Have `hook` called (on the thread that writes) if another server takes this store from this one
+        (`ClaimLost`): its claim went with a lost connection, and another took it before it was taken again."""
 
     def ping(self) -> None:  # noqa: B027 - a store in memory is always there
         """Raise StoreUnavailable unless the database answers now (for /v1/health)."""

@@ -11,8 +11,9 @@ import contextlib
 import fcntl
 import sqlite3
 import threading
+import uuid
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -41,6 +42,7 @@ from gridbot.store.base import (
     RETIRED,
     BagExists,
     BagRow,
+    ClaimLost,
     InstanceRow,
     JobRow,
     JobStoryRow,
@@ -823,6 +825,9 @@ class PostgresStore(SqlStore):
 
         self.url = url
         self._transient = (psycopg.OperationalError, psycopg.InterfaceError)
+        self.tag = f"gridbot server {uuid.uuid4().hex[:12]}"
+        """The connections' application_name: whose backend holds the claim, seen in pg_stat_activity."""
+        self._lost_hooks: list[Callable[[ClaimLost], None]] = []
         conn = self._connect("cannot connect to PostgreSQL at {url}: {e}; check that the server runs and the URL "
                              "names an existing database", StoreError)
         try:
@@ -839,7 +844,7 @@ class PostgresStore(SqlStore):
         import psycopg
 
         try:
-            return psycopg.connect(self.url, autocommit=True, connect_timeout=10)
+            return psycopg.connect(self.url, autocommit=True, connect_timeout=10, application_name=self.tag)
         except psycopg.Error as e:
             raise error(message.format(url=_redact(self.url), e=str(e).strip())) from e
 
@@ -854,17 +859,43 @@ class PostgresStore(SqlStore):
             conn = self._connect("lost the connection to PostgreSQL at {url} and cannot reconnect: {e}")
             try:
                 if self._claimed:  # the claim went with the old connection: take it again before any write
-                    with conn.cursor() as cur:
-                        cur.execute("SELECT pg_try_advisory_lock(7715371)")
-                        claimed = cur.fetchone()[0]
-                    if not claimed:
-                        raise StoreUnavailable("reconnected to PostgreSQL, but the database is claimed by another "
-                                               "gridbot server (or the old connection's lock is not released yet)")
+                    self._reclaim(conn)
             except BaseException:
                 _close_quietly(conn)
                 raise
             self.conn = conn
         return self.conn
+
+    def _reclaim(self, conn: Any) -> None:
+        """Take the claim on the database again on a new connection, after the old one was lost.
+
+        The old backend lets go of the claim only once it has exited, some milliseconds after the connection
+        was lost: until then this is a wait (StoreUnavailable, the next write tries again). If another
+        server's connection holds it, that server took the database in the meantime and is its writer now:
+        ClaimLost, and this server stops (it used to answer 503 to every write for good while it went on
+        serving reads). Whose it is, is told by the holder's application_name (`tag`)."""
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_try_advisory_lock(7715371)")
+            if cur.fetchone()[0]:
+                return
+            cur.execute("SELECT a.application_name, a.pid, a.client_addr FROM pg_locks l "
+                        "JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted "
+                        "AND l.classid = 0 AND l.objid = 7715371 AND l.objsubid = 1")
+            holder = cur.fetchone()
+        if holder is None or holder[0] == self.tag:
+            raise StoreUnavailable("reconnected to PostgreSQL; this server's old connection still holds its claim "
+                                   "on the database until its backend has exited")
+        name, pid, addr = holder
+        lost = ClaimLost(f"another gridbot server ({name or 'no application_name'}, PostgreSQL backend {pid}"
+                        f"{f' from {addr}' if addr else ''}) took the database while this server's connection to "
+                        "it was lost: this server is no longer its writer and stops; its workers and clients go on "
+                        "with the other one (point them at it), or stop that one and start this one again")
+        for hook in self._lost_hooks:
+            hook(lost)
+        raise lost
+
+    def on_lost(self, hook: Callable[[ClaimLost], None]) -> None:
+        self._lost_hooks.append(hook)
 
     @contextlib.contextmanager
     def _own_tx(self, write: bool) -> Iterator[Any]:
