@@ -233,6 +233,42 @@ def test_a_slot_threads_jobs_in_a_row_truncate_only_output_files_that_hold_somet
     assert spawned == [True, False, True, True, True, False]
 
 
+def test_output_files_are_truncated_after_a_job_that_left_processes_behind_or_in_another_directory(
+        tmp_path, monkeypatch):
+    """The review's findings: a process a job left behind may write to its files after they were found empty
+    (the worker's sweep kills it after the reaping: `reaped_cb` says so), and a slot directory replaced since
+    is another directory whatever its path: either way the next spawn truncates."""
+    spawned: list[bool] = []
+    spawn = executor._spawn
+
+    def recording(*args, **kwargs):
+        spawned.append(args[5])
+        return spawn(*args, **kwargs)
+
+    monkeypatch.setattr(executor, "_spawn", recording)
+    jobdir = tmp_path / "t0"
+
+    def slot() -> None:
+        wake = os.eventfd(0, os.EFD_NONBLOCK)
+        try:
+            for i, left in enumerate([False, False, True, False, False]):
+                if i == 4:
+                    os.rename(jobdir, tmp_path / "old")
+                    jobdir.mkdir()
+                    (jobdir / executor.STDOUT).write_text("not this job's")
+                a = Assignment(i, i, i, "b", i, "true", {}, [], [], None)
+                r = run_blocking(a, jobdir, 1 << 20, KillSwitch(), wake, lambda pid: None, None, None, keep=False,
+                                 reaped_cb=lambda left=left: left)
+                assert (r.outcome, r.stdout_tail) == (Outcome.SUCCESS, ""), r
+        finally:
+            os.close(wake)
+
+    thread = threading.Thread(target=slot)
+    thread.start()
+    thread.join(60)
+    assert spawned == [True, False, False, True, True]
+
+
 def test_cleaning_removes_output_files_a_job_made_unreadable_and_says_whether_they_are_empty(tmp_path, run):
     """A job's `chmod 000` on its output files failed every later spawn of the slot for a worker that is not
     root (they were kept for the next spawn to truncate); they are removed now, and the next job's are new."""
@@ -256,3 +292,8 @@ def test_cleaning_removes_output_files_a_job_made_unreadable_and_says_whether_th
     r = run(tmp_path, "echo fine")
     assert (r.outcome, r.stdout_tail) == (Outcome.SUCCESS, "fine\n"), r
     assert stat.S_IMODE((jobdir / executor.STDOUT).stat().st_mode) == 0o644
+    r = run(tmp_path, f"ln {executor.STDOUT} ../spy")  # a link elsewhere would show later jobs' output there
+    assert r.outcome is Outcome.SUCCESS, r
+    assert executor.clean_dir(jobdir) is True and not (jobdir / executor.STDOUT).exists()
+    r = run(tmp_path, "echo mine")
+    assert (r.outcome, r.stdout_tail, (tmp_path / "spy").read_text()) == (Outcome.SUCCESS, "mine\n", ""), r

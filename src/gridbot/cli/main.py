@@ -221,6 +221,7 @@ def server(db: str, host: str, port: int, dispatch: DispatchConfig, max_jobs: in
     from gridbot.server import secure
     from gridbot.server.app import Server
     from gridbot.server.service import Service, ServiceConfig
+    from gridbot.store.base import ClaimLost
     from gridbot.store.sql import open_store
 
     logging.getLogger("gridbot").setLevel(min(logging.INFO, logging.getLogger().level))
@@ -253,7 +254,13 @@ def server(db: str, host: str, port: int, dispatch: DispatchConfig, max_jobs: in
                            max_bags_per_submitter=max_bags_per_submitter, queues=tuple(queues),
                            validators=tuple(validators))
     service = Service(store, config)
-    service.on_lost.append(lambda lost: os.kill(os.getpid(), signal.SIGTERM))  # run_app's own way to stop
+    serving: list[bool] = []
+
+    def stop(lost: ClaimLost) -> None:
+        if serving:  # run_app's own way to stop; before it serves, the check before run_app stops the server
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    service.on_lost.append(stop)
     overlay = None
     if pool_specs:
         from gridbot.server.overlay import Overlay
@@ -272,6 +279,14 @@ def server(db: str, host: str, port: int, dispatch: DispatchConfig, max_jobs: in
         made = "made" if security.access.created else "in"
         click.echo(f"keys: {made} {security.access.access_path} (mode 0600; `gridbot access` hands out "
                    "smaller ones)", err=True)
+    if service.lost is not None:  # taken while the server started, before a signal could stop it
+        store.close()
+        raise GridbotError(f"the server stopped: {service.lost}")
+
+    async def started(app: web.Application) -> None:
+        serving.append(True)  # run_app's handler of SIGTERM is in place from here on
+
+    srv.app.on_startup.append(started)
     try:
         web.run_app(srv.app, host=host, port=port, print=None, access_log=None, ssl_context=security.ssl)
     except OSError as e:

@@ -213,10 +213,10 @@ class Service:
         """Raise ServerUnavailable while the dispatcher waits to be reloaded from a store that was down
         (a reload is tried at most every RELOAD_EVERY seconds; requests in between are refused at once), and
         for good once another server took the store (`lost`)."""
-        if not self.stale:
-            return
         if self.lost is not None:
             raise self.lost
+        if not self.stale:
+            return
         if time.monotonic() < self._next_reload:
             raise ServerUnavailable("the store is unavailable; try again shortly")
         try:
@@ -324,6 +324,8 @@ class Service:
             self.solo_until = time.monotonic() + SOLO_SECONDS
         self.stale = True
         self._outage = isinstance(e, ServerUnavailable)
+        if self.lost is not None:  # another server's database now: nothing to reload, the server stops
+            return error
         try:
             self._load()
         except ServerUnavailable as reload_error:

@@ -880,7 +880,8 @@ class PostgresStore(SqlStore):
                 return
             cur.execute("SELECT a.application_name, a.pid, a.client_addr FROM pg_locks l "
                         "JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted "
-                        "AND l.classid = 0 AND l.objid = 7715371 AND l.objsubid = 1")
+                        "AND l.classid = 0 AND l.objid = 7715371 AND l.objsubid = 1 AND l.database = "
+                        "(SELECT oid FROM pg_database WHERE datname = current_database())")
             holder = cur.fetchone()
         if holder is None or holder[0] == self.tag:
             raise StoreUnavailable("reconnected to PostgreSQL; this server's old connection still holds its claim "

@@ -177,8 +177,9 @@ LIBC = ctypes.CDLL(None, use_errno=True)
 
 _fs = threading.local()
 """A slot thread's own working directory: `own` (it has one, unshare(CLONE_FS)) and `at` (the (st_dev,
-st_ino) of the directory it is in); and `emptied`, the slot directory whose output files the thread's last
-`clean_dir` left empty, until its next spawn there."""
+st_ino) of the directory it is in); `emptied`, the slot directory (its path, st_dev and st_ino) whose output files
+the thread's last `clean_dir` left empty, after a job that left no process behind, until its next spawn there;
+and `ran`, that directory while its job is settled."""
 
 
 def _cwd_here(jobdir: Path, st: os.stat_result) -> bool:
@@ -356,9 +357,9 @@ def clean_dir(jobdir: Path) -> bool:
     (the next spawn need not truncate them, `_EMPTY_FLAGS`), False if it cannot tell.
 
     The output files stay (the next spawn truncates them) if they are regular files the worker can read and
-    write: what else a job left at their place goes, a symbolic link, fifo or directory (the next spawn
-    would refuse it: `_OUTPUT_FLAGS`) or a file it made unwritable (`chmod 000`: every later spawn of the
-    slot would fail)."""
+    write, linked once: what else a job left at their place goes, a symbolic link, fifo or directory (the next
+    spawn would refuse it: `_OUTPUT_FLAGS`), a file it made unwritable (`chmod 000`: every later spawn of the
+    slot would fail) or one it linked elsewhere (later jobs' output would be read there)."""
     empty = True
     try:
         with os.scandir(jobdir) as entries:
@@ -369,7 +370,7 @@ def clean_dir(jobdir: Path) -> bool:
                     except OSError:
                         empty = False
                         continue
-                    if stat.S_ISREG(st.st_mode) and st.st_mode & 0o600 == 0o600:
+                    if stat.S_ISREG(st.st_mode) and st.st_mode & 0o600 == 0o600 and st.st_nlink == 1:
                         empty = empty and not st.st_size
                         continue
                     empty = _remove(entry) and empty
@@ -587,7 +588,7 @@ def _stop_cause(stop: KillSwitch, stop_reason: Callable[[], str] | None) -> str:
 def run_blocking(a: Assignment, jobdir: Path, max_result_bytes: int, stop: KillSwitch, wake: int,
                  started_cb: Callable[[int], None], stop_reason: Callable[[], str] | None,
                  base_env: dict[str, str] | None, keep: bool = True,
-                 reaped_cb: Callable[[], object] = lambda: None) -> InstanceReport:
+                 reaped_cb: Callable[[], bool] = lambda: False) -> InstanceReport:
     """Run `a` in `jobdir` on the calling thread (a slot thread of gridbot.worker.threads) and return its
     report, as `run_instance` would on the event loop: same environment, spawn, timeout, kill switch, outputs
     and report, without inputs or a user to switch to (those instances stay on the loop).
@@ -597,7 +598,8 @@ def run_blocking(a: Assignment, jobdir: Path, max_result_bytes: int, stop: KillS
     of `stop` writes (a write meant for an earlier job only wakes it once: what counts is `stop.is_set()`),
     and takes it back itself when the switch is set or the timeout comes (`_wait_blocking`). `started_cb(pid)`
     is called under SPAWN_LOCK with the job spawned: it registers the job with the reaper; `reaped_cb()` at once
-    after the job's first process is reaped, before its outputs are read. A slot thread starts its jobs in a
+    after the job's first process is reaped, before its outputs are read: True if the job left processes behind
+    (the reaper's sweep killed some), which may still write to its output files. A slot thread starts its jobs in a
     working directory of its own (`_cwd_here`).
     """
     started = time.monotonic()
@@ -605,8 +607,9 @@ def run_blocking(a: Assignment, jobdir: Path, max_result_bytes: int, stop: KillS
         return _run_blocking(a, jobdir, max_result_bytes, stop, wake, started_cb, stop_reason, base_env, started,
                              reaped_cb)
     finally:
+        ran, _fs.ran = getattr(_fs, "ran", None), None
         if not keep and clean_dir(jobdir):
-            _fs.emptied = jobdir
+            _fs.emptied = ran
 
 
 def _run_blocking(a: Assignment, jobdir: Path, max_result_bytes: int, stop: KillSwitch, wake: int,
@@ -614,15 +617,15 @@ def _run_blocking(a: Assignment, jobdir: Path, max_result_bytes: int, stop: Kill
                   base_env: dict[str, str] | None, started: float,
                   reaped_cb: Callable[[], object]) -> InstanceReport:
     out, err = f"{jobdir}/{STDOUT}", f"{jobdir}/{STDERR}"
-
+    emptied, _fs.emptied, _fs.ran = getattr(_fs, "emptied", None), None, None
     try:
         st = slot_dir(jobdir)
     except OSError as e:
         return _unstarted(a, started, f"could not make the job's directory: {e}")
     here = _cwd_here(jobdir, st)
     env = job_env(a, base_env)
-    trunc = getattr(_fs, "emptied", None) != jobdir
-    _fs.emptied = None
+    this = (jobdir, st.st_dev, st.st_ino)
+    trunc = emptied != this
     with SPAWN_LOCK:
         if stop.is_set():  # taken back before it started: it never does
             reason = _stop_cause(stop, stop_reason)
@@ -659,7 +662,8 @@ def _run_blocking(a: Assignment, jobdir: Path, max_result_bytes: int, stop: Kill
             os.close(fd)
         _killpg(pid, signal.SIGKILL)  # before the reaping: the group's id cannot be reused while its leader lives
         _, status, usage = os.wait4(pid, 0)
-        reaped_cb()
+        if not reaped_cb():  # nothing of the job is left to write to its files once they are found empty
+            _fs.ran = this
     code, cpu = os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime
     return _verdict(a, jobdir, why, stop, stop_reason, code, cpu, max_result_bytes, started, True)
 

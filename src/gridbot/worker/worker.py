@@ -586,11 +586,20 @@ class Worker:
             return run_blocking(a, jobdir, self.max_result_bytes, held.stop, wake,
                                 functools.partial(self._thread_job_started, held),
                                 functools.partial(self._stop_reason, iid), self.base_env, self.config.keep_dirs,
-                                functools.partial(self.pids.pop, iid, None))
+                                functools.partial(self._thread_job_reaped, iid))
         finally:
-            if self.reaper.ended(iid) and self.threads.loop is not None:
-                with contextlib.suppress(RuntimeError):
-                    self.threads.loop.call_soon_threadsafe(self.reaper.follow_up)
+            self._thread_job_reaped(iid)  # (a no-op once done: an error of ours came before the reaping)
+
+    def _thread_job_reaped(self, iid: int) -> bool:
+        """A slot thread's job was reaped: kill what it left behind before its outputs are read and its slot is
+        emptied (a process left running could still write to its files, or make new ones); True if some was."""
+        self.pids.pop(iid, None)
+        if not self.reaper.ended(iid):
+            return False
+        if self.threads.loop is not None:
+            with contextlib.suppress(RuntimeError):
+                self.threads.loop.call_soon_threadsafe(self.reaper.follow_up)
+        return True
 
     def _thread_job_started(self, held: Held, pid: int) -> None:
         """A slot thread's job started (under SPAWN_LOCK): the reaper watches it, and `min_cpu` its CPU (the
