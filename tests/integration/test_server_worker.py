@@ -277,6 +277,44 @@ def test_a_server_whose_postgresql_database_another_server_took_stops_and_says_w
             other.close()
 
 
+@pytest.mark.postgres
+def test_an_idle_server_takes_its_postgresql_claim_back_within_seconds_of_losing_its_connections(tmp_path, pg_url):
+    """The claim used to stay free until the next write, however long an idle server waited for one: a second
+    server started meanwhile took the database. The tick now finds the lost connection and takes it back."""
+    import psycopg
+
+    from gridbot.store.base import StoreError
+    from gridbot.store.sql import open_store
+
+    cluster = Cluster(tmp_path, db=pg_url)
+    try:
+        server = cluster.start_server()
+        database = pg_url.rsplit("/", 1)[1]
+        with psycopg.connect(pg_url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as admin:
+            pids = [r[0] for r in admin.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s AND "
+                                                "application_name LIKE 'gridbot server %%'", (database,))]
+            for pid in pids:
+                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            deadline = time.monotonic() + 30
+            held = 0
+            while not held:  # no request reaches the server meanwhile: only its tick can take the claim back
+                assert time.monotonic() < deadline, server.log
+                time.sleep(0.1)
+                held = admin.execute("SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                                     "WHERE l.locktype = 'advisory' AND l.objid = 7715371 AND a.datname = %s "
+                                     "AND NOT a.pid = ANY(%s)", (database, pids)).fetchone()[0]
+        other = open_store(pg_url)
+        try:
+            with pytest.raises(StoreError, match="another gridbot server is using"):
+                other.claim()
+        finally:
+            other.close()
+        with cluster.client() as c:
+            assert c.bags() == [] and server.proc is not None and server.proc.poll() is None
+    finally:
+        cluster.stop()
+
+
 def test_a_worker_whose_job_gets_no_cpu_leaves_and_the_job_counts_a_failure(tmp_path):
     """GridBot's pilot suicide (section 5): a job that barely uses the CPU means this is no host for it."""
     cluster = Cluster(tmp_path)

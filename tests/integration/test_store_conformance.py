@@ -769,3 +769,40 @@ def test_a_postgresql_server_whose_database_another_took_while_its_connection_wa
         first.close()
         if second is not None:
             second.close()
+
+
+@pytest.mark.postgres
+def test_a_postgresql_store_takes_its_claim_back_at_its_next_tick_not_at_its_next_write(pg_url):
+    """An idle server learned of a lost connection only at its next write, and the claim was free until then;
+    `hold_claim` (each tick) finds it and takes the claim back, or is told another server took it."""
+    from gridbot.store.base import ClaimLost, StoreError, StoreUnavailable
+    from gridbot.store.sql import open_store
+
+    first = open_store(pg_url)
+    first.claim()
+    told: list[ClaimLost] = []
+    first.on_lost(told.append)
+    others = []
+    try:
+        first.hold_claim()  # a sound connection: nothing to do
+        _terminate_and_wait(pg_url, [first.conn.info.backend_pid])
+        first.hold_claim()  # the old backend has exited: the claim is free, and taken back at once
+        with first.conn.cursor() as cur:
+            cur.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()")
+            assert cur.fetchone()[0] == 1
+        others.append(open_store(pg_url))
+        with pytest.raises(StoreError, match="another gridbot server is using this PostgreSQL database"):
+            others[0].claim()
+
+        _terminate_and_wait(pg_url, [first.conn.info.backend_pid])
+        others.append(open_store(pg_url))
+        others[1].claim()
+        with pytest.raises(ClaimLost, match=others[1].tag):
+            first.hold_claim()
+        assert len(told) == 1
+        with pytest.raises(StoreUnavailable):  # and every write after it
+            first.hold_claim()
+    finally:
+        first.close()
+        for other in others:
+            other.close()

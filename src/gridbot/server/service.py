@@ -407,6 +407,8 @@ class Service:
 
         A gap since the last tick longer than PAUSE_GAP means the server itself was away (stopped, or its
         loop blocked): that time is not counted against hosts or instances (`Dispatcher.shift`)."""
+        with contextlib.suppress(ServerUnavailable):  # a claim taken by another server stops the server (`on_lost`)
+            self.store.hold_claim()
         self.ready()
         if self._last_tick and now - self._last_tick > PAUSE_GAP:
             gap = now - self._last_tick

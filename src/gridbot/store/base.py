@@ -302,6 +302,12 @@ class Store(ABC):
         Two dispatchers on one store would send the same jobs twice; the claim lasts until `close`.
         """
 
+    def hold_claim(self) -> None:  # noqa: B027 - only a shared database's claim can be lost
+        """Keep the claim (every tick of the server): on a shared database, look at the writing connection, and
+        if it was lost, take the claim again at once rather than at the next write, which may be long in
+        coming; ClaimLost (after `on_lost`'s hooks) if another server took it, StoreUnavailable while it
+        cannot tell yet."""
+
     def on_lost(self, hook: Callable[[ClaimLost], None]) -> None:  # noqa: B027 - only a shared database is taken
         """Have `hook` called (on the thread that writes) if another server takes this store from this one
         (`ClaimLost`): its claim went with a lost connection, and another took it before it was taken again."""

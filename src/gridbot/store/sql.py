@@ -898,6 +898,22 @@ class PostgresStore(SqlStore):
     def on_lost(self, hook: Callable[[ClaimLost], None]) -> None:
         self._lost_hooks.append(hook)
 
+    def hold_claim(self) -> None:
+        """An idle connection whose backend was terminated learns of it only when used: one `SELECT 1` a tick
+        on the writing connection finds it, and `_writer` takes the claim again on a new one. Skipped while a
+        write is in progress (the write's transaction finds a lost connection itself)."""
+        if not self._claimed or not self._mutex.acquire(blocking=False):
+            return
+        try:
+            conn = self._writer()
+            try:
+                conn.execute("SELECT 1")
+            except self._transient as e:
+                _drop_if_unsound(conn, e)
+                self._writer()
+        finally:
+            self._mutex.release()
+
     @contextlib.contextmanager
     def _own_tx(self, write: bool) -> Iterator[Any]:
         with self._mutex:
