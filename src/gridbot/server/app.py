@@ -378,8 +378,11 @@ class Server:
         self.service.close()
 
     async def _tick_loop(self) -> None:
+        holding: asyncio.Future[None] | None = None
         while True:
             await asyncio.sleep(self.tick_interval)
+            if holding is None or holding.done():  # off the loop's thread, one at a time (`Service.hold_claim`)
+                holding = asyncio.get_running_loop().run_in_executor(None, self.service.hold_claim)
             try:
                 self.service.tick(time.time())
                 self._check_work()

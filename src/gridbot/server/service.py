@@ -202,6 +202,17 @@ class Service:
         self._last_tick = 0.0  # the gap since the last tick is covered by the grace, not shifted again
         self.feed()
 
+    def hold_claim(self) -> None:
+        """Keep the store's claim (`Store.hold_claim`), from a thread other than the loop's: a statement on a
+        connection to a database cut off by the network waits for TCP to give up. A claim another server took
+        stops the server (`on_lost`); anything else is tried again at the next tick or write."""
+        try:
+            self.store.hold_claim()
+        except ServerUnavailable:
+            pass
+        except Exception:  # a bug of ours must not go unheard in a future nobody reads
+            log.exception("keeping the store's claim failed; the next tick tries again")
+
     def _claim_lost(self, e: ClaimLost) -> None:
         if self.lost is None:
             self.lost = e
@@ -407,8 +418,6 @@ class Service:
 
         A gap since the last tick longer than PAUSE_GAP means the server itself was away (stopped, or its
         loop blocked): that time is not counted against hosts or instances (`Dispatcher.shift`)."""
-        with contextlib.suppress(ServerUnavailable):  # a claim taken by another server stops the server (`on_lost`)
-            self.store.hold_claim()
         self.ready()
         if self._last_tick and now - self._last_tick > PAUSE_GAP:
             gap = now - self._last_tick
