@@ -581,14 +581,16 @@ class Worker:
         directory (the loop's slots number theirs 0, 1, ...; these are t0, t1, ...)."""
         a, iid = held.a, held.a.instance_id
         jobdir = self._kept_dir(a) if self.config.keep_dirs else self._slot_dir(f"t{index}")
-        held.stop.on_set(functools.partial(self.threads.poke, index))
+        if a.timeout is not None:  # the thread sleeps in `poll` on its eventfd (without one, `_Waiting` stops it)
+            held.stop.on_set(functools.partial(self.threads.poke, index))
         try:
             return run_blocking(a, jobdir, self.max_result_bytes, held.stop, wake,
                                 functools.partial(self._thread_job_started, held),
                                 functools.partial(self._stop_reason, iid), self.base_env, self.config.keep_dirs,
                                 functools.partial(self._thread_job_reaped, iid))
         finally:
-            self._thread_job_reaped(iid)  # (a no-op once done: an error of ours came before the reaping)
+            if iid in self.reaper.jobs:  # an error of ours came before the reaping
+                self._thread_job_reaped(iid)
 
     def _thread_job_reaped(self, iid: int) -> bool:
         """A slot thread's job was reaped: kill what it left behind before its outputs are read and its slot is
