@@ -806,3 +806,21 @@ def test_a_postgresql_store_takes_its_claim_back_at_its_next_tick_not_at_its_nex
         first.close()
         for other in others:
             other.close()
+
+
+@pytest.mark.postgres
+def test_a_claim_check_that_comes_after_the_store_closed_takes_nothing_back(pg_url):
+    """The review's finding: the server's last check of its claim runs on an executor thread, and could come
+    after the store closed: it reconnected and held the claim until the process ended."""
+    from gridbot.store.sql import open_store
+
+    store = open_store(pg_url)
+    store.claim()
+    store.close()
+    store.hold_claim()
+    assert store.conn.closed
+    other = open_store(pg_url)
+    try:
+        other.claim()
+    finally:
+        other.close()

@@ -312,6 +312,8 @@ class Server:
         self.registered: dict[str, int] = {}
         """Hosts registered with each worker key since the server started."""
         self.tick_interval = tick_interval
+        self._holding: asyncio.Future[None] | None = None
+        """The claim's check of the last tick (`Service.hold_claim`, on an executor thread)."""
         self._flush_scheduled = False
         self._work = asyncio.Event()
         self._seen_work = 0
@@ -373,16 +375,18 @@ class Server:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self._holding is not None:  # the store closes after this: let the claim's check end first
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self._holding), 15)
         if self.overlay is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.overlay.close)
         self.service.close()
 
     async def _tick_loop(self) -> None:
-        holding: asyncio.Future[None] | None = None
         while True:
             await asyncio.sleep(self.tick_interval)
-            if holding is None or holding.done():  # off the loop's thread, one at a time (`Service.hold_claim`)
-                holding = asyncio.get_running_loop().run_in_executor(None, self.service.hold_claim)
+            if self._holding is None or self._holding.done():  # off the loop's thread, one at a time
+                self._holding = asyncio.get_running_loop().run_in_executor(None, self.service.hold_claim)
             try:
                 self.service.tick(time.time())
                 self._check_work()

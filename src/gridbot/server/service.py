@@ -152,8 +152,8 @@ class Service:
         self.lost: ClaimLost | None = None
         """Set when another server took the store (`ClaimLost`): this one must stop."""
         self.on_lost: list[Callable[[ClaimLost], None]] = []
-        """Called once the claim is lost (on the thread that wrote: the store's writer thread, or the loop's):
-        `gridbot server` stops."""
+        """Called once the claim is lost (on the thread that found it: the store's writer thread, the loop's,
+        or the one `hold_claim` runs on): `gridbot server` stops."""
         self._commit_seconds = 0.0
         self._last_tick = 0.0
         self.stale = False

@@ -828,6 +828,7 @@ class PostgresStore(SqlStore):
         self.tag = f"gridbot server {uuid.uuid4().hex[:12]}"
         """The connections' application_name: whose backend holds the claim, seen in pg_stat_activity."""
         self._lost_hooks: list[Callable[[ClaimLost], None]] = []
+        self._closed = False
         conn = self._connect("cannot connect to PostgreSQL at {url}: {e}; check that the server runs and the URL "
                              "names an existing database", StoreError)
         try:
@@ -905,6 +906,8 @@ class PostgresStore(SqlStore):
         if not self._claimed or not self._mutex.acquire(blocking=False):
             return
         try:
+            if self._closed:
+                return
             conn = self._writer()
             try:
                 conn.execute("SELECT 1")
@@ -967,11 +970,13 @@ class PostgresStore(SqlStore):
     def close(self) -> None:
         # release the claim now: a closed connection's backend lets go of its locks only when it has
         # finished exiting, so another server opening the database right after could find it still held
-        with self._mutex, contextlib.suppress(Exception):
-            self.conn.rollback()
-            self.conn.execute("SELECT pg_advisory_unlock_all()")
-            self.conn.commit()
-        self.conn.close()
+        with self._mutex:
+            self._claimed, self._closed = False, True  # a `hold_claim` queued behind this takes nothing back
+            with contextlib.suppress(Exception):
+                self.conn.rollback()
+                self.conn.execute("SELECT pg_advisory_unlock_all()")
+                self.conn.commit()
+            self.conn.close()
         with self._rmutex:
             self.reader.close()
 
