@@ -812,12 +812,16 @@ def test_a_postgresql_store_takes_its_claim_back_at_its_next_tick_not_at_its_nex
 def test_a_claim_check_that_comes_after_the_store_closed_takes_nothing_back(pg_url):
     """The review's finding: the server's last check of its claim runs on an executor thread, and could come
     after the store closed: it reconnected and held the claim until the process ended."""
+    from gridbot.store.base import StoreUnavailable
     from gridbot.store.sql import open_store
 
     store = open_store(pg_url)
     store.claim()
     store.close()
     store.hold_claim()
+    assert store.conn.closed
+    with pytest.raises(StoreUnavailable, match="closed"):  # nor does a write, on a connection without the claim
+        store.create_bag(SPEC, None, {}, 1.0)
     assert store.conn.closed
     other = open_store(pg_url)
     try:

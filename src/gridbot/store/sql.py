@@ -856,6 +856,8 @@ class PostgresStore(SqlStore):
         """The writing connection, opened again if it was lost or left unfit (its claim on the database
         taken again)."""
         if not _fit(self.conn):
+            if self._closed:  # its claim was let go: no write may follow, here or on a new connection
+                raise StoreUnavailable("the store is closed (the server is stopping)")
             _close_quietly(self.conn)
             conn = self._connect("lost the connection to PostgreSQL at {url} and cannot reconnect: {e}")
             try:
