@@ -149,3 +149,31 @@ class Cluster:
             os.environ.pop("GRIDBOT_ACCESS", None)
         else:
             os.environ["GRIDBOT_ACCESS"] = self._saved_access
+
+
+def admin_url(pg_url: str) -> str:
+    """The maintenance database of the PostgreSQL server `pg_url` is on."""
+    return pg_url.rsplit("/", 1)[0] + "/postgres"
+
+
+def server_backends(pg_url: str) -> list[int]:
+    """The backends of gridbot servers' connections (their application_name) to the database of `pg_url`."""
+    import psycopg
+
+    with psycopg.connect(admin_url(pg_url), autocommit=True) as admin:
+        return [r[0] for r in admin.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s AND "
+                                            "application_name LIKE 'gridbot server %%'",
+                                            (pg_url.rsplit("/", 1)[1],))]
+
+
+def terminate_backends(pg_url: str, pids: list[int]) -> None:
+    """Terminate PostgreSQL backends and wait until they have exited (their locks released)."""
+    import psycopg
+
+    with psycopg.connect(admin_url(pg_url), autocommit=True) as admin:
+        for pid in pids:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        deadline = time.monotonic() + 30
+        while admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)).fetchone()[0]:
+            assert time.monotonic() < deadline, "the terminated backends did not exit"
+            time.sleep(0.02)

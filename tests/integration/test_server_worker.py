@@ -8,7 +8,7 @@ import pytest
 
 from gridbot.client import ApiError, Client
 from gridbot.errors import ServerUnavailable
-from tests.integration.harness import Cluster, gridbot, gridbot_json
+from tests.integration.harness import Cluster, admin_url, gridbot, gridbot_json, server_backends, terminate_backends
 
 
 def write(tmp_path, name, text):
@@ -237,8 +237,6 @@ def test_a_server_whose_postgresql_database_another_server_took_stops_and_says_w
     """The review's finding (stop 31): a server whose connections were lost while a second server took the
     database went on serving reads and answered 503 to every write for good. It stops now, naming the
     other server, with a non-zero exit; the other server is the database's writer."""
-    import psycopg
-
     from gridbot.store.sql import open_store
 
     cluster = Cluster(tmp_path, db=pg_url)
@@ -247,17 +245,9 @@ def test_a_server_whose_postgresql_database_another_server_took_stops_and_says_w
         server = cluster.start_server()
         spec = write(tmp_path, "s.toml", 'command = "true"\n[parameters]\ni = { from = 1, to = 5 }\n')
         gridbot_json("submit", spec, "--server", cluster.url)
-        database = pg_url.rsplit("/", 1)[1]
-        with psycopg.connect(pg_url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as admin:
-            pids = [r[0] for r in admin.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s AND "
-                                                "application_name LIKE 'gridbot server %%'", (database,))]
-            assert len(pids) == 2, "the server's writing and reading connections"
-            for pid in pids:
-                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
-            deadline = time.monotonic() + 30
-            while admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)).fetchone()[0]:
-                assert time.monotonic() < deadline
-                time.sleep(0.02)
+        pids = server_backends(pg_url)
+        assert len(pids) == 2, "the server's writing and reading connections"
+        terminate_backends(pg_url, pids)
         other = open_store(pg_url)
         other.claim()
         answers = []
@@ -290,11 +280,9 @@ def test_an_idle_server_takes_its_postgresql_claim_back_within_seconds_of_losing
     try:
         server = cluster.start_server()
         database = pg_url.rsplit("/", 1)[1]
-        with psycopg.connect(pg_url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as admin:
-            pids = [r[0] for r in admin.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s AND "
-                                                "application_name LIKE 'gridbot server %%'", (database,))]
-            for pid in pids:
-                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        pids = server_backends(pg_url)
+        terminate_backends(pg_url, pids)
+        with psycopg.connect(admin_url(pg_url), autocommit=True) as admin:
             deadline = time.monotonic() + 30
             held = 0
             while not held:  # no request reaches the server meanwhile: only its tick can take the claim back

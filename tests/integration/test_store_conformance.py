@@ -3,7 +3,6 @@
 import contextlib
 import itertools
 import threading
-import time
 
 import pytest
 
@@ -28,6 +27,7 @@ from gridbot.model.states import BagState, InstanceState, JobState
 from gridbot.schedulers.registry import factory
 from gridbot.store.base import BagExists, spec_hash
 from gridbot.store.memory import MemoryStore
+from tests.integration.harness import terminate_backends
 
 SPEC = parse_spec('command = "echo {i}"\noutputs = ["o"]\n[parameters]\ni = { from = 0, to = 9 }\n', "t", "ten")
 H = HostInfo("h1", "host-1", "Linux-x86_64", 4, 1024, 8, "local")
@@ -707,19 +707,6 @@ def test_a_retried_quorum_job_forgets_its_old_votes(store):
     assert store.snapshot().votes == [], "the retried job's votes are forgotten"
 
 
-def _terminate_and_wait(pg_url: str, pids: list[int]) -> None:
-    """Terminate PostgreSQL backends and wait until they have exited (their locks released)."""
-    import psycopg
-
-    with psycopg.connect(pg_url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as admin:
-        for pid in pids:
-            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
-        deadline = time.monotonic() + 30
-        while admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)).fetchone()[0]:
-            assert time.monotonic() < deadline, "the terminated backends did not exit"
-            time.sleep(0.02)
-
-
 @pytest.mark.postgres
 def test_a_postgresql_server_whose_database_another_took_while_its_connection_was_lost_is_told_to_stop(pg_url):
     """The review's finding (stop 31): after the writing connection was lost, the claim was free until the
@@ -743,7 +730,7 @@ def test_a_postgresql_server_whose_database_another_took_while_its_connection_wa
 
         # its own old connection still holds the claim (a backend exits some milliseconds after it is told to):
         # a connection of the same application_name stands for it
-        _terminate_and_wait(pg_url, [first.conn.info.backend_pid])
+        terminate_backends(pg_url, [first.conn.info.backend_pid])
         with psycopg.connect(pg_url, autocommit=True, application_name=first.tag) as old:
             old.execute("SELECT pg_advisory_lock(7715371)")
             for _ in range(2):  # the lost connection fails its transaction, then the claim is not free yet
@@ -755,7 +742,7 @@ def test_a_postgresql_server_whose_database_another_took_while_its_connection_wa
         assert len(first.instances_of(jobs[0].job_id)) == 1, "its claim taken again, it writes"
 
         # another server takes the database while the connection is lost
-        _terminate_and_wait(pg_url, [first.conn.info.backend_pid])
+        terminate_backends(pg_url, [first.conn.info.backend_pid])
         second = open_store(pg_url)
         second.claim()
         with contextlib.suppress(StoreUnavailable):  # the lost connection's own failure, if it comes first
@@ -785,7 +772,7 @@ def test_a_postgresql_store_takes_its_claim_back_at_its_next_tick_not_at_its_nex
     others = []
     try:
         first.hold_claim()  # a sound connection: nothing to do
-        _terminate_and_wait(pg_url, [first.conn.info.backend_pid])
+        terminate_backends(pg_url, [first.conn.info.backend_pid])
         first.hold_claim()  # the old backend has exited: the claim is free, and taken back at once
         with first.conn.cursor() as cur:
             cur.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()")
@@ -794,7 +781,7 @@ def test_a_postgresql_store_takes_its_claim_back_at_its_next_tick_not_at_its_nex
         with pytest.raises(StoreError, match="another gridbot server is using this PostgreSQL database"):
             others[0].claim()
 
-        _terminate_and_wait(pg_url, [first.conn.info.backend_pid])
+        terminate_backends(pg_url, [first.conn.info.backend_pid])
         others.append(open_store(pg_url))
         others[1].claim()
         with pytest.raises(ClaimLost, match=others[1].tag):
