@@ -3,6 +3,7 @@
 import contextlib
 import itertools
 import threading
+import time
 
 import pytest
 
@@ -713,7 +714,8 @@ def test_a_postgresql_server_whose_database_another_took_while_its_connection_wa
     next write reconnected; a second server started in that window took the database, and this one then
     answered 503 to every write for good, saying it might be its old connection's lock, while it went on
     serving reads. Now the holder is looked up: another server's connection is ClaimLost (the server
-    stops), this server's own old backend still exiting is a wait (StoreUnavailable)."""
+    stops), this server's own old backend is a wait (StoreUnavailable) while it is terminated: one whose
+    client was cut off by the network never exits by itself (PostgreSQL's keepalives wait two hours)."""
     import psycopg
 
     from gridbot.store.base import ClaimLost, StoreUnavailable
@@ -728,18 +730,30 @@ def test_a_postgresql_server_whose_database_another_took_while_its_connection_wa
         row = first.create_bag(SPEC, None, {}, 1.0)
         jobs = first.queued_jobs(row.bag_id, 0, 3)
 
-        # its own old connection still holds the claim (a backend exits some milliseconds after it is told to):
-        # a connection of the same application_name stands for it
+        # its own old connection still holds the claim, and would hold it for hours (a backend whose client the
+        # network cut off): an idle connection of the same application_name stands for it
         terminate_backends(pg_url, [first.conn.info.backend_pid])
-        with psycopg.connect(pg_url, autocommit=True, application_name=first.tag) as old:
+        old = psycopg.connect(pg_url, autocommit=True, application_name=first.tag)
+        try:
             old.execute("SELECT pg_advisory_lock(7715371)")
             for _ in range(2):  # the lost connection fails its transaction, then the claim is not free yet
                 with pytest.raises(StoreUnavailable) as e:
                     first.apply(Changes(new_instances=[NewInstance(1, jobs[0].job_id, row.bag_id, "h", 1.0, 2.0)]))
                 assert not isinstance(e.value, ClaimLost)
             assert "old connection still holds" in str(e.value) and told == []
-        first.apply(Changes(new_instances=[NewInstance(1, jobs[0].job_id, row.bag_id, "h", 1.0, 2.0)]))
-        assert len(first.instances_of(jobs[0].job_id)) == 1, "its claim taken again, it writes"
+            deadline = time.monotonic() + 10
+            while True:  # the old backend was terminated: the claim comes back once it has exited
+                try:
+                    first.apply(Changes(new_instances=[NewInstance(1, jobs[0].job_id, row.bag_id, "h", 1.0, 2.0)]))
+                    break
+                except StoreUnavailable:
+                    assert time.monotonic() < deadline, "this server's orphaned backend kept the claim"
+                    time.sleep(0.1)
+            assert len(first.instances_of(jobs[0].job_id)) == 1, "its claim taken again, it writes"
+            with pytest.raises(psycopg.OperationalError):
+                old.execute("SELECT 1")
+        finally:
+            old.close()
 
         # another server takes the database while the connection is lost
         terminate_backends(pg_url, [first.conn.info.backend_pid])

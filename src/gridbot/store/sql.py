@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import sqlite3
 import threading
 import uuid
@@ -812,6 +813,15 @@ class SQLiteStore(SqlStore):
             self._lock = None
 
 
+LIVENESS: dict[str, int] = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
+                            "keepalives_count": 3, "tcp_user_timeout": 30_000}
+"""libpq options every connection gets unless its URL sets its own. A database cut off by the network without
+a reset (a partition, a failover that moved its address, a host gone) otherwise left a statement waiting until
+TCP gave up, about 15 minutes of retransmissions, and the event loop's reads with it: now a statement fails
+after 30 s with data unacknowledged (`tcp_user_timeout`, ms), an idle connection is probed after 10 s, and the
+server answers 503 and reconnects. Ignored on a Unix socket."""
+
+
 class PostgresStore(SqlStore):
     """Shared deployments: PostgreSQL through psycopg 3, jobs loaded with COPY."""
 
@@ -824,6 +834,7 @@ class PostgresStore(SqlStore):
         import psycopg
 
         self.url = url
+        self._options = _options_unless_given(url)
         self._transient = (psycopg.OperationalError, psycopg.InterfaceError)
         self.tag = f"gridbot server {uuid.uuid4().hex[:12]}"
         """The connections' application_name: whose backend holds the claim, seen in pg_stat_activity."""
@@ -845,7 +856,7 @@ class PostgresStore(SqlStore):
         import psycopg
 
         try:
-            return psycopg.connect(self.url, autocommit=True, connect_timeout=10, application_name=self.tag)
+            return psycopg.connect(self.url, autocommit=True, application_name=self.tag, **self._options)
         except psycopg.Error as e:
             raise error(message.format(url=_redact(self.url), e=str(e).strip())) from e
 
@@ -887,6 +898,8 @@ class PostgresStore(SqlStore):
                         "(SELECT oid FROM pg_database WHERE datname = current_database())")
             holder = cur.fetchone()
         if holder is None or holder[0] == self.tag:
+            if holder is not None and holder[1] != conn.info.backend_pid:
+                self._end_orphan(conn, holder[1])
             raise StoreUnavailable("reconnected to PostgreSQL; this server's old connection still holds its claim "
                                    "on the database until its backend has exited")
         name, pid, addr = holder
@@ -897,6 +910,19 @@ class PostgresStore(SqlStore):
         for hook in self._lost_hooks:
             hook(lost)
         raise lost
+
+    @staticmethod
+    def _end_orphan(conn: Any, pid: int) -> None:
+        """Terminate this server's old writing backend, which still holds the claim.
+
+        The connection was dropped here, so nothing of this server uses it any more. A backend whose client
+        was cut off by the network (no reset reached it) waits for a statement until its own keepalives give
+        up, two hours by default: the claim, and every write, waited with it. A backend of another role is
+        left to exit by itself (terminating it needs pg_signal_backend)."""
+        import psycopg
+
+        with contextlib.suppress(psycopg.Error), conn.cursor() as cur:
+            cur.execute("SELECT pg_terminate_backend(%s)", (pid,))
 
     def on_lost(self, hook: Callable[[ClaimLost], None]) -> None:
         self._lost_hooks.append(hook)
@@ -1018,6 +1044,20 @@ def _no_nul(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     replacement character: PostgreSQL's text cannot hold one (the batch failed again at every retry) and
     SQLite's JSON functions cut a string at one (a tail lost what followed)."""
     return [tuple(v.replace("\x00", "\ufffd") if isinstance(v, str) else v for v in r) for r in rows]
+
+
+def _options_unless_given(url: str) -> dict[str, Any]:
+    """The `LIVENESS` options the URL (or PGCONNECT_TIMEOUT) does not set itself: the user's own values win."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        given = set(conninfo_to_dict(url))
+    except psycopg.Error:  # the connection's own error says what is wrong with the URL
+        given = set()
+    if os.environ.get("PGCONNECT_TIMEOUT"):
+        given.add("connect_timeout")
+    return {k: v for k, v in LIVENESS.items() if k not in given}
 
 
 def _redact(url: str) -> str:
