@@ -499,3 +499,35 @@ def test_a_worker_that_cannot_start_a_thread_runs_its_jobs_on_the_event_loop(tmp
     assert not w.use_threads and not w.threads.threads
     assert sorted((r.instance_id, r.outcome, r.stdout_tail) for r in w.reports) == [
         (i, Outcome.SUCCESS, f"{i}\n") for i in range(1, 6)]
+
+
+def test_a_worker_that_sweeps_nothing_truncates_its_jobs_output_files_every_time(tmp_path):
+    """Found by review: a worker that is not its jobs' subreaper (run inside another program, as here) sweeps
+    nothing, yet trusted its slot's output files as empty after any job; a process a job left in a session of
+    its own wrote to them after the cleaning, and the next job's output showed it."""
+    from gridbot.worker.worker import WorkerConfig
+
+    w = Worker(WorkerConfig("http://127.0.0.1:1", slots=1, state_dir=tmp_path, allow_root=True,
+                            workdir=tmp_path / "w"))
+    assert not w.reaper.adopted
+    reports: list[InstanceReport] = []
+
+    def slot() -> None:
+        wake = os.eventfd(0, os.EFD_NONBLOCK)
+        try:
+            left = "setsid sh -c 'touch ready; sleep 0.3; echo left' & while [ ! -e ready ]; do sleep 0.01; done"
+            reports.append(w._run_in_thread(Held(assignment(1, left)), 0, wake))
+            time.sleep(1.0)  # the process it left writes to the slot's stdout after the cleaning
+            reports.append(w._run_in_thread(Held(assignment(2, "true")), 0, wake))
+        finally:
+            os.close(wake)
+
+    try:
+        thread = threading.Thread(target=slot)
+        thread.start()
+        thread.join(30)
+    finally:
+        w.threads.close()
+        w.identity.release()
+    assert [r.outcome for r in reports] == [Outcome.SUCCESS, Outcome.SUCCESS], reports
+    assert reports[1].stdout_tail == "", "the second job's output is its own"

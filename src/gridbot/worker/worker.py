@@ -594,10 +594,12 @@ class Worker:
 
     def _thread_job_reaped(self, iid: int) -> bool:
         """A slot thread's job was reaped: kill what it left behind before its outputs are read and its slot is
-        emptied (a process left running could still write to its files, or make new ones); True if some was."""
+        emptied (a process left running could still write to its files, or make new ones); True if some was, or
+        if it cannot tell: a worker that is not its jobs' subreaper (run inside another program) sweeps nothing,
+        and a process that left the job's session may still write to its files (the next spawn truncates them)."""
         self.pids.pop(iid, None)
         if not self.reaper.ended(iid):
-            return False
+            return not self.reaper.adopted
         if self.threads.loop is not None:
             with contextlib.suppress(RuntimeError):
                 self.threads.loop.call_soon_threadsafe(self.reaper.follow_up)
