@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import select
 import shutil
 import subprocess
 import sys
@@ -18,44 +19,51 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from gridbot.model.spec import parse_spec
 from gridbot.store.base import StoreUnavailable
-from gridbot.store.sql import LIVENESS, open_store
+from gridbot.store.sql import LIVENESS, WRITER_USER_TIMEOUT, open_store
+from tests.integration.harness import admin_url, free_port
 
 RELAY = Path(__file__).with_name("relay.py")
 SPEC = parse_spec('command = "true"\n[parameters]\ni = { from = 1, to = 3 }\n', "t", "cut")
 
 
 class Link:
-    """client (this namespace) -> 10.77.N.2:5432 (a relay in a namespace of its own) -> 10.77.N.1:PORT (a relay
-    here) -> the database; `cut` takes the veth between the two down, `mend` brings it back."""
+    """client (this namespace) -> B:5432 (a relay in a namespace of its own) -> A:PORT (a relay here, which keeps
+    its connections to the database open whatever becomes of their clients) -> the database; `cut` takes the veth
+    between A and B down, `mend` brings it back."""
 
     def __init__(self) -> None:
-        self.n = random.randrange(1, 250)
-        self.ns = f"gbcut{self.n}-{os.getpid()}"
-        self.here, self.there = f"gbc{self.n}a", f"gbc{self.n}b"
+        token = f"{os.getpid() % 4096:03x}{random.randrange(4096):03x}"
+        self.ns = f"gbcut-{token}"
+        self.here, self.there = f"gbc{token}a", f"gbc{token}b"
+        net, last = f"10.{random.randrange(64, 128)}.{random.randrange(256)}", 4 * random.randrange(64)
+        self.a, self.b = f"{net}.{last + 1}", f"{net}.{last + 2}"  # a /30 of their own
         self.relays: list[subprocess.Popen[str]] = []
 
     def up(self, db_host: str, db_port: int) -> str:
         ip = ["ip"]
         for args in (["netns", "add", self.ns], ["link", "add", self.here, "type", "veth", "peer", "name", self.there],
                      ["link", "set", self.there, "netns", self.ns],
-                     ["addr", "add", f"10.77.{self.n}.1/30", "dev", self.here], ["link", "set", self.here, "up"],
-                     ["-n", self.ns, "addr", "add", f"10.77.{self.n}.2/30", "dev", self.there],
+                     ["addr", "add", f"{self.a}/30", "dev", self.here], ["link", "set", self.here, "up"],
+                     ["-n", self.ns, "addr", "add", f"{self.b}/30", "dev", self.there],
                      ["-n", self.ns, "link", "set", self.there, "up"], ["-n", self.ns, "link", "set", "lo", "up"]):
             subprocess.run(ip + args, check=True, capture_output=True, text=True)
-        port = 15432 + self.n
-        self._relay([], f"10.77.{self.n}.1", port, db_host, db_port)
-        self._relay(["ip", "netns", "exec", self.ns], f"10.77.{self.n}.2", 5432, f"10.77.{self.n}.1", port)
-        return f"10.77.{self.n}.2"
+        port = free_port()
+        self._relay([], self.a, port, db_host, db_port, "--keep-upstream")
+        self._relay(["ip", "netns", "exec", self.ns], self.b, 5432, self.a, port)
+        return self.b
 
-    def _relay(self, prefix: list[str], host: str, port: int, to_host: str, to_port: int) -> None:
-        p = subprocess.Popen([*prefix, sys.executable, str(RELAY), host, str(port), to_host, str(to_port)],
-                             stdout=subprocess.PIPE, text=True)
+    def _relay(self, prefix: list[str], host: str, port: int, to_host: str, to_port: int, *flags: str) -> None:
+        p = subprocess.Popen([*prefix, sys.executable, str(RELAY), host, str(port), to_host, str(to_port), *flags],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.relays.append(p)
-        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        assert p.stdout is not None
+        ready, _, _ = select.select([p.stdout], [], [], 15)
+        assert ready and p.stdout.readline().strip() == "ready", "the relay did not start"
 
     def cut(self) -> None:
         subprocess.run(["ip", "link", "set", self.here, "down"], check=True)
@@ -67,6 +75,9 @@ class Link:
         for p in self.relays:
             p.kill()
             p.wait()
+            for f in (p.stdin, p.stdout):
+                if f is not None:
+                    f.close()
         subprocess.run(["ip", "link", "del", self.here], capture_output=True)
         subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
 
@@ -109,6 +120,9 @@ def test_a_store_gives_up_on_a_database_cut_off_by_the_network_and_takes_its_cla
 
         link.mend()
         # the old writing backend never heard of the cut: it still holds the claim, and is terminated
+        with psycopg.connect(admin_url(pg_url), autocommit=True) as admin:
+            alive = [r[0] for r in admin.execute("SELECT pid FROM pg_stat_activity WHERE pid = %s", (old,))]
+        assert alive == [old], "the old backend is still there, holding the claim, as after a real cut"
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -118,6 +132,8 @@ def test_a_store_gives_up_on_a_database_cut_off_by_the_network_and_takes_its_cla
                 assert time.monotonic() < deadline, e
                 time.sleep(0.2)
         assert store.conn.info.backend_pid != old
+        with psycopg.connect(admin_url(pg_url), autocommit=True) as admin:
+            assert admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (old,)).fetchone()[0] == 0
         assert store.bag(row.bag_id) is not None and [b.name for b in store.bags()] == ["cut", "after"]
     finally:
         with contextlib.suppress(Exception):
@@ -129,9 +145,10 @@ def test_a_store_connects_with_the_liveness_options_its_url_does_not_set(pg_url:
     store = open_store(pg_url)
     given = open_store(f"{pg_url}?tcp_user_timeout=5000&keepalives=0")
     try:
-        params = store.conn.info.get_parameters()
+        params = store.reader.info.get_parameters()
         for name, value in LIVENESS.items():
             assert params[name] == str(value), name
+        assert store.conn.info.get_parameters()["tcp_user_timeout"] == str(WRITER_USER_TIMEOUT)
         assert given.conn.info.get_parameters()["tcp_user_timeout"] == "5000"
         assert given.conn.info.get_parameters()["keepalives"] == "0"
         assert given.reader.info.get_parameters()["keepalives_idle"] == str(LIVENESS["keepalives_idle"])

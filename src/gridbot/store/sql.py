@@ -814,12 +814,16 @@ class SQLiteStore(SqlStore):
 
 
 LIVENESS: dict[str, int] = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
-                            "keepalives_count": 3, "tcp_user_timeout": 30_000}
-"""libpq options every connection gets unless its URL sets its own. A database cut off by the network without
-a reset (a partition, a failover that moved its address, a host gone) otherwise left a statement waiting until
-TCP gave up, about 15 minutes of retransmissions, and the event loop's reads with it: now a statement fails
-after 30 s with data unacknowledged (`tcp_user_timeout`, ms), an idle connection is probed after 10 s, and the
-server answers 503 and reconnects. Ignored on a Unix socket."""
+                            "tcp_user_timeout": 30_000}
+"""libpq options every connection gets unless its URL (or a service file it names) sets its own. A database cut
+off by the network without a reset (a partition, a failover that moved its address, a host gone) otherwise left
+a statement waiting until TCP gave up, about 15 minutes of retransmissions, and the event loop's reads with it:
+now a connection is given up 30 s after the database last answered (`tcp_user_timeout`, in ms, which also
+bounds the keepalive probes sent after 10 s idle), and the server answers 503 and reconnects. The writing
+connection waits `WRITER_USER_TIMEOUT` instead: Linux also gives a connection up when the database has not read
+what was sent for that long (a zero window), which a COPY of a big bag meets behind a slow disk. Only
+`connect_timeout` applies to a Unix socket."""
+WRITER_USER_TIMEOUT = 120_000
 
 
 class PostgresStore(SqlStore):
@@ -835,13 +839,15 @@ class PostgresStore(SqlStore):
 
         self.url = url
         self._options = _options_unless_given(url)
+        self._writer_options = {**self._options, "tcp_user_timeout": WRITER_USER_TIMEOUT} \
+            if "tcp_user_timeout" in self._options else self._options
         self._transient = (psycopg.OperationalError, psycopg.InterfaceError)
         self.tag = f"gridbot server {uuid.uuid4().hex[:12]}"
         """The connections' application_name: whose backend holds the claim, seen in pg_stat_activity."""
         self._lost_hooks: list[Callable[[ClaimLost], None]] = []
         self._closed = False
         conn = self._connect("cannot connect to PostgreSQL at {url}: {e}; check that the server runs and the URL "
-                             "names an existing database", StoreError)
+                             "names an existing database", StoreError, writer=True)
         try:
             reader = self._connect("cannot open a second connection to PostgreSQL at {url}: {e}; the server takes "
                                    "two (check max_connections)", StoreError)
@@ -851,12 +857,13 @@ class PostgresStore(SqlStore):
         super().__init__(conn, reader)
         self._claimed = False
 
-    def _connect(self, message: str, error: type[StoreError] = StoreUnavailable) -> Any:
+    def _connect(self, message: str, error: type[StoreError] = StoreUnavailable, writer: bool = False) -> Any:
         """A connection; at start a failure is the user's to fix (StoreError), later one to wait out."""
         import psycopg
 
+        options = self._writer_options if writer else self._options
         try:
-            return psycopg.connect(self.url, autocommit=True, application_name=self.tag, **self._options)
+            return psycopg.connect(self.url, autocommit=True, application_name=self.tag, **options)
         except psycopg.Error as e:
             raise error(message.format(url=_redact(self.url), e=str(e).strip())) from e
 
@@ -870,7 +877,7 @@ class PostgresStore(SqlStore):
             if self._closed:  # its claim was let go: no write may follow, here or on a new connection
                 raise StoreUnavailable("the store is closed (the server is stopping)")
             _close_quietly(self.conn)
-            conn = self._connect("lost the connection to PostgreSQL at {url} and cannot reconnect: {e}")
+            conn = self._connect("lost the connection to PostgreSQL at {url} and cannot reconnect: {e}", writer=True)
             try:
                 if self._claimed:  # the claim went with the old connection: take it again before any write
                     self._reclaim(conn)
@@ -898,8 +905,8 @@ class PostgresStore(SqlStore):
                         "(SELECT oid FROM pg_database WHERE datname = current_database())")
             holder = cur.fetchone()
         if holder is None or holder[0] == self.tag:
-            if holder is not None and holder[1] != conn.info.backend_pid:
-                self._end_orphan(conn, holder[1])
+            if holder is not None:
+                self._end_orphan(conn)
             raise StoreUnavailable("reconnected to PostgreSQL; this server's old connection still holds its claim "
                                    "on the database until its backend has exited")
         name, pid, addr = holder
@@ -911,18 +918,21 @@ class PostgresStore(SqlStore):
             hook(lost)
         raise lost
 
-    @staticmethod
-    def _end_orphan(conn: Any, pid: int) -> None:
+    def _end_orphan(self, conn: Any) -> None:
         """Terminate this server's old writing backend, which still holds the claim.
 
-        The connection was dropped here, so nothing of this server uses it any more. A backend whose client
-        was cut off by the network (no reset reached it) waits for a statement until its own keepalives give
-        up, two hours by default: the claim, and every write, waited with it. A backend of another role is
-        left to exit by itself (terminating it needs pg_signal_backend)."""
+        Its connection was dropped here, so nothing of this server uses it any more. A backend whose client was
+        cut off by the network (no reset reached it) waits for a statement until its own keepalives give up,
+        two hours by default: the claim, and every write, waited with it. The holder is found again in the same
+        statement (a backend already exiting may be gone, and its pid reused, since the look that found it). A
+        backend of another role is left to exit by itself (terminating it needs pg_signal_backend)."""
         import psycopg
 
         with contextlib.suppress(psycopg.Error), conn.cursor() as cur:
-            cur.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            cur.execute("SELECT pg_terminate_backend(a.pid) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                        "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = 0 AND l.objid = 7715371 AND "
+                        "l.objsubid = 1 AND l.database = (SELECT oid FROM pg_database WHERE datname = "
+                        "current_database()) AND a.application_name = %s AND a.pid <> pg_backend_pid()", (self.tag,))
 
     def on_lost(self, hook: Callable[[ClaimLost], None]) -> None:
         self._lost_hooks.append(hook)
@@ -1047,7 +1057,8 @@ def _no_nul(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
 
 
 def _options_unless_given(url: str) -> dict[str, Any]:
-    """The `LIVENESS` options the URL (or PGCONNECT_TIMEOUT) does not set itself: the user's own values win."""
+    """The `LIVENESS` options the URL (or PGCONNECT_TIMEOUT) does not set itself: the user's own values win. A
+    URL that names a service (or PGSERVICE) gets none: its file's settings would be overridden unread."""
     import psycopg
     from psycopg.conninfo import conninfo_to_dict
 
@@ -1055,6 +1066,8 @@ def _options_unless_given(url: str) -> dict[str, Any]:
         given = set(conninfo_to_dict(url))
     except psycopg.Error:  # the connection's own error says what is wrong with the URL
         given = set()
+    if "service" in given or os.environ.get("PGSERVICE"):
+        return {}
     if os.environ.get("PGCONNECT_TIMEOUT"):
         given.add("connect_timeout")
     return {k: v for k, v in LIVENESS.items() if k not in given}
