@@ -97,7 +97,9 @@ def test_short_jobs_travel_in_bundles(tmp_path):
         counts[name] = worker.exchanges
     print("round trips:", counts)
     assert counts["bundled"] * 4 < counts["plain"], counts
-    assert counts["plain"] >= 400
+    # a job prefetched behind the running one can end before the next exchange on a loaded machine: then one
+    # exchange reports two (399 seen once in a full run; 402 alone)
+    assert counts["plain"] >= 360, counts
 
 
 class CountingEvent(asyncio.Event):
