@@ -792,8 +792,11 @@ def test_a_postgresql_store_takes_its_claim_back_at_its_next_tick_not_at_its_nex
             cur.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()")
             assert cur.fetchone()[0] == 1
         others.append(open_store(pg_url))
-        with pytest.raises(StoreError, match="another gridbot server is using this PostgreSQL database"):
+        with pytest.raises(StoreError, match="another gridbot server is using this PostgreSQL database") as refused:
             others[0].claim()
+        holder = first.conn.info.backend_pid
+        assert f"({first.tag}, PostgreSQL backend {holder}" in str(refused.value)
+        assert f"SELECT pg_terminate_backend({holder})" in str(refused.value), "how to end a gone server's backend"
 
         terminate_backends(pg_url, [first.conn.info.backend_pid])
         others.append(open_store(pg_url))

@@ -1,4 +1,8 @@
-/* Prototype (not for src/): the slot thread's per-job system calls in C, to measure what compiled code saves. */
+/* Prototype (not for src/): the slot thread's per-job system calls in C, to measure what compiled code saves.
+   The child of vfork shares the parent's memory until it executes: what it does there is outside POSIX and relies
+   on the compiler treating vfork as returning twice (as CPython's _posixsubprocess does); every signal is blocked
+   across it and caught ones go back to their defaults before the mask is restored, so no handler of the worker
+   runs in the child; its errno reaches the parent through a volatile variable of the parent's frame. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <signal.h>
@@ -60,10 +64,10 @@ static PyObject *spawn(PyObject *self, PyObject *args) {
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     PyMem_Free(av); PyMem_Free(ev);
     if (pid < 0) { errno = saved; return PyErr_SetFromErrno(PyExc_OSError); }
-    if (child_errno) {
-        int st; waitpid(pid, &st, 0);
+    if (child_errno) {  /* the exec, or an open of a file (the error does not say which) */
+        int st; while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
         errno = child_errno;
-        return PyErr_SetFromErrnoWithFilename(PyExc_OSError, path);
+        return PyErr_SetFromErrno(PyExc_OSError);
     }
     return PyLong_FromLong(pid);
 }
@@ -117,7 +121,7 @@ static PyObject *finish(PyObject *self, PyObject *args) {
     if (dfd < 0) return Py_BuildValue("(ssO)", "", "", Py_None);
     int empty = 1;
     PyObject *o = tail_of(dfd, on, limit, &empty), *e = tail_of(dfd, en, limit, &empty);
-    int fd2 = dup(dfd);
+    int fd2 = fcntl(dfd, F_DUPFD_CLOEXEC, 0);  /* finish runs outside the spawn lock: never inherited by a job */
     DIR *d = fdopendir(fd2);
     PyObject *clean = Py_None;
     if (d) {

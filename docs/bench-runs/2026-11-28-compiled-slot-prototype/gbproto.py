@@ -46,16 +46,26 @@ if os.environ.get("GRIDBOT_PROTO") == "1" and _available():
         flags = ex._EMPTY_FLAGS if emptied == this else ex._OUTPUT_FLAGS
         with ex.SPAWN_LOCK:
             if stop.is_set():
-                return ex._unstarted(a, started, "the worker stopped", Outcome.INTERRUPTED)
-            pid = _fastslot.spawn(found.encode(), [w.encode() for w in argv], envp, b".gridbot-stdout",
-                                  b".gridbot-stderr", flags)
-            started_cb(pid)
+                reason = ex._stop_cause(stop, stop_reason)
+                return ex._unstarted(a, started, reason or "the worker stopped",
+                                     Outcome.FAILURE if reason else Outcome.INTERRUPTED)
+            try:
+                pid = _fastslot.spawn(found.encode(), [w.encode() for w in argv], envp, b".gridbot-stdout",
+                                      b".gridbot-stderr", flags)
+            except OSError:
+                pid = 0
+            if pid:
+                started_cb(pid)
+        if not pid:  # not executable, or an output file refused: the shell and run_blocking have their say
+            return orig(a, jobdir, max_result_bytes, stop, wake, started_cb, stop_reason, base_env, keep, reaped_cb)
         waiting = ex._Waiting(pid, stop)
         stop.on_set(waiting.stop)
-        _fastslot.wait(pid)
-        why = waiting.ended()
-        code, cpu = _fastslot.reap(pid)
-        left = reaped_cb()
+        try:
+            _fastslot.wait(pid)
+        finally:
+            why = waiting.ended()
+            code, cpu = _fastslot.reap(pid)
+            left = reaped_cb()
         out, err, clean = _fastslot.finish(str(jobdir).encode(), b".gridbot-stdout", b".gridbot-stderr", ex.TAIL_BYTES)
         if code == 0 and not why and len(out) + len(err) <= max_result_bytes:
             report = InstanceReport(a.instance_id, Outcome.SUCCESS, code, time.monotonic() - started, cpu, "", out,

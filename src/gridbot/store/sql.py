@@ -824,6 +824,10 @@ connection waits `WRITER_USER_TIMEOUT` instead: Linux also gives a connection up
 what was sent for that long (a zero window), which a COPY of a big bag meets behind a slow disk. Only
 `connect_timeout` applies to a Unix socket."""
 WRITER_USER_TIMEOUT = 120_000
+_CLAIM_HOLDER = ("FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted "
+                 "AND l.classid = 0 AND l.objid = 7715371 AND l.objsubid = 1 AND l.database = "
+                 "(SELECT oid FROM pg_database WHERE datname = current_database())")
+"""The backend holding a database's claim (pg_try_advisory_lock(7715371)), with `a` its pg_stat_activity row."""
 
 
 class PostgresStore(SqlStore):
@@ -899,10 +903,7 @@ class PostgresStore(SqlStore):
             cur.execute("SELECT pg_try_advisory_lock(7715371)")
             if cur.fetchone()[0]:
                 return
-            cur.execute("SELECT a.application_name, a.pid, a.client_addr FROM pg_locks l "
-                        "JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted "
-                        "AND l.classid = 0 AND l.objid = 7715371 AND l.objsubid = 1 AND l.database = "
-                        "(SELECT oid FROM pg_database WHERE datname = current_database())")
+            cur.execute(f"SELECT a.application_name, a.pid, a.client_addr {_CLAIM_HOLDER}")
             holder = cur.fetchone()
         if holder is None or holder[0] == self.tag:
             if holder is not None:
@@ -929,10 +930,8 @@ class PostgresStore(SqlStore):
         import psycopg
 
         with contextlib.suppress(psycopg.Error), conn.cursor() as cur:
-            cur.execute("SELECT pg_terminate_backend(a.pid) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-                        "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = 0 AND l.objid = 7715371 AND "
-                        "l.objsubid = 1 AND l.database = (SELECT oid FROM pg_database WHERE datname = "
-                        "current_database()) AND a.application_name = %s AND a.pid <> pg_backend_pid()", (self.tag,))
+            cur.execute(f"SELECT pg_terminate_backend(a.pid) {_CLAIM_HOLDER} AND a.application_name = %s "
+                        "AND a.pid <> pg_backend_pid()", (self.tag,))
 
     def on_lost(self, hook: Callable[[ClaimLost], None]) -> None:
         self._lost_hooks.append(hook)
@@ -993,8 +992,18 @@ class PostgresStore(SqlStore):
         with self.conn.cursor() as cur:
             cur.execute("SELECT pg_try_advisory_lock(7715371)")
             if not cur.fetchone()[0]:
-                raise StoreError("another gridbot server is using this PostgreSQL database; stop it, or point --db "
-                                 "at another database")
+                cur.execute(f"SELECT a.application_name, a.pid, a.client_addr, a.state_change {_CLAIM_HOLDER}")
+                holder = cur.fetchone()
+                who = ""
+                if holder is not None:
+                    name, pid, addr, since = holder
+                    who = (f" ({name or 'no application_name'}, PostgreSQL backend {pid}"
+                           f"{f' from {addr}' if addr else ''}"
+                           f"{f', in its state since {since:%Y-%m-%d %H:%M:%S %Z}' if since is not None else ''})")
+                raise StoreError(f"another gridbot server is using this PostgreSQL database{who}; stop it, or point "
+                                 "--db at another database. If that server is gone (its host lost, or cut off by the "
+                                 "network), its backend may wait hours for PostgreSQL's keepalives: end it with "
+                                 f"SELECT pg_terminate_backend({holder[1] if holder is not None else 'PID'})")
         self._claimed = True
 
     def _execute_script(self, cur: Any, script: str) -> None:

@@ -618,7 +618,8 @@ def run_blocking(a: Assignment, jobdir: Path, max_result_bytes: int, stop: KillS
     and takes it back itself when the switch is set or the timeout comes (`_wait_blocking`). `started_cb(pid)`
     is called under SPAWN_LOCK with the job spawned: it registers the job with the reaper; `reaped_cb()` at once
     after the job's first process is reaped, before its outputs are read: True if the job left processes behind
-    (the reaper's sweep killed some), which may still write to its output files. A slot thread starts its jobs in a
+    (the reaper's sweep killed some), which may still write to its output files, or if the worker cannot tell
+    (it is not its jobs' subreaper). A slot thread starts its jobs in a
     working directory of its own (`_cwd_here`).
     """
     started = time.monotonic()
