@@ -903,18 +903,16 @@ class PostgresStore(SqlStore):
             cur.execute("SELECT pg_try_advisory_lock(7715371)")
             if cur.fetchone()[0]:
                 return
-            cur.execute(f"SELECT a.application_name, a.pid, a.client_addr {_CLAIM_HOLDER}")
-            holder = cur.fetchone()
+            holder = _claim_holder(cur)
         if holder is None or holder[0] == self.tag:
             if holder is not None:
                 self._end_orphan(conn)
             raise StoreUnavailable("reconnected to PostgreSQL; this server's old connection still holds its claim "
                                    "on the database until its backend has exited")
-        name, pid, addr = holder
-        lost = ClaimLost(f"another gridbot server ({name or 'no application_name'}, PostgreSQL backend {pid}"
-                        f"{f' from {addr}' if addr else ''}) took the database while this server's connection to "
-                        "it was lost: this server is no longer its writer and stops; its workers and clients go on "
-                        "with the other one (point them at it), or stop that one and start this one again")
+        lost = ClaimLost(f"another gridbot server ({_describe_holder(holder)}) took the database while this server's "
+                         "connection to it was lost: this server is no longer its writer and stops; its workers and "
+                         "clients go on with the other one (point them at it), or stop that one and start this one "
+                         "again")
         for hook in self._lost_hooks:
             hook(lost)
         raise lost
@@ -992,13 +990,11 @@ class PostgresStore(SqlStore):
         with self.conn.cursor() as cur:
             cur.execute("SELECT pg_try_advisory_lock(7715371)")
             if not cur.fetchone()[0]:
-                cur.execute(f"SELECT a.application_name, a.pid, a.client_addr, a.state_change {_CLAIM_HOLDER}")
-                holder = cur.fetchone()
+                holder = _claim_holder(cur)
                 who = ""
                 if holder is not None:
-                    name, pid, addr, since = holder
-                    who = (f" ({name or 'no application_name'}, PostgreSQL backend {pid}"
-                           f"{f' from {addr}' if addr else ''}"
+                    since = holder[3]
+                    who = (f" ({_describe_holder(holder)}"
                            f"{f', in its state since {since:%Y-%m-%d %H:%M:%S %Z}' if since is not None else ''})")
                 raise StoreError(f"another gridbot server is using this PostgreSQL database{who}; stop it, or point "
                                  "--db at another database. If that server is gone (its host lost, or cut off by the "
@@ -1063,6 +1059,19 @@ def _no_nul(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     replacement character: PostgreSQL's text cannot hold one (the batch failed again at every retry) and
     SQLite's JSON functions cut a string at one (a tail lost what followed)."""
     return [tuple(v.replace("\x00", "\ufffd") if isinstance(v, str) else v for v in r) for r in rows]
+
+
+def _claim_holder(cur: Any) -> tuple[Any, ...] | None:
+    """The backend holding the database's claim: (application_name, pid, client_addr, state_change), or None."""
+    cur.execute(f"SELECT a.application_name, a.pid, a.client_addr, a.state_change {_CLAIM_HOLDER}")
+    row: tuple[Any, ...] | None = cur.fetchone()
+    return row
+
+
+def _describe_holder(holder: tuple[Any, ...]) -> str:
+    """Whose the claim is, for people: its application_name (a server's `tag`), its backend and where from."""
+    name, pid, addr = holder[:3]
+    return f"{name or 'no application_name'}, PostgreSQL backend {pid}{f' from {addr}' if addr else ''}"
 
 
 def _options_unless_given(url: str) -> dict[str, Any]:
