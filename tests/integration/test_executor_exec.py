@@ -297,3 +297,57 @@ def test_cleaning_removes_output_files_a_job_made_unreadable_and_says_whether_th
     assert executor.clean_dir(jobdir) is True and not (jobdir / executor.STDOUT).exists()
     r = run(tmp_path, "echo mine")
     assert (r.outcome, r.stdout_tail, (tmp_path / "spy").read_text()) == (Outcome.SUCCESS, "mine\n", ""), r
+
+
+def test_a_slot_threads_cleaning_from_what_it_saw_removes_what_jobs_leave_as_the_full_look_does(tmp_path):
+    """After a job that left nothing running, the slot thread settles its directory from a listing and the
+    `lstat` of the output files it took for the tails (issue 14): whatever else is there, and output files
+    made unusable, still go, and each next job starts in a directory with its own output files only."""
+    jobdir = tmp_path / "t0"
+    commands = ["touch left.txt; mkdir sub", "true", f"chmod 000 {executor.STDOUT}", "echo after-chmod",
+                f"ln {executor.STDOUT} ../spy", "echo mine", f"rm {executor.STDERR}; mkdir {executor.STDERR}",
+                "echo last >&2"]
+    seen: list[tuple[InstanceReport, list[str]]] = []
+
+    def slot() -> None:
+        wake = os.eventfd(0, os.EFD_NONBLOCK)
+        try:
+            for i, command in enumerate(commands):
+                a = Assignment(i, i, i, "b", i, command, {}, [], [], None)
+                r = run_blocking(a, jobdir, 1 << 20, KillSwitch(), wake, lambda pid: None, None, None, keep=False)
+                seen.append((r, sorted(p.name for p in jobdir.iterdir())))
+        finally:
+            os.close(wake)
+
+    thread = threading.Thread(target=slot)
+    thread.start()
+    thread.join(60)
+    assert [(r.outcome, r.stdout_tail, r.stderr_tail) for r, _ in seen] == [
+        (Outcome.SUCCESS, "", ""), (Outcome.SUCCESS, "", ""), (Outcome.SUCCESS, "", ""),
+        (Outcome.SUCCESS, "after-chmod\n", ""), (Outcome.SUCCESS, "", ""), (Outcome.SUCCESS, "mine\n", ""),
+        (Outcome.SUCCESS, "", ""), (Outcome.SUCCESS, "", "last\n")]
+    both = sorted([executor.STDOUT, executor.STDERR])
+    assert [left for _, left in seen] == [both, both, [executor.STDERR], both, [executor.STDERR], both,
+                                          [executor.STDOUT], both]
+    assert (tmp_path / "spy").read_text() == ""
+
+
+def test_cleaning_from_what_was_seen_looks_again_at_anything_it_did_not_see(tmp_path):
+    """`clean_dir` with the output files' `lstat`: a listing of nothing else answers from them; a name it has
+    no `lstat` for, or an output file it saw unusable, sends it to the full look, which removes them."""
+    jobdir = tmp_path / "job"
+    jobdir.mkdir()
+    out, err = jobdir / executor.STDOUT, jobdir / executor.STDERR
+    out.write_text("")
+    err.write_text("")
+    assert executor.clean_dir(jobdir, (out.lstat(), err.lstat())) is True
+    err.write_text("held")
+    assert executor.clean_dir(jobdir, (out.lstat(), err.lstat())) is False
+    err.write_text("")
+    assert executor.clean_dir(jobdir, (out.lstat(), None)) is True  # err found now: looked at, kept, empty
+    (jobdir / "left").write_text("x")
+    assert executor.clean_dir(jobdir, (out.lstat(), err.lstat())) is True
+    assert sorted(p.name for p in jobdir.iterdir()) == sorted([executor.STDOUT, executor.STDERR])
+    out.chmod(0)
+    assert executor.clean_dir(jobdir, (out.lstat(), err.lstat())) is True
+    assert [p.name for p in jobdir.iterdir()] == [executor.STDERR]

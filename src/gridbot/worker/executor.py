@@ -76,16 +76,17 @@ def sessions_cpu_seconds(sids: Collection[int]) -> dict[int, float]:
 
 
 def _tail(path: Path | str, limit: int = TAIL_BYTES) -> str:
-    """The last `limit` bytes of a job's output file, decoded ("" if it is not a regular file).
+    """The last `limit` bytes of a job's output file, decoded ("" if it is not a regular file)."""
+    return _tail_of(path, _lstat(path), limit)
 
-    Most jobs of a sweep write nothing: an `lstat` then answers alone, where the open, `fstat` and close
+
+def _tail_of(path: Path | str, st: os.stat_result | None, limit: int = TAIL_BYTES) -> str:
+    """`_tail` of the file whose `lstat` the caller took (`st`; None: there was none).
+
+    Most jobs of a sweep write nothing: the `lstat` then answers alone, where the open, `fstat` and close
     cost three calls (2-3 µs a job of the slot thread's 116, issue 14). The open does not follow a link
     and does not wait on a fifo that took the file's place since."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return ""
-    if not st.st_size or not stat.S_ISREG(st.st_mode):
+    if st is None or not st.st_size or not stat.S_ISREG(st.st_mode):
         return ""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -101,6 +102,14 @@ def _tail(path: Path | str, limit: int = TAIL_BYTES) -> str:
         return ""
     finally:
         os.close(fd)
+
+
+def _lstat(path: str | Path) -> os.stat_result | None:
+    """The file at `path` (not followed if a link), or None if there is none (or it cannot be looked at)."""
+    try:
+        return os.lstat(path)
+    except OSError:
+        return None
 
 
 def _last_line(text: str) -> str:
@@ -182,7 +191,7 @@ _fs = threading.local()
 """A slot thread's own working directory: `own` (it has one, unshare(CLONE_FS)) and `at` (the (st_dev,
 st_ino) of the directory it is in); `emptied`, the slot directory (its path, st_dev and st_ino) whose output files
 the thread's last `clean_dir` left empty, after a job that left no process behind, until its next spawn there;
-and `ran`, that directory while its job is settled."""
+and `ran`, that directory and its output files (`Seen`) while such a job is settled."""
 
 
 def _cwd_here(jobdir: Path, st: os.stat_result) -> bool:
@@ -364,14 +373,35 @@ def slot_dir(jobdir: Path) -> os.stat_result:
     return os.lstat(jobdir)
 
 
-def clean_dir(jobdir: Path) -> bool:
+Seen = tuple[os.stat_result | None, os.stat_result | None]
+"""The `lstat` of a job's two output files (None: not there), taken once it had ended with nothing of it left."""
+
+
+def clean_dir(jobdir: Path, seen: Seen | None = None) -> bool:
     """Empty a reused job directory for the next instance; True if its output files are left empty or absent
     (the next spawn need not truncate them, `_EMPTY_FLAGS`), False if it cannot tell.
 
     The output files stay (the next spawn truncates them) if they are regular files the worker can read and
-    write, linked once: what else a job left at their place goes, a symbolic link, fifo or directory (the next
-    spawn would refuse it: `_OUTPUT_FLAGS`), a file it made unwritable (`chmod 000`: every later spawn of the
-    slot would fail) or one it linked elsewhere (later jobs' output would be read there)."""
+    write, linked once (`_reusable`): what else a job left at their place goes, a symbolic link, fifo or
+    directory (the next spawn would refuse it: `_OUTPUT_FLAGS`), a file it made unwritable (`chmod 000`: every
+    later spawn of the slot would fail) or one it linked elsewhere (later jobs' output would be read there).
+
+    With `seen`, a directory that holds nothing but the output files is settled by its listing alone: the files
+    are as the `lstat` found them (a look at each again cost 2 of the slot thread's system calls a job, and
+    more of its time, issue 14)."""
+    if seen is not None:
+        try:
+            names = os.listdir(jobdir)
+        except OSError:
+            return False
+        empty = True
+        for name in names:
+            st = seen[0] if name == STDOUT else seen[1] if name == STDERR else None
+            if st is None or not _reusable(st):
+                break
+            empty = empty and not st.st_size
+        else:
+            return empty
     empty = True
     try:
         with os.scandir(jobdir) as entries:
@@ -382,7 +412,7 @@ def clean_dir(jobdir: Path) -> bool:
                     except OSError:
                         empty = False
                         continue
-                    if stat.S_ISREG(st.st_mode) and st.st_mode & 0o600 == 0o600 and st.st_nlink == 1:
+                    if _reusable(st):
                         empty = empty and not st.st_size
                         continue
                     empty = _remove(entry) and empty
@@ -391,6 +421,11 @@ def clean_dir(jobdir: Path) -> bool:
     except OSError:
         return False
     return empty
+
+
+def _reusable(st: os.stat_result) -> bool:
+    """Whether an output file found so may stay for the slot's next job (`clean_dir`)."""
+    return stat.S_ISREG(st.st_mode) and st.st_mode & 0o600 == 0o600 and st.st_nlink == 1
 
 
 def _remove(entry: os.DirEntry[str]) -> bool:
@@ -562,12 +597,16 @@ def job_env(a: Assignment, base_env: dict[str, str] | None) -> dict[str, str]:
 
 
 def _verdict(a: Assignment, jobdir: Path, why: list[str], stop: KillSwitch, stop_reason: Callable[[], str] | None,
-             code: int | None, cpu: float, max_result_bytes: int, started: float, follow: bool) -> InstanceReport:
+             code: int | None, cpu: float, max_result_bytes: int, started: float, follow: bool,
+             seen: Seen | None = None) -> InstanceReport:
     """The report of an instance whose command has ended (`code` None: it never started, taken back first):
-    what ended it (`why`: "stop" or "timeout", or nothing), its exit status, then its declared outputs."""
+    what ended it (`why`: "stop" or "timeout", or nothing), its exit status, then its declared outputs. `seen`:
+    the output files as the caller found them (`Seen`)."""
     out, err = f"{jobdir}/{STDOUT}", f"{jobdir}/{STDERR}"
     if code == 0 and not why and not a.outputs:  # most jobs of a sweep: the report at once
-        stdout, stderr = _tail(out), _tail(err)
+        if seen is None:
+            seen = _lstat(out), _lstat(err)
+        stdout, stderr = _tail_of(out, seen[0]), _tail_of(err, seen[1])
         if len(stdout) + len(stderr) <= max_result_bytes:
             return InstanceReport(a.instance_id, Outcome.SUCCESS, code, time.monotonic() - started, cpu, "", stdout,
                                   stderr, {})
@@ -628,8 +667,8 @@ def run_blocking(a: Assignment, jobdir: Path, max_result_bytes: int, stop: KillS
                              reaped_cb)
     finally:
         ran, _fs.ran = getattr(_fs, "ran", None), None
-        if not keep and clean_dir(jobdir):
-            _fs.emptied = ran
+        if not keep and clean_dir(jobdir, ran[1] if ran is not None else None):
+            _fs.emptied = ran[0] if ran is not None else None
 
 
 def _run_blocking(a: Assignment, jobdir: Path, max_result_bytes: int, stop: KillSwitch, wake: int,
@@ -665,6 +704,7 @@ def _run_blocking(a: Assignment, jobdir: Path, max_result_bytes: int, stop: Kill
             raise
     fd = -1
     waiting = None
+    seen: Seen | None = None
     try:
         if a.timeout is None:  # most bags: nothing to wake for but the job's end, or its switch (`_Waiting`)
             waiting = _Waiting(pid, stop)
@@ -682,10 +722,11 @@ def _run_blocking(a: Assignment, jobdir: Path, max_result_bytes: int, stop: Kill
             os.close(fd)
         _killpg(pid, signal.SIGKILL)  # before the reaping: the group's id cannot be reused while its leader lives
         _, status, usage = os.wait4(pid, 0)
-        if not reaped_cb():  # nothing of the job is left to write to its files once they are found empty
-            _fs.ran = this
+        if not reaped_cb():  # nothing of the job is left to change its files once they are looked at
+            seen = _lstat(out), _lstat(err)
+            _fs.ran = this, seen
     code, cpu = os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime
-    return _verdict(a, jobdir, why, stop, stop_reason, code, cpu, max_result_bytes, started, True)
+    return _verdict(a, jobdir, why, stop, stop_reason, code, cpu, max_result_bytes, started, True, seen)
 
 
 class _Waiting:
