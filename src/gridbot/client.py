@@ -70,6 +70,8 @@ from gridbot.security.tls import PinnedHTTPSConnection, client_context
 
 T = TypeVar("T")
 TERMINAL_BAG_STATES: frozenset[str] = BAG_TERMINAL
+WAIT_HOLD = 25.0
+"""Seconds `Client.wait` asks the server to hold each request (the server's cap, MAX_WAIT, is 30)."""
 """States in which a bag has ended (the model's `BAG_TERMINAL`; `BagInfo.state` is one of `BagState`)."""
 DEFAULT_SERVER = f"http://127.0.0.1:{DEFAULT_PORT}"
 
@@ -273,6 +275,11 @@ class Client:
     def bag(self, ref: str | int) -> BagInfo:
         return self._request("GET", f"/v1/bags/{_q(ref)}", None, BagInfo)  # type: ignore[no-any-return]
 
+    def bag_once_ended(self, ref: str | int, hold: float) -> BagInfo:
+        """The bag once it has ended, or after `hold` seconds (at most the server's 30) if it has not."""
+        return self._request("GET", f"/v1/bags/{_q(ref)}/wait?timeout={hold:.3f}",  # type: ignore[no-any-return]
+                             None, BagInfo)
+
     def jobs(self, ref: str | int, state: str | None = None, limit: int = 1000, after: int = 0) -> list[JobInfo]:
         query = urllib.parse.urlencode({k: v for k, v in (("state", state), ("limit", limit), ("after", after))
                                         if v is not None})
@@ -334,17 +341,23 @@ class Client:
 
     def wait(self, ref: str | int, poll: float = 1.0, timeout: float | None = None,
              on_update: Callable[[BagInfo], None] | None = None) -> BagInfo:
-        """Poll until the bag has ended; return its final state."""
+        """Wait until the bag has ended; return its final state (TimeoutError after `timeout` seconds).
+
+        The server holds the request until the bag's end is committed (`GET /v1/bags/{bag}/wait`), so this
+        returns at once then, not at the next poll. With `on_update`, it is given the bag every `poll` seconds
+        meanwhile, and at the end."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            info = self.bag(ref)
+            hold = poll if on_update is not None else min(WAIT_HOLD, self._timeout / 2)
+            if deadline is not None:
+                hold = max(0.0, min(hold, deadline - time.monotonic()))
+            info = self.bag_once_ended(ref, hold)
             if on_update is not None:
                 on_update(info)
             if info.state in TERMINAL_BAG_STATES:
                 return info
-            if deadline is not None and time.monotonic() > deadline:
+            if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"bag {ref} still {info.state} after {timeout} s")
-            time.sleep(poll)
 
     # -- results --------------------------------------------------------------------------------------
 

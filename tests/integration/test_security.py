@@ -164,7 +164,8 @@ def test_two_submitters_see_only_their_own_bags_and_the_admin_sees_all(cluster, 
         assert sorted(x.name for x in admin.bags()) == ["alice-bag", "bob-bag"]
         for call in (lambda: b.bag("alice-bag"), lambda: b.cancel("alice-bag"), lambda: b.jobs("alice-bag"),
                      lambda: b.set_policy("alice-bag", "Rank", "1"), lambda: list(b.results("alice-bag")),
-                     lambda: b.policy("alice-bag"), lambda: b.bag(1), lambda: b.instances("alice-bag", 1)):
+                     lambda: b.policy("alice-bag"), lambda: b.bag(1), lambda: b.instances("alice-bag", 1),
+                     lambda: b.wait("alice-bag", timeout=5)):
             with pytest.raises(ApiError) as err:
                 call()
             assert (err.value.status == 404 and "alice-bag" not in str(err.value)) or "no bag" in str(err.value)

@@ -21,7 +21,15 @@ from rich.markup import escape
 
 from gridbot.cli import render
 from gridbot.cli.options import KNOBS, DispatchCommand, Finite, dispatch_options, knob_option
-from gridbot.client import DEFAULT_SERVER, ApiError, Client, load_lines_file, load_spec_file, with_policies
+from gridbot.client import (
+    DEFAULT_SERVER,
+    TERMINAL_BAG_STATES,
+    ApiError,
+    Client,
+    load_lines_file,
+    load_spec_file,
+    with_policies,
+)
 from gridbot.core.config import DispatchConfig
 from gridbot.errors import GridbotError, ServerUnavailable
 from gridbot.model.spec import (
@@ -697,6 +705,40 @@ def cancel(bag: str, server: str | None, access: Path | None, admin: bool, as_js
         render.print_json(info)
     else:
         click.echo(f"bag {info.bag_id} '{info.name}' is {info.state}")
+
+
+@cli.command()
+@click.argument("bag")
+@click.option("--timeout", metavar="DURATION", help="Give up after this long (90, 10m, 2h): exit code 4.")
+@server_option
+@access_option
+@admin_option
+@json_option
+@friendly
+def wait(bag: str, timeout: str | None, server: str | None, access: Path | None, admin: bool, as_json: bool) -> None:
+    """Wait until a bag has ended, and say how. The server answers as soon as the bag's end is stored (no
+    polling): a script can run `gridbot submit` and then `gridbot wait`.
+
+    Exit code 0 if the bag completed, 3 if it ended failed or cancelled, 4 if it was still running at
+    --timeout; 1 if the server cannot be reached, 2 for anything else wrong (no such bag)."""
+    try:
+        seconds = parse_duration(timeout) if timeout is not None else None
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--timeout") from None
+    with Client(server, access=access, admin=admin) as client:
+        try:
+            info = client.wait(bag, timeout=seconds)
+        except TimeoutError:
+            info = client.bag(bag)
+    if as_json:
+        render.print_json(info)
+    else:
+        c = info.counts
+        click.echo(f"bag {info.bag_id} '{info.name}' is {info.state}: {c.done:,} of {info.total:,} jobs done, "
+                   f"{c.failed:,} failed")
+    if info.state == BagState.COMPLETED:
+        return
+    sys.exit(3 if info.state in TERMINAL_BAG_STATES else 4)
 
 
 @cli.command()

@@ -10,7 +10,6 @@ Ctrl-C stops the workers, which give their instances back, and leaves the bag re
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import quote
@@ -117,6 +116,8 @@ def console_url(url: str, key: str) -> str:
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+WATCH = 0.25
+"""Seconds between two updates of the run's progress: the server answers at once when the bag ends."""
 
 
 def _stop_on_signals() -> list[int]:
@@ -147,7 +148,7 @@ def _watch(client: Client, pool: LocalAdapter, name: str, total: int, state: Pat
     said: set[str] = set()
     with render.BagProgress(name, total) as progress:
         while True:
-            info = client.bag(name)
+            info = client.bag_once_ended(name, WATCH)
             progress.update(info)
             for message in info.diagnostics:  # why the bag is not moving, once each
                 if message not in said:
@@ -157,4 +158,3 @@ def _watch(client: Client, pool: LocalAdapter, name: str, total: int, state: Pat
                 return info
             if pool.alive() == 0:
                 raise GridbotError(f"every local worker exited before the bag ended; see the logs in {state / 'logs'}")
-            time.sleep(0.25)

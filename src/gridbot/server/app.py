@@ -21,10 +21,12 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
+from gridbot.core.changes import Changes
 from gridbot.errors import GridbotError, ServerUnavailable
 from gridbot.model.pacing import server_hold
 from gridbot.model.records import Verdict
 from gridbot.model.spec import StrategyChoice
+from gridbot.model.states import BagState
 from gridbot.protocol import (
     MSGPACK,
     ErrorBody,
@@ -158,6 +160,7 @@ PERMISSIONS: dict[tuple[str, str], frozenset[Role]] = {
     ("GET", "/v1/bags"): USERS,
     ("POST", "/v1/bags"): USERS,
     ("GET", "/v1/bags/{bag}"): USERS,
+    ("GET", "/v1/bags/{bag}/wait"): USERS,
     ("POST", "/v1/bags/{bag}/cancel"): USERS,
     ("POST", "/v1/bags/{bag}/retry"): USERS,
     ("DELETE", "/v1/bags/{bag}"): USERS,
@@ -329,6 +332,7 @@ class Server:
             web.get("/v1/bags", self.list_bags),
             web.post("/v1/bags", self.submit),
             web.get("/v1/bags/{bag}", self.get_bag),
+            web.get("/v1/bags/{bag}/wait", self.wait_bag),
             web.post("/v1/bags/{bag}/cancel", self.cancel),
             web.post("/v1/bags/{bag}/retry", self.retry),
             web.delete("/v1/bags/{bag}", self.delete),
@@ -356,12 +360,30 @@ class Server:
         self.app.add_routes(self.metrics.routes())
         self.app.cleanup_ctx.append(self._ticker)
         self.app.on_shutdown.append(self._release_held)
+        self._enders: dict[int, set[asyncio.Future[None]]] = {}
+        """Bag -> the `wait` requests held until it ends."""
+        service.commit_hooks.append(self._bags_committed)
 
     async def _release_held(self, app: web.Application) -> None:
-        """Answer the idle hosts' held requests now, with no work: the server waits for every request before
-        it stops, and a held one kept it (and `gridbot run`) up for as long as its backoff, 10 s."""
+        """Answer the idle hosts' held requests now, with no work, and the held `wait` requests with their
+        bags as they are: the server waits for every request before it stops, and a held one kept it (and
+        `gridbot run`) up for as long as its backoff, 10 s."""
         self._closing = True
         self._new_work()
+        for bag_id in list(self._enders):
+            self._wake_enders(bag_id)
+
+    def _bags_committed(self, batch: Changes, _seconds: float) -> None:
+        """A commit hook (on the event loop's thread, as every commit): the `wait` requests for bags whose
+        end is now durable are answered."""
+        for b in batch.bags.values():
+            if b.state is not BagState.ACTIVE and b.bag_id in self._enders:
+                self._wake_enders(b.bag_id)
+
+    def _wake_enders(self, bag_id: int) -> None:
+        for future in self._enders.pop(bag_id, ()):
+            if not future.done():
+                future.set_result(None)
 
     async def _ticker(self, app: web.Application) -> Any:
         # the store's writer thread gives up the interpreter lock for each statement and needs it back
@@ -540,6 +562,26 @@ class Server:
     async def get_bag(self, request: web.Request) -> web.Response:
         return _reply(request, self.service.info(self._bag(request)))
 
+    async def wait_bag(self, request: web.Request) -> web.Response:
+        """A bag as `get_bag` gives it, once it has ended (its end committed), or when `timeout` seconds have
+        passed (default and at most MAX_WAIT) with the bag still active: `gridbot wait` and `Client.wait`
+        hear of the end at once, without a poll a moment (which also cost the server an answer each)."""
+        timeout = _seconds(request.query, "timeout", MAX_WAIT, MAX_WAIT)
+        row = self._bag(request)
+        if row.state is BagState.ACTIVE and timeout > 0 and not self._closing:
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            waiting = self._enders.setdefault(row.bag_id, set())
+            waiting.add(future)
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(future, timeout)
+            finally:
+                waiting.discard(future)
+                if not waiting and self._enders.get(row.bag_id) is waiting:
+                    del self._enders[row.bag_id]
+            row = self._bag(request)
+        return _reply(request, self.service.info(row))
+
     async def get_policy(self, request: web.Request) -> web.Response:
         return _reply(request, self.service.policies(self._bag(request)))
 
@@ -650,6 +692,9 @@ MAX_PAGE = 10_000
 """Most jobs one listing request returns (`limit=` above it is capped; page with `after=`)."""
 MAX_RESULTS_PAGE = 1_000
 """Most results one request returns (each may carry outputs up to the result size limit)."""
+MAX_WAIT = 30.0
+"""Seconds a `wait` request is held at most (`timeout=` above it is capped): well inside an HTTP client's or
+a proxy's idle timeout; the client asks again."""
 
 
 def _int(query: Any, key: str, default: int, cap: int | None = None, least: int = 0) -> int:
@@ -660,6 +705,20 @@ def _int(query: Any, key: str, default: int, cap: int | None = None, least: int 
     if value is None or value < least:
         raise BadRequest(f"query parameter {key}={raw[:40]!r} is not a whole number from {least} to {2**63 - 1}")
     return min(value, cap) if cap is not None else value
+
+
+def _seconds(query: Any, key: str, default: float, cap: float) -> float:
+    """A duration in seconds from the query (a number from 0 up; more than `cap` is `cap`)."""
+    raw = query.get(key)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise BadRequest(f"query parameter {key}={raw[:40]!r} is not a number of seconds from 0 to {cap:g}")
+    return min(value, cap)
 
 
 def _path_int(request: web.Request, key: str) -> int:

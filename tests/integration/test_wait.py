@@ -1,0 +1,134 @@
+"""Waiting for a bag's end: the server holds the request until the end is committed (`GET /v1/bags/{bag}/wait`),
+so `Client.wait`, `gridbot wait` and `gridbot run` hear of it at once, without polling."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from gridbot.client import ApiError
+from gridbot.security.access import read_access
+from tests.integration.harness import Cluster, gridbot
+
+
+def _bag(tmp: Path, name: str, command: str, jobs: int = 1, extra: str = "") -> Path:
+    spec = tmp / f"{name}.toml"
+    spec.write_text(f'name = "{name}"\ncommand = "{command}"\n{extra}[parameters]\ni = {{ from = 1, to = {jobs} }}\n')
+    return spec
+
+
+def _held(cluster: Cluster, bag: str, hold: float) -> tuple[list[object], threading.Thread]:
+    """A `wait` held by the server on another thread: ([the bag it answered with, seconds it took], thread)."""
+    out: list[object] = []
+
+    def ask() -> None:
+        started = time.monotonic()
+        with cluster.client() as c:
+            out.append(c.bag_once_ended(bag, hold))
+        out.append(time.monotonic() - started)
+
+    thread = threading.Thread(target=ask)
+    thread.start()
+    return out, thread
+
+
+def test_a_held_wait_is_answered_when_the_bag_ends_not_when_it_times_out(cluster: Cluster, tmp_path: Path):
+    cluster.start_server()
+    with cluster.client() as c:
+        c.submit_file(_bag(tmp_path, "idle", "true"))
+        started = time.monotonic()
+        assert c.bag_once_ended("idle", 0.4).state == "active"  # no worker: still running when the time is up
+        assert time.monotonic() - started >= 0.4
+        assert c.bag_once_ended("idle", 0).state == "active"
+        out, thread = _held(cluster, "idle", 25)
+        time.sleep(0.5)
+        assert thread.is_alive(), "held while the bag runs"
+        assert c.cancel("idle").state == "cancelled"
+        thread.join(10)
+        info, took = out
+        assert info.state == "cancelled" and took < 10  # type: ignore[attr-defined]
+        started = time.monotonic()
+        assert c.bag_once_ended("idle", 25).state == "cancelled"  # ended already: answered at once
+        assert time.monotonic() - started < 5
+
+
+def test_client_wait_returns_at_the_end_and_gives_progress_meanwhile(cluster: Cluster, tmp_path: Path):
+    cluster.start_server()
+    cluster.start_worker("--slots", "2")
+    with cluster.client() as c:
+        c.submit_file(_bag(tmp_path, "short", "sleep 0.2", jobs=6))
+        seen: list[str] = []
+        final = c.wait("short", poll=0.3, timeout=60, on_update=lambda b: seen.append(b.state))
+        assert final.state == "completed" and final.counts.done == 6
+        assert seen[-1] == "completed" and len(seen) >= 2
+        c.submit_file(_bag(tmp_path, "later", "sleep 1"))
+        started = time.monotonic()
+        assert c.wait("later", timeout=60).state == "completed"
+        assert time.monotonic() - started < 30  # not the server's 25 s hold: it answered at the end
+        c.submit_file(_bag(tmp_path, "long", "sleep 30"))
+        with pytest.raises(TimeoutError, match="still active"):
+            c.wait("long", timeout=0.5)
+
+
+def test_a_wait_with_a_bad_timeout_or_for_another_owners_bag_is_refused(cluster: Cluster, tmp_path: Path):
+    cluster.start_server()
+    with cluster.client() as c:
+        c.submit_file(_bag(tmp_path, "b", "true"))
+    key = read_access(cluster.access).submitter
+    for bad in ("abc", "-1", "nan", "inf", ""):
+        req = urllib.request.Request(f"{cluster.url}/v1/bags/b/wait?timeout={bad}",
+                                     headers={"Authorization": f"Bearer {key}"})
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, timeout=10)
+        body = json.loads(err.value.read())
+        assert err.value.code == 400 and "timeout=" in body["error"] and "seconds from 0 to 30" in body["error"], bad
+    bob = tmp_path / "bob.json"
+    assert gridbot("access", "add-submitter", "bob", "--out", str(bob), "--access-file",
+                   str(cluster.access)).returncode == 0
+    from gridbot.client import Client
+
+    with Client(cluster.url, access=bob) as b, pytest.raises(ApiError) as err:
+        b.wait("b", timeout=1)
+    assert err.value.status == 404 and "no bag" in str(err.value)
+
+
+def test_a_stopping_server_answers_held_waits_at_once(cluster: Cluster, tmp_path: Path):
+    cluster.start_server()
+    with cluster.client() as c:
+        c.submit_file(_bag(tmp_path, "idle", "true"))
+    out, thread = _held(cluster, "idle", 25)
+    time.sleep(0.5)
+    started = time.monotonic()
+    assert cluster.server is not None
+    cluster.server.stop()
+    thread.join(15)
+    assert not thread.is_alive()
+    assert time.monotonic() - started < 10, "the held wait kept the server from stopping"
+    assert out and out[0].state == "active"  # type: ignore[attr-defined]
+
+
+def test_gridbot_wait_says_how_the_bag_ended_in_its_exit_code(cluster: Cluster, tmp_path: Path):
+    cluster.start_server()
+    cluster.start_worker()
+    gridbot("submit", str(_bag(tmp_path, "ok", "true", jobs=3)), check=True)
+    gridbot("submit", str(_bag(tmp_path, "bad", "exit 3", extra="max_failures = 1\n")), check=True)
+    done = gridbot("wait", "ok", "--timeout", "2m")
+    assert done.returncode == 0 and "is completed: 3 of 3 jobs done, 0 failed" in done.stdout, done.stderr
+    failed = gridbot("wait", "bad", "--json", "--timeout", "2m")
+    assert failed.returncode == 3, failed.stderr
+    assert json.loads(failed.stdout)["state"] == "failed"
+    gridbot("submit", str(_bag(tmp_path, "slow", "sleep 60")), check=True)
+    started = time.monotonic()
+    late = gridbot("wait", "slow", "--timeout", "1")
+    assert late.returncode == 4 and "is active" in late.stdout, late.stderr
+    assert time.monotonic() - started < 20
+    wrong = gridbot("wait", "slow", "--timeout", "soon")
+    assert wrong.returncode == 2 and "--timeout" in wrong.stderr
+    missing = gridbot("wait", "nope")
+    assert missing.returncode == 2 and "no bag" in missing.stderr
