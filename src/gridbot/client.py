@@ -70,9 +70,9 @@ from gridbot.security.tls import PinnedHTTPSConnection, client_context
 
 T = TypeVar("T")
 TERMINAL_BAG_STATES: frozenset[str] = BAG_TERMINAL
+"""States in which a bag has ended (the model's `BAG_TERMINAL`; `BagInfo.state` is one of `BagState`)."""
 WAIT_HOLD = 25.0
 """Seconds `Client.wait` asks the server to hold each request (the server's cap, MAX_WAIT, is 30)."""
-"""States in which a bag has ended (the model's `BAG_TERMINAL`; `BagInfo.state` is one of `BagState`)."""
 DEFAULT_SERVER = f"http://127.0.0.1:{DEFAULT_PORT}"
 
 
@@ -175,6 +175,8 @@ class Client:
         self._https = parsed.scheme == "https"
         self._timeout = timeout
         self._conn: http.client.HTTPConnection | None = None
+        self._old_server = False
+        """The server has no `wait` route (an older version): `bag_once_ended` polls."""
         key = self.access.user_key(admin)
         self._headers = {"Accept": MSGPACK, **({"Authorization": f"Bearer {key}"} if key else {})}
 
@@ -276,9 +278,21 @@ class Client:
         return self._request("GET", f"/v1/bags/{_q(ref)}", None, BagInfo)  # type: ignore[no-any-return]
 
     def bag_once_ended(self, ref: str | int, hold: float) -> BagInfo:
-        """The bag once it has ended, or after `hold` seconds (at most the server's 30) if it has not."""
-        return self._request("GET", f"/v1/bags/{_q(ref)}/wait?timeout={hold:.3f}",  # type: ignore[no-any-return]
-                             None, BagInfo)
+        """The bag once it has ended, or after `hold` seconds (at most the server's 30, and half this client's
+        timeout) if it has not. A server older than the `wait` route is asked for the bag after `hold`."""
+        hold = max(0.0, min(hold, self._timeout / 2))
+        if not self._old_server:
+            try:
+                return self._request("GET", f"/v1/bags/{_q(ref)}/wait?timeout={hold:.3f}",  # type: ignore[no-any-return]
+                                     None, BagInfo)
+            except ApiError as e:
+                if e.status != 404 or e.kind == "not_found":  # the route's own 404 is "no such bag"
+                    raise
+                self._old_server = True
+        info = self.bag(ref)
+        if info.state not in TERMINAL_BAG_STATES:
+            time.sleep(hold)
+        return info
 
     def jobs(self, ref: str | int, state: str | None = None, limit: int = 1000, after: int = 0) -> list[JobInfo]:
         query = urllib.parse.urlencode({k: v for k, v in (("state", state), ("limit", limit), ("after", after))
@@ -348,9 +362,10 @@ class Client:
         meanwhile, and at the end."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            hold = poll if on_update is not None else min(WAIT_HOLD, self._timeout / 2)
+            hold = poll if on_update is not None else WAIT_HOLD
             if deadline is not None:
                 hold = max(0.0, min(hold, deadline - time.monotonic()))
+            asked = time.monotonic()
             info = self.bag_once_ended(ref, hold)
             if on_update is not None:
                 on_update(info)
@@ -358,6 +373,9 @@ class Client:
                 return info
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"bag {ref} still {info.state} after {timeout} s")
+            early = hold / 2 - (time.monotonic() - asked)
+            if early > 0:  # answered long before its time with the bag running: a server stopping; not at once again
+                time.sleep(min(early, poll))
 
     # -- results --------------------------------------------------------------------------------------
 

@@ -725,17 +725,18 @@ def wait(bag: str, timeout: str | None, server: str | None, access: Path | None,
         seconds = parse_duration(timeout) if timeout is not None else None
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--timeout") from None
+    late = False
     with Client(server, access=access, admin=admin) as client:
         try:
             info = client.wait(bag, timeout=seconds)
         except TimeoutError:
-            info = client.bag(bag)
+            info, late = client.bag(bag), True
     if as_json:
         render.print_json(info)
     else:
         c = info.counts
-        click.echo(f"bag {info.bag_id} '{info.name}' is {info.state}: {c.done:,} of {info.total:,} jobs done, "
-                   f"{c.failed:,} failed")
+        click.echo(f"bag {info.bag_id} '{info.name}' is {info.state}{f' after --timeout {timeout}' if late else ''}: "
+                   f"{c.done:,} of {info.total:,} jobs done, {c.failed:,} failed")
     if info.state == BagState.COMPLETED:
         return
     sys.exit(3 if info.state in TERMINAL_BAG_STATES else 4)

@@ -373,7 +373,7 @@ class Server:
         for bag_id in list(self._enders):
             self._wake_enders(bag_id)
 
-    def _bags_committed(self, batch: Changes, _seconds: float) -> None:
+    def _bags_committed(self, batch: Changes, _took: float) -> None:
         """A commit hook (on the event loop's thread, as every commit): the `wait` requests for bags whose
         end is now durable are answered."""
         for b in batch.bags.values():
@@ -637,7 +637,10 @@ class Server:
     async def delete(self, request: web.Request) -> web.Response:
         """Remove a bag (`?force=1`: even if its results were never downloaded)."""
         force = request.query.get("force", "") in ("1", "true", "yes")
-        return _reply(request, self.service.delete(self._bag(request), force, time.time()))
+        row = self._bag(request)
+        deleted = self.service.delete(row, force, time.time())
+        self._wake_enders(row.bag_id)  # their bag is gone: "no bag" now, not at their timeout
+        return _reply(request, deleted)
 
     async def logs(self, request: web.Request) -> web.Response:
         """One job of a bag, by its index in the bag (not its id), with every instance of it and its output
