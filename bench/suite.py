@@ -97,36 +97,32 @@ def wait_until(client: Client, names: str | list[str], done: int | None = None, 
     """Wait until every bag has ended with every job done (or until `done` results in all): the time.time()
     they were seen so. A bag's row is read from the store's last commit, so what the client sees is durable.
 
-    One bag to its end is waited for as a user waits (`Client.wait`: the server answers once the bag's end
-    is committed). Otherwise the bags are polled every 50 ms, and every 5 ms over the last tenth of the way
-    but at most its last 10,000 results (each poll is a request the server answers: polling a tenth of
+    Bags to their end are waited for as a user waits (`Client.wait`: the server answers once a bag's end is
+    committed; one by one, a bag that ended already answers at once). To `done` results, the bags are
+    polled every 50 ms, and every 5 ms over the last tenth of the way but at most its last 10,000 results
+    (each poll is a request the server answers: polling a tenth of
     1,200,000 every 5 ms loaded scenario 3's deep window with six times the polls of the window it is
     compared with; in scenario 1, polling a 20,000-job bag cost the client 6-7 µs and the server about 5 µs a
     job, in `bench/cpu_per_job.py`: 1% of the machine, which a peer waiting on its futures does not pay)."""
     names = [names] if isinstance(names, str) else names
-    if done is None and len(names) == 1:
-        try:
-            info = client.wait(names[0], timeout=limit)
-        except TimeoutError:
-            raise SystemExit(f"bag {names[0]} did not end within {limit:.0f} s") from None
-        end = time.time()
-        if info.state != "completed" or info.counts.done != info.total or info.counts.failed:
-            raise SystemExit(f"bag {info.name} ended {info.state}: {info.counts}")
-        return end
+    if done is None:
+        deadline = time.monotonic() + limit
+        for name in names:
+            try:
+                info = client.wait(name, timeout=max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                raise SystemExit(f"bag {name} did not end within {limit:.0f} s") from None
+            if info.state != "completed" or info.counts.done != info.total or info.counts.failed:
+                raise SystemExit(f"bag {info.name} ended {info.state}: {info.counts}")
+        return time.time()
     wanted = set(names)
     deadline = time.time() + limit
     while time.time() < deadline:
         infos = [client.bag(names[0])] if len(names) == 1 else [b for b in client.bags() if b.name in wanted]
         results = sum(b.counts.done for b in infos)
-        if done is None and all(b.state != "active" for b in infos):
-            for b in infos:
-                if b.state != "completed" or b.counts.done != b.total or b.counts.failed:
-                    raise SystemExit(f"bag {b.name} ended {b.state}: {b.counts}")
+        if results >= done:
             return time.time()
-        if done is not None and results >= done:
-            return time.time()
-        target = sum(b.total for b in infos) if done is None else done
-        time.sleep(0.005 if target - results <= min(target / 10, FINE_POLL_JOBS) else 0.05)
+        time.sleep(0.005 if done - results <= min(done / 10, FINE_POLL_JOBS) else 0.05)
     raise SystemExit(f"bags {', '.join(names)[:200]} did not get there within {limit:.0f} s")
 
 
