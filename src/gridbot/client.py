@@ -73,6 +73,8 @@ TERMINAL_BAG_STATES: frozenset[str] = BAG_TERMINAL
 """States in which a bag has ended (the model's `BAG_TERMINAL`; `BagInfo.state` is one of `BagState`)."""
 WAIT_HOLD = 25.0
 """Seconds `Client.wait` asks the server to hold each request (the server's cap, MAX_WAIT, is 30)."""
+OLD_POLL = 1.0
+"""Seconds between two looks at a running bag on a server without the `wait` route (an older version)."""
 DEFAULT_SERVER = f"http://127.0.0.1:{DEFAULT_PORT}"
 
 
@@ -279,8 +281,9 @@ class Client:
 
     def bag_once_ended(self, ref: str | int, hold: float) -> BagInfo:
         """The bag once it has ended, or after `hold` seconds (at most the server's 30, and half this client's
-        timeout) if it has not. A server older than the `wait` route is asked for the bag after `hold`."""
-        hold = max(0.0, min(hold, self._timeout / 2))
+        timeout) if it has not. A server older than the `wait` route is asked for the bag, and if it is still
+        running the answer comes after `hold` or OLD_POLL seconds, whichever is less (the poll of before)."""
+        hold = self._hold(hold)
         if not self._old_server:
             try:
                 return self._request("GET", f"/v1/bags/{_q(ref)}/wait?timeout={hold:.3f}",  # type: ignore[no-any-return]
@@ -291,8 +294,12 @@ class Client:
                 self._old_server = True
         info = self.bag(ref)
         if info.state not in TERMINAL_BAG_STATES:
-            time.sleep(hold)
+            time.sleep(min(hold, OLD_POLL))
         return info
+
+    def _hold(self, hold: float) -> float:
+        """Seconds a `wait` request may be held: no more than half this client's own timeout."""
+        return max(0.0, min(hold, self._timeout / 2))
 
     def jobs(self, ref: str | int, state: str | None = None, limit: int = 1000, after: int = 0) -> list[JobInfo]:
         query = urllib.parse.urlencode({k: v for k, v in (("state", state), ("limit", limit), ("after", after))
@@ -362,7 +369,7 @@ class Client:
         meanwhile, and at the end."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            hold = poll if on_update is not None else WAIT_HOLD
+            hold = self._hold(poll if on_update is not None else WAIT_HOLD)
             if deadline is not None:
                 hold = max(0.0, min(hold, deadline - time.monotonic()))
             asked = time.monotonic()
@@ -374,7 +381,7 @@ class Client:
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"bag {ref} still {info.state} after {timeout} s")
             early = hold / 2 - (time.monotonic() - asked)
-            if early > 0:  # answered long before its time with the bag running: a server stopping; not at once again
+            if early > 0 and not self._old_server:  # answered long before its time: a server stopping; not at once again
                 time.sleep(min(early, poll))
 
     # -- results --------------------------------------------------------------------------------------

@@ -730,7 +730,8 @@ def wait(bag: str, timeout: str | None, server: str | None, access: Path | None,
         try:
             info = client.wait(bag, timeout=seconds)
         except TimeoutError:
-            info, late = client.bag(bag), True
+            info = client.bag(bag)
+            late = info.state not in TERMINAL_BAG_STATES
     if as_json:
         render.print_json(info)
     else:
