@@ -98,7 +98,9 @@ def wait_until(client: Client, names: str | list[str], done: int | None = None, 
     they were seen so. A bag's row is read from the store's last commit, so what the client sees is durable.
 
     Bags to their end are waited for as a user waits (`Client.wait`: the server answers once a bag's end is
-    committed; one by one, a bag that ended already answers at once). To `done` results, the bags are
+    committed), one by one: a bag that ended already answers at once, and the time is the one at which the
+    answer for the bag that ended last came (not after the round trips for the bags asked after it). To
+    `done` results, the bags are
     polled every 50 ms, and every 5 ms over the last tenth of the way but at most its last 10,000 results
     (each poll is a request the server answers: polling a tenth of
     1,200,000 every 5 ms loaded scenario 3's deep window with six times the polls of the window it is
@@ -107,6 +109,7 @@ def wait_until(client: Client, names: str | list[str], done: int | None = None, 
     names = [names] if isinstance(names, str) else names
     if done is None:
         deadline = time.monotonic() + limit
+        heard: list[tuple[float, float]] = []
         for name in names:
             try:
                 info = client.wait(name, timeout=max(0.0, deadline - time.monotonic()))
@@ -114,7 +117,8 @@ def wait_until(client: Client, names: str | list[str], done: int | None = None, 
                 raise SystemExit(f"bag {name} did not end within {limit:.0f} s") from None
             if info.state != "completed" or info.counts.done != info.total or info.counts.failed:
                 raise SystemExit(f"bag {info.name} ended {info.state}: {info.counts}")
-        return time.time()
+            heard.append((info.finished_at or 0.0, time.time()))
+        return max(heard)[1]
     wanted = set(names)
     deadline = time.time() + limit
     while time.time() < deadline:
