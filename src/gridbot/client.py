@@ -381,7 +381,7 @@ class Client:
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"bag {ref} still {info.state} after {timeout} s")
             early = hold / 2 - (time.monotonic() - asked)
-            if early > 0 and not self._old_server:  # answered long before its time: a server stopping; not at once again
+            if early > 0 and not self._old_server:  # answered long before its time (a server stopping): not at once
                 time.sleep(min(early, poll))
 
     # -- results --------------------------------------------------------------------------------------
