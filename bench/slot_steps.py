@@ -68,8 +68,8 @@ def steps(jobdir: Path) -> list[tuple[str, Callable[[], object]]]:
 
     def tails() -> None:
         reap()
-        ex._tail(out)
-        ex._tail(err)
+        ex._tail(out, ex._lstat(out))
+        ex._tail(err, ex._lstat(err))
 
     def clean() -> None:
         tails()

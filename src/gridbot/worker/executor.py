@@ -75,13 +75,9 @@ def sessions_cpu_seconds(sids: Collection[int]) -> dict[int, float]:
     return {sid: t / _TICKS for sid, t in ticks.items()}
 
 
-def _tail(path: Path | str, limit: int = TAIL_BYTES) -> str:
-    """The last `limit` bytes of a job's output file, decoded ("" if it is not a regular file)."""
-    return _tail_of(path, _lstat(path), limit)
-
-
-def _tail_of(path: Path | str, st: os.stat_result | None, limit: int = TAIL_BYTES) -> str:
-    """`_tail` of the file whose `lstat` the caller took (`st`; None: there was none).
+def _tail(path: Path | str, st: os.stat_result | None, limit: int = TAIL_BYTES) -> str:
+    """The last `limit` bytes of a job's output file, decoded ("" if it is not a regular file), whose `lstat`
+    the caller took (`st`; None: there was none).
 
     Most jobs of a sweep write nothing: the `lstat` then answers alone, where the open, `fstat` and close
     cost three calls (2-3 µs a job of the slot thread's 116, issue 14). The open does not follow a link
@@ -603,17 +599,16 @@ def _verdict(a: Assignment, jobdir: Path, why: list[str], stop: KillSwitch, stop
     what ended it (`why`: "stop" or "timeout", or nothing), its exit status, then its declared outputs. `seen`:
     the output files as the caller found them (`Seen`)."""
     out, err = f"{jobdir}/{STDOUT}", f"{jobdir}/{STDERR}"
+    st_out, st_err = seen if seen is not None else (_lstat(out), _lstat(err))
     if code == 0 and not why and not a.outputs:  # most jobs of a sweep: the report at once
-        if seen is None:
-            seen = _lstat(out), _lstat(err)
-        stdout, stderr = _tail_of(out, seen[0]), _tail_of(err, seen[1])
+        stdout, stderr = _tail(out, st_out), _tail(err, st_err)
         if len(stdout) + len(stderr) <= max_result_bytes:
             return InstanceReport(a.instance_id, Outcome.SUCCESS, code, time.monotonic() - started, cpu, "", stdout,
                                   stderr, {})
 
     def report(outcome: Outcome, reason: str = "", outputs: dict[str, bytes] | None = None) -> InstanceReport:
         return InstanceReport(a.instance_id, outcome, code, time.monotonic() - started, cpu, reason,
-                              _tail(out), _tail(err), outputs or {})
+                              _tail(out, st_out), _tail(err, st_err), outputs or {})
 
     cause = why[0] if why else ""
     if cause == "stop":
@@ -625,7 +620,7 @@ def _verdict(a: Assignment, jobdir: Path, why: list[str], stop: KillSwitch, stop
         return report(Outcome.FAILURE, f"timed out after {a.timeout:g} s (the bag's timeout)")
     if code != 0:
         assert code is not None
-        return report(Outcome.FAILURE, limit_reason(code, a.limits) or describe_exit(code, _tail(err, 4096)))
+        return report(Outcome.FAILURE, limit_reason(code, a.limits) or describe_exit(code, _tail(err, st_err, 4096)))
     outputs, problem = _collect(jobdir, a.outputs, max_result_bytes, follow=follow) if a.outputs else ({}, "")
     if problem:
         return report(Outcome.FAILURE, problem)
