@@ -3,6 +3,7 @@ so `Client.wait`, `gridbot wait` and `gridbot run` hear of it at once, without p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -12,8 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from gridbot.client import ApiError
+from gridbot.client import ApiError, Client
+from gridbot.core.changes import Changes
+from gridbot.errors import ServerUnavailable
+from gridbot.model.spec import parse_spec
 from gridbot.security.access import read_access
+from gridbot.server.app import EmbeddedServer
+from gridbot.server.service import Service
+from gridbot.store.sql import SQLiteStore
 from tests.integration.harness import Cluster, gridbot
 
 
@@ -206,3 +213,49 @@ def test_gridbot_wait_says_how_the_bag_ended_in_its_exit_code(cluster: Cluster, 
     assert wrong.returncode == 2 and "--timeout" in wrong.stderr
     missing = gridbot("wait", "nope")
     assert missing.returncode == 2 and "no bag" in missing.stderr
+
+
+def test_a_wait_hears_of_an_end_whose_commit_was_reported_failed_but_landed(tmp_path: Path):
+    """A batch the store reports failed may have landed all the same (the connection lost right after its
+    COMMIT): no commit hook hears of it, and the dispatcher's reload from the store answers the waits for
+    bags that ended there, not their hold's end (25 s here)."""
+    store = SQLiteStore(tmp_path / "g.db")
+    store.migrate()
+    service = Service(store)
+    service.submit(parse_spec('command = "true"\n[parameters]\ni = { from = 1, to = 3 }\n', "s.toml", "s"),
+                   None, {}, 0.0)
+    real = store.apply
+    lose_next = threading.Event()
+
+    def lands_then_fails(changes: Changes) -> None:
+        real(changes)
+        if lose_next.is_set():
+            lose_next.clear()
+            raise OSError("the connection was lost after COMMIT")
+
+    store.apply = lands_then_fails  # type: ignore[method-assign]
+    with EmbeddedServer(service) as srv, Client(srv.url, access=srv.access, admin=True) as c:
+        out: list[object] = []
+
+        def ask() -> None:
+            started = time.monotonic()
+            with Client(srv.url, access=srv.access, admin=True) as waiter:
+                out.append(waiter.bag_once_ended("s", 25))
+            out.append(time.monotonic() - started)
+
+        thread = threading.Thread(target=ask)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not srv.server._enders and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert srv.server._enders, "the wait is held"
+        lose_next.set()
+        with contextlib.suppress(ServerUnavailable):  # the cancel is told the store failed
+            c.cancel("s")
+        thread.join(20)
+        assert not lose_next.is_set(), "the cancel's batch went through the failing apply"
+        assert service.commit_failures == 1
+        assert len(out) == 2, "no answer 20 s after the cancel: the reload did not wake the wait"
+        info, took = out
+        assert info.state == "cancelled"  # type: ignore[attr-defined]
+        assert took < 10, f"heard of the end {took:.1f} s after asking: at its hold's end, not at the reload"

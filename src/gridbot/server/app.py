@@ -363,6 +363,7 @@ class Server:
         self._enders: dict[int, set[asyncio.Future[None]]] = {}
         """Bag -> the `wait` requests held until it ends."""
         service.commit_hooks.append(self._bags_committed)
+        service.reload_hooks.append(self._bags_reloaded)
 
     async def _release_held(self, app: web.Application) -> None:
         """Answer the idle hosts' held requests now, with no work, and the held `wait` requests with their
@@ -379,6 +380,18 @@ class Server:
         for b in batch.bags.values():
             if b.state is not BagState.ACTIVE and b.bag_id in self._enders:
                 self._wake_enders(b.bag_id)
+
+    def _bags_reloaded(self) -> None:
+        """A reload hook: the `wait` requests for bags the store now holds as ended (or no longer holds) are
+        answered. A batch reported failed that landed all the same fired no commit hook, and its waiters would
+        otherwise hear of the end only when their hold ran out, up to MAX_WAIT seconds later."""
+        for bag_id in list(self._enders):
+            try:
+                row = self.service.store.bag(bag_id)
+            except ServerUnavailable:
+                return  # the store went again: their holds run out, and the next wait reads it
+            if row is None or row.state is not BagState.ACTIVE:
+                self._wake_enders(bag_id)
 
     def _wake_enders(self, bag_id: int) -> None:
         for future in self._enders.pop(bag_id, ()):

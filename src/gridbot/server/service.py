@@ -149,6 +149,10 @@ class Service:
         self.commit_hooks: list[Callable[[Changes, float], None]] = []
         """Called on the loop's thread with each batch once it is durable and the seconds its commit took
         (`gridbot.server.metrics` counts instances and commit latency there): read-only observers."""
+        self.reload_hooks: list[Callable[[], None]] = []
+        """Called on the loop's thread each time the dispatcher was rebuilt from the store after a failed batch
+        or an outage: a batch the store reported failed may have landed all the same (the connection lost
+        right after its COMMIT), and no commit hook heard of it. Read-only observers."""
         self.lost: ClaimLost | None = None
         """Set when another server took the store (`ClaimLost`): this one must stop."""
         self.on_lost: list[Callable[[ClaimLost], None]] = []
@@ -201,6 +205,11 @@ class Service:
         self.stale = self._outage = False
         self._last_tick = 0.0  # the gap since the last tick is covered by the grace, not shifted again
         self.feed()
+        for hook in self.reload_hooks:
+            try:
+                hook()
+            except Exception:  # an observer's bug must not fail the reload
+                log.exception("a reload hook failed")
 
     def hold_claim(self) -> None:
         """Keep the store's claim (`Store.hold_claim`), from a thread other than the loop's: a statement on a
