@@ -4,13 +4,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint unit integration bench bench-run bench-sim experiments docs clean
+.PHONY: FORCE demo test lint unit integration bench bench-run bench-sim experiments docs clean
 
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+# Always asked, and quick when nothing changed: the script remakes the virtualenv from the hash-pinned lock
+# (requirements/dev.txt) when the interpreter, the lock, pyproject.toml or the script itself changed.
+$(STAMP): FORCE
+	PYTHON=$(PYTHON) scripts/venv.sh $(VENV)
+
+FORCE:
 
 demo: $(STAMP)
 	rm -rf .gridbot/demo results/pi

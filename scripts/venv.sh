@@ -1,0 +1,52 @@
+#!/bin/sh
+# Make (once) gridbot's own virtualenv, the one `make test`, `make demo` and `make bench` run in:
+# `scripts/venv.sh [VENV]` (the Makefile calls it before every target that needs it).
+#
+# Everything installed is pinned with hashes (requirements/dev.txt, compiled from pyproject.toml with its
+# `dev` extra): first pip itself, then every dependency in pip's hash-checking mode, then gridbot, editable,
+# with no dependency resolution and no build isolation (its build backend, setuptools, is in the lock too).
+# So a package whose file changed on the index fails the install instead of being measured, and the
+# benchmarks' gridbot side runs on the same packages as the peers' pinned side. Re-running is cheap: the
+# stamp records the interpreter (its path and full version), the lock, pyproject.toml and this script; when
+# any of them changed, the virtualenv is made anew.
+#
+# `scripts/venv.sh --lock` remakes requirements/dev.txt from pyproject.toml (pip-tools' pip-compile in a
+# throwaway virtualenv), keeping the versions requirements/dev.txt has where they still satisfy
+# pyproject.toml: after changing a dependency, run it and commit both files.
+# PYTHON chooses the interpreter (default python3).
+set -eu
+root=$(cd "$(dirname "$0")/.." && pwd)
+lock=$root/requirements/dev.txt
+python=${PYTHON:-python3}
+
+if [ "${1:-}" = "--lock" ]; then
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  "$python" -m venv "$tmp/venv"
+  "$tmp/venv/bin/python" -m pip install --quiet pip-tools==7.6.2
+  cp "$root/pyproject.toml" "$root/requirements/tools.in" "$tmp/"
+  [ -f "$lock" ] && cp "$lock" "$tmp/dev.txt"
+  (cd "$tmp" && venv/bin/pip-compile --quiet --extra dev --generate-hashes --allow-unsafe --strip-extras \
+    --no-emit-index-url --no-emit-find-links --output-file dev.txt pyproject.toml tools.in)
+  cp "$tmp/dev.txt" "$lock"
+  echo "wrote $lock"
+  exit 0
+fi
+
+venv=${1:-$root/.venv}
+stamp=$venv/.installed-stamp
+interpreter=$("$python" -c 'import platform, sys, os; print(os.path.realpath(sys.executable), platform.python_implementation(), sys.version.replace(chr(10), " "))')
+want=$(printf '%s\n' "interpreter: $interpreter"; cat "$lock" "$root/pyproject.toml" "$0" | sha256sum)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
+echo "scripts/venv.sh: making $venv with $interpreter" >&2
+"$python" -m venv --clear "$venv"
+pins=$(mktemp)
+trap 'rm -f "$pins"' EXIT
+# pip's own pin, with its hashes, as a requirements file: the pip a fresh virtualenv has may not read
+# hashes from a constraints file
+sed -n '/^pip==/,/^ *#/p' "$lock" | grep -v '^ *#' > "$pins"
+"$venv/bin/python" -m pip install --quiet --require-hashes --no-deps -r "$pins"
+"$venv/bin/python" -m pip install --quiet --require-hashes -r "$lock"
+"$venv/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e "$root"
+"$venv/bin/python" -m pip check >/dev/null
+printf '%s\n' "$want" > "$stamp"
