@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 
+from gridbot.model.spec import SpecError
 from gridbot.model.volunteer import instances_for, runtime_estimate, volunteer_prefetch
 from gridbot.sim.boinc import DAY, BoincClient, ClientConfig
 from gridbot.sim.engine import Simulation, simulate
@@ -108,3 +109,77 @@ def test_community_pool_keys_are_checked():
         parse_scenario('[pools.g]\nkind = "grid"\nsize = 1\nwork_buffer_min = "1h"\n', "g.toml")
     with pytest.raises(SpecError, match="runtime_estimate"):
         parse_scenario('[pools.v]\nkind = "community"\nsize = 1\nruntime_estimate = "0s"\n', "v.toml")
+
+
+HOST_TRACE = """
+[simulation]
+seed = 3
+horizon = "5d"
+
+[server]
+host_timeout = "2d"
+
+[pools.v]
+kind = "community"
+size = {{ hosts = "volunteers.csv" }}
+work_buffer_min = "0s"
+work_buffer_extra = "0s"
+runtime_estimate = "50m"
+
+[bags.b]
+jobs = 3
+runtime = "50m"
+instance_deadline = "1d"
+
+[bags.b.policy]
+ReplicationRequirements = "false"
+"""
+
+
+def test_named_volunteers_come_back_as_themselves_and_the_server_hears_of_their_lost_jobs_then(tmp_path):
+    # a runs a job from 0, takes the third at 50 min and leaves at 1 h with it; it is back at 2 h
+    (tmp_path / "volunteers.csv").write_text("host,start,end\na,0,3600\nb,0,172800\na,7200,10800\na,10800,14400\n")
+    sc = parse_scenario(HOST_TRACE.format(), str(tmp_path / "s.toml"))
+    pool = sc.pools[0]
+    assert pool.hosts == 2 and [(s.host, s.start, s.end) for s in pool.sessions] == [
+        ("a", 0, 3600), ("b", 0, 172800), ("a", 7200, 14400)], "a's two sessions back to back are one"
+    assert [(s.at, s.size) for s in pool.size] == [(0, 2), (3600, 1), (7200, 2), (14400, 1), (172800, 0)]
+    sim = Simulation(sc)
+    back = sim.run().bag("b")
+    assert back.state == "completed" and back.done == 3
+    assert back.makespan is not None and 7200 < back.makespan < 7200 + 3600, \
+        "a came back at 2 h without the job it left with: the server ran it again then, not at its deadline"
+    assert sorted(m.info.host_id for m in sim.pools["v"].machines) == ["v-a", "v-b"]
+    # the same sessions, but the second comes from another volunteer: nobody tells the server the job is lost
+    (tmp_path / "volunteers.csv").write_text("host,start,end\na,0,3600\nb,0,172800\nc,7200,14400\n")
+    other = simulate(parse_scenario(HOST_TRACE.format(), str(tmp_path / "s.toml"))).bag("b")
+    assert other.state == "completed" and other.makespan is not None and 86400 < other.makespan < 86400 + 7200, \
+        "found lost only at its one-day deadline"
+
+
+def test_a_host_trace_is_checked():
+    def problems(csv: str, extra: str = "", kind: str = "community") -> str:
+        import pathlib
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as d:
+            (pathlib.Path(d) / "volunteers.csv").write_text(csv)
+            text = HOST_TRACE.format().replace('kind = "community"', f'kind = "{kind}"').replace(
+                "[pools.v]\n", f"[pools.v]\n{extra}")
+            if kind != "community":
+                text = "\n".join(ln for ln in text.splitlines() if not ln.startswith(("work_buffer", "runtime_est")))
+            try:
+                parse_scenario(text, f"{d}/s.toml")
+            except SpecError as e:
+                return str(e)
+        return ""
+
+    good = "host,start,end\na,0,3600\n"
+    assert problems(good) == ""
+    assert "volunteers.csv:3: host 'a' is online from 1800 s, but its session of line 2 lasts until 3600 s" in \
+        problems(good + "a,1800,7200\n")
+    assert "volunteers.csv:2: a session needs a host name and 0 <= start < end" in problems("host,start,end\na,5,5\n")
+    assert "expected 'host,start,end'" in problems(good + "b,soon,7200\n")
+    assert "a trace of named hosts online is for community pools" in problems(good, kind="grid")
+    assert "so 'availability' has no say" in problems(good, extra='availability = "1h"\n')
+    assert "so 'hosts' has no say" in problems(good, extra="hosts = 5\n")

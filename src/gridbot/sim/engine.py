@@ -56,8 +56,8 @@ from gridbot.store.memory import MemoryStore
 
 # event kinds, in the order they run when due at the same moment (a cluster frees CPUs before pilots queue for
 # them; a monitor reading is taken before the tick whose placements read it)
-(_ARRIVE, _RESIZE, _REPAIR, _EXT_END, _EXT_ARRIVE, _PILOT_UP, _INST_END, _DEATH, _EXCHANGE, _MONITOR, _TICK, _OVERLAY,
- _SAMPLE) = range(13)
+(_ARRIVE, _RESIZE, _REPAIR, _EXT_END, _EXT_ARRIVE, _PILOT_UP, _INST_END, _DEATH, _SESSION, _EXCHANGE, _MONITOR, _TICK,
+ _OVERLAY, _SAMPLE) = range(14)
 _WALLTIME_SHARE = 0.9
 """A pilot's worker stops at this share of its walltime (the real pilot's --lifetime)."""
 _QUICK_FAILURE = (1.0, 5.0)
@@ -259,7 +259,8 @@ class Simulation:
         self.pools: dict[str, _PoolRt] = {}
         for p in scenario.pools:
             machines = []
-            for n in range(p.hosts):
+            names = sorted({s.host for s in p.sessions}) if p.sessions else [str(n) for n in range(p.hosts)]
+            for n in names:
                 host_id = f"{p.name}-{n}"
                 info = HostInfo(host_id, host_id, "sim", p.spec.cpus, 0, p.spec.cpus, p.name, p.prefetch)
                 machines.append(_Machine(info, self._speed(p), self.rng.random() < p.black_holes))
@@ -304,7 +305,12 @@ class Simulation:
             self._at(b.arrival, _ARRIVE, b)
         for pool in self.pools.values():
             m = pool.model
-            if m.fluctuate:
+            if m.sessions:  # named volunteers come and go when their trace says, each on its own machine
+                pool.size = len(pool.machines)
+                machine = {mc.info.name: mc for mc in pool.machines}
+                for s in m.sessions:
+                    self._at(s.start, _SESSION, pool, (machine[f"{m.name}-{s.host}"], s.end))
+            elif m.fluctuate:
                 self._at(0.0, _RESIZE, pool, None)
             else:
                 for step in m.size:
@@ -321,7 +327,8 @@ class Simulation:
         self._at(0.0, _OVERLAY)
         self._at(0.0, _SAMPLE)
         events = self._events
-        handlers = {_ARRIVE: self._arrive, _RESIZE: self._resize, _REPAIR: self._repair, _PILOT_UP: self._pilot_up,
+        handlers = {_ARRIVE: self._arrive, _RESIZE: self._resize, _SESSION: self._session, _REPAIR: self._repair,
+                    _PILOT_UP: self._pilot_up,
                     _INST_END: self._inst_end, _DEATH: self._death,
                     _EXCHANGE: self._exchange, _TICK: self._tick, _OVERLAY: self._overlay, _SAMPLE: self._sample,
                     _EXT_ARRIVE: self._ext_arrive, _EXT_END: self._ext_end, _MONITOR: self._monitor}
@@ -478,6 +485,16 @@ class Simulation:
             return
         self._launch(pool, ticket)
 
+    def _session(self, pool_obj: object, session: object) -> None:
+        """A named volunteer comes online (`PoolModel.sessions`): on its own machine, until its session's end."""
+        assert isinstance(pool_obj, _PoolRt) and isinstance(session, tuple)
+        machine, end = session
+        if machine not in pool_obj.free:  # not in a trace read by `traces.host_sessions`, which merges such
+            return
+        pool_obj.free.remove(machine)
+        pilot = self._land(pool_obj, machine)
+        self._at(end, _DEATH, pilot, "leave")
+
     def _launch(self, pool: _PoolRt, ticket: int) -> None:
         """The queued pilot `ticket` lands on a free machine of the pool and its worker starts."""
         free = pool.free
@@ -486,6 +503,10 @@ class Simulation:
         machine = free[i]
         free[i] = free[-1]
         free.pop()
+        self._land(pool, machine)
+
+    def _land(self, pool: _PoolRt, machine: _Machine) -> _Pilot:
+        """A pilot (or a volunteer's client) starts on `machine`, taken from the pool's free ones."""
         self._pilot_ids += 1
         info = msgspec.structs.replace(machine.info, session=f"pilot-{self._pilot_ids}")
         pilot = _Pilot(machine, pool, self.now, self._pilot_ids, info, Pacing(pool.pace))
@@ -502,6 +523,7 @@ class Simulation:
             if m.preemption is not None:
                 self._at(self.now + m.preemption.sample(self.rng), _DEATH, pilot, "preempted")
         self._exchange_at(pilot, self.now)
+        return pilot
 
     # -- cluster pools and their monitors ------------------------------------------------------------
 
@@ -619,7 +641,7 @@ class Simulation:
             self._at(self.now + pool.model.unavailability.sample(self.rng), _REPAIR, pool, pilot.machine)
         else:
             pool.free.append(pilot.machine)
-        if pool.model.volunteer and pool.running + pool.queued < pool.size:
+        if pool.model.volunteer and not pool.model.sessions and pool.running + pool.queued < pool.size:
             # the same kind of host comes back after being away
             self._enqueue(pool, pool.model.unavailability.sample(self.rng))
         if pool.cluster is not None:  # its batch job ended: the CPUs go to the head of the queue

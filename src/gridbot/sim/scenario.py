@@ -138,6 +138,9 @@ class PoolModel:
     """The BOINC side's heartbeat (the volunteer pool's `next_rpc_delay`)."""
     runtime_estimate: float = DEFAULT_RUNTIME
     """The BOINC side's run time estimate before any job has ended (the volunteer pool's `runtime_estimate`)."""
+    sessions: tuple[traces.HostSession, ...] = ()
+    """A community pool's named hosts and when each was online (`size = { hosts = "f.csv" }`): the same host
+    comes back as the same machine, with its record; none: hosts come and go as `size` and `availability` say."""
 
     @property
     def volunteer(self) -> bool:
@@ -334,13 +337,17 @@ class _Reader:
         kind = self.get(t, "kind", path, "grid", _choice(POOL_KINDS))
         cpus = self.get(t, "cpus", path, 1, _int(1))
         cluster_cpus = self.get(t, "cluster_cpus", path, 0, _int(1))
-        size, fluctuate = self.get(t, "size", path, ([SizeStep(0.0, cluster_cpus // cpus)], None),
-                                   lambda v: _size(v, self.base))
+        sessions = self.sessions(t, path, name, kind)
+        if sessions:
+            size, fluctuate = [SizeStep(at, n) for at, n in traces.online_steps(sessions)], None
+        else:
+            size, fluctuate = self.get(t, "size", path, ([SizeStep(0.0, cluster_cpus // cpus)], None),
+                                       lambda v: _size(v, self.base))
         if "size" not in t and not cluster_cpus:
             self.fail(path, f"pool '{name}' has no size", "size = 100 (pilots at once), a list of [time, size] "
                       "steps, or { min = 10, max = 100, every = \"1h\" }")
         top = max([s.size for s in size] + ([fluctuate[1]] if fluctuate else []))
-        hosts = self.get(t, "hosts", path, max(1, top), _int(1))
+        hosts = len({s.host for s in sessions}) if sessions else self.get(t, "hosts", path, max(1, top), _int(1))
         if hosts > MAX_HOSTS:
             self.fail((*path, "hosts" if "hosts" in t else "size"),
                       f"pool '{name}' has {hosts:,} hosts, over the simulator's {MAX_HOSTS:,} (each host is "
@@ -389,6 +396,7 @@ class _Reader:
                                 report_immediately=self.get(t, "report_immediately", path, True, _bool)),
             next_rpc_delay=self.get(t, "next_rpc_delay", path, DEFAULT_RPC_DELAY, _dur(True)),
             runtime_estimate=self.get(t, "runtime_estimate", path, DEFAULT_RUNTIME, _dur(False)),
+            sessions=sessions,
         )
         if kind != "community":
             for key in COMMUNITY_KEYS:
@@ -410,6 +418,30 @@ class _Reader:
                       "runs nothing (a scenario whose pools all do runs to its horizon, a year by default, for "
                       "nothing)", "give it a size, or steps that grow ([[0, 0], [\"6h\", 100]]); or remove the pool")
         return model if len(self.problems) == before else None
+
+    def sessions(self, t: dict[str, Any], path: tuple[str, ...], name: str,
+                 kind: str) -> tuple[traces.HostSession, ...]:
+        """`size = { hosts = "volunteers.csv" }`: a community pool's named hosts and their sessions online, which
+        stand for `size`, `hosts`, `availability` and `unavailability` (each host comes back when the trace says,
+        as itself)."""
+        v = t.get("size")
+        if not (isinstance(v, dict) and set(v) == {"hosts"}):
+            return ()
+        where = (*path, "size")
+        if kind != "community":
+            self.fail(where, f"pool '{name}' is a {kind}: a trace of named hosts online is for community pools "
+                      "(volunteers come and go by themselves; a grid's pilots are submitted)",
+                      'make the pool kind = "community", or give its size as { trace = "sizes.csv" }')
+            return ()
+        for key in ("hosts", "availability", "unavailability"):
+            if key in t:
+                self.fail((*path, key), f"pool '{name}' takes its hosts and when each is online from its host trace, "
+                          f"so '{key}' has no say", f"remove '{key}'")
+        try:
+            return tuple(traces.host_sessions(self.base / str(v["hosts"])))
+        except traces.TraceError as e:
+            self.fail(where, str(e), "a CSV file of host,start,end rows (seconds), one per session online")
+            return ()
 
     def cluster(self, name: str, t: dict[str, Any], path: tuple[str, ...], kind: str, cpus: int,
                 cluster_cpus: int) -> None:
@@ -780,7 +812,8 @@ def _size(v: Any, base: Path) -> tuple[list[SizeStep], tuple[int, int, float] | 
             raise ValueError(f"max ({high}) is below min ({low})")
         return [SizeStep(0.0, high)], (low, high, seconds(v["every"], allow_zero=False))
     raise ValueError(f"{v!r} is not a size: write 100, a list of [time, size] steps, "
-                     '{ min = 10, max = 100, every = "1h" }, or { trace = "sizes.csv" }')
+                     '{ min = 10, max = 100, every = "1h" }, { trace = "sizes.csv" }, or for a community pool '
+                     '{ hosts = "volunteers.csv" }')
 
 
 def scaled(sc: Scenario, factor: float) -> Scenario:
@@ -797,6 +830,15 @@ def scaled(sc: Scenario, factor: float) -> Scenario:
 
     pools = []
     for p in sc.pools:
+        if p.sessions:  # named hosts: a sample of them, evenly spaced in name order, each with all its sessions
+            names = sorted({s.host for s in p.sessions})
+            kept = {names[int(k * len(names) / n(len(names)))] for k in range(n(len(names)))}
+            sessions = tuple(s for s in p.sessions if s.host in kept)
+            size = [SizeStep(at, count) for at, count in traces.online_steps(sessions)]
+            top = max(s.size for s in size)
+            spec = msgspec.structs.replace(p.spec, max_running=top, max_queued=n(p.spec.max_queued))
+            pools.append(dataclasses.replace(p, spec=spec, size=size, hosts=len(kept), sessions=sessions))
+            continue
         size = [SizeStep(s.at, n(s.size)) for s in p.size]
         fluctuate = (n(p.fluctuate[0]), n(p.fluctuate[1]), p.fluctuate[2]) if p.fluctuate else None
         top = max([s.size for s in size] + ([fluctuate[1]] if fluctuate else []))

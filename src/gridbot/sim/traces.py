@@ -273,6 +273,68 @@ def swf_bursts(jobs: Sequence[SwfJob], gap: float) -> list[list[SwfJob]]:
     return out
 
 
+@dataclass(frozen=True)
+class HostSession:
+    """A named host online from `start` to `end` (seconds), from a trace of named hosts (`host_sessions`)."""
+
+    host: str
+    start: float
+    end: float
+
+
+def host_sessions(path: Path) -> list[HostSession]:
+    """The sessions of named hosts from a CSV file of `host,start,end` rows (seconds; a header is skipped), in
+    order of start: when each volunteer was online. A host's sessions may not overlap (it is one machine)."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise TraceError(f"cannot read host trace {path}: {e.strerror or e}") from None
+    sessions: list[tuple[HostSession, int]] = []
+    for n, row in enumerate(csv.reader(io.StringIO(text)), 1):
+        if not row or row[0].strip().startswith("#"):
+            continue
+        try:
+            host, start, end = row[0].strip(), float(row[1]), float(row[2])
+        except (ValueError, IndexError):
+            if n == 1:
+                continue
+            raise TraceError(f"{path}:{n}: expected 'host,start,end' (a name, then seconds), got "
+                             f"{','.join(row)!r}") from None
+        if not host or not (0 <= start < end < math.inf):
+            raise TraceError(f"{path}:{n}: a session needs a host name and 0 <= start < end (seconds), got "
+                             f"{','.join(row)!r}")
+        sessions.append((HostSession(host, start, end), n))
+    if not sessions:
+        raise TraceError(f"{path} holds no 'host,start,end' rows")
+    last: dict[str, tuple[HostSession, int]] = {}
+    merged: list[HostSession] = []
+    for s, n in sorted(sessions, key=lambda sn: (sn[0].host, sn[0].start)):
+        before = last.get(s.host)
+        if before is not None and s.start < before[0].end:
+            raise TraceError(f"{path}:{n}: host {s.host!r} is online from {s.start:g} s, but its session of line "
+                             f"{before[1]} lasts until {before[0].end:g} s: one machine has one session at a time "
+                             "(merge the two rows)")
+        if before is not None and s.start == before[0].end:  # online all along: one session
+            s = HostSession(s.host, before[0].start, s.end)
+            merged.pop()
+        merged.append(s)
+        last[s.host] = (s, n)
+    return sorted(merged, key=lambda s: (s.start, s.host))
+
+
+def online_steps(sessions: Sequence[HostSession]) -> list[tuple[float, int]]:
+    """How many of the hosts are online over time, as `time,size` steps (the pool's size)."""
+    changes: dict[float, int] = defaultdict(int)
+    for s in sessions:
+        changes[s.start] += 1
+        changes[s.end] -= 1
+    steps, online = [], 0
+    for at in sorted(changes):
+        online += changes[at]
+        steps.append((at, online))
+    return steps if steps[0][0] == 0 else [(0.0, 0), *steps]
+
+
 def size_steps(path: Path) -> list[tuple[float, int]]:
     """A pool's size over time from a CSV file of `time,size` rows (time in seconds; a header is skipped)."""
     try:
