@@ -453,7 +453,8 @@ def source_version() -> str:
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True,
                                 check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src", "experiments"], cwd=HERE.parent,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src", "experiments", ":!experiments/results"],
+                               cwd=HERE.parent,
                                capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -515,7 +516,7 @@ def run(name: str, scale: float = 1.0, seeds: int | None = None, out: Path | Non
         base = scaled(base, scale)
     variants = [v for v in exp.variants if only is None or only(v.name)]
     runs: dict[str, list[Results]] = {}
-    version = source_version()  # of the code this run imported, not of a tree changed while it ran
+    version = source_version()  # as the run starts: a tree changed while it runs is not what it imported
     started = time.perf_counter()
     for v in variants:
         sc = v.apply(base)

@@ -48,5 +48,5 @@ sed -n '/^pip==/,/^ *#/p' "$lock" | grep -v '^ *#' > "$pins"
 "$venv/bin/python" -m pip install --quiet --require-hashes --no-deps -r "$pins"
 "$venv/bin/python" -m pip install --quiet --require-hashes -r "$lock"
 "$venv/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e "$root"
-"$venv/bin/python" -m pip check >/dev/null
+"$venv/bin/python" -m pip check 1>&2
 printf '%s\n' "$want" > "$stamp"

@@ -149,12 +149,24 @@ def test_named_volunteers_come_back_as_themselves_and_the_server_hears_of_their_
     assert back.state == "completed" and back.done == 3
     assert back.makespan is not None and 7200 < back.makespan < 7200 + 3600, \
         "a came back at 2 h without the job it left with: the server ran it again then, not at its deadline"
-    assert sorted(m.info.host_id for m in sim.pools["v"].machines) == ["v-a", "v-b"]
+    assert sorted(m.info.host_id for m in sim.pools["v"].machines) == ["v:a", "v:b"]
     # the same sessions, but the second comes from another volunteer: nobody tells the server the job is lost
     (tmp_path / "volunteers.csv").write_text("host,start,end\na,0,3600\nb,0,172800\nc,7200,14400\n")
     other = simulate(parse_scenario(HOST_TRACE.format(), str(tmp_path / "s.toml"))).bag("b")
     assert other.state == "completed" and other.makespan is not None and 86400 < other.makespan < 86400 + 7200, \
         "found lost only at its one-day deadline"
+
+
+def test_named_volunteers_are_no_other_pools_hosts(tmp_path):
+    """A trace's names may hold '-' (node-12, UUIDs): host x-0 of pool v is not host 0 of a pool named v-x."""
+    (tmp_path / "volunteers.csv").write_text("host,start,end\nx-0,0,86400\n")
+    text = HOST_TRACE.format().replace("jobs = 3\n", "jobs = 20\n") + (
+        '\n[pools.v-x]\nkind = "community"\nsize = 1\nwork_buffer_min = "0s"\nwork_buffer_extra = "0s"\n')
+    sim = Simulation(parse_scenario(text, str(tmp_path / "s.toml")))
+    bag = sim.run().bag("b")
+    assert bag.state == "completed" and bag.done == 20 and bag.instances == 20, "two hosts, each its own"
+    assert [m.info.host_id for m in sim.pools["v"].machines] == ["v:x-0"]
+    assert [m.info.host_id for m in sim.pools["v-x"].machines] == ["v-x-0"]
 
 
 def test_a_host_trace_is_checked():

@@ -184,7 +184,9 @@ class _PoolRt:
     pilots: dict[int, _Pilot] = field(default_factory=dict)
     """Running pilots by a number of their own (insertion order keeps runs reproducible)."""
     free: list[_Machine] = field(default_factory=list)
-    """Machines with no pilot on them."""
+    """Machines with no pilot on them (not kept for named volunteers, which come back by their trace)."""
+    online: set[_Machine] = field(default_factory=set)
+    """Named volunteers online (`PoolModel.sessions`)."""
     cluster: _Cluster | None = None
     """Its CPUs and batch queue, when it is a cluster pool (`cluster_cpus`)."""
 
@@ -257,18 +259,23 @@ class Simulation:
         self._events: list[tuple[float, int, int, object, object]] = []
         self._seq = 0
         self.pools: dict[str, _PoolRt] = {}
+        self._pool_of: dict[str, str] = {}
+        """Host id -> its pool's name."""
         for p in scenario.pools:
             machines = []
-            names = sorted({s.host for s in p.sessions}) if p.sessions else [str(n) for n in range(p.hosts)]
-            for n in names:
-                host_id = f"{p.name}-{n}"
+            # a named volunteer is POOL:NAME (':' is in no pool's name, so it is no other pool's host), a
+            # numbered host POOL-N
+            ids = ([f"{p.name}:{name}" for name in sorted({s.host for s in p.sessions})] if p.sessions
+                   else [f"{p.name}-{n}" for n in range(p.hosts)])
+            for host_id in ids:
+                self._pool_of[host_id] = p.name
                 info = HostInfo(host_id, host_id, "sim", p.spec.cpus, 0, p.spec.cpus, p.name, p.prefetch)
                 machines.append(_Machine(info, self._speed(p), self.rng.random() < p.black_holes))
             # a pilot is a worker started with the pool's --prefetch and --idle-timeout (a volunteer is a BOINC
             # client, paced by `sim.boinc` instead)
             pace = PaceConfig(p.spec.cpus, p.prefetch, idle_timeout=0.0 if p.volunteer else p.spec.idle_timeout)
             cluster = _Cluster(p.cluster_cpus, p.spec.cpus) if p.cluster_cpus else None
-            self.pools[p.name] = _PoolRt(p, machines, pace, free=list(machines), cluster=cluster)
+            self.pools[p.name] = _PoolRt(p, machines, pace, free=[] if p.sessions else list(machines), cluster=cluster)
         self._pilot_ids = 0
         self._tickets = 0
         """Numbers queued pilots, so that a cancellation names the pilots it cancels, as the server does."""
@@ -306,10 +313,9 @@ class Simulation:
         for pool in self.pools.values():
             m = pool.model
             if m.sessions:  # named volunteers come and go when their trace says, each on its own machine
-                pool.size = len(pool.machines)
                 machine = {mc.info.name: mc for mc in pool.machines}
                 for s in m.sessions:
-                    self._at(s.start, _SESSION, pool, (machine[f"{m.name}-{s.host}"], s.end))
+                    self._at(s.start, _SESSION, pool, (machine[f"{m.name}:{s.host}"], s.end))
             elif m.fluctuate:
                 self._at(0.0, _RESIZE, pool, None)
             else:
@@ -367,7 +373,7 @@ class Simulation:
         self.compact.apply(changes)
         rec, now = self.recorder, self.now
         for n in changes.new_instances:
-            pool = n.host_id.rsplit("-", 1)[0]
+            pool = self._pool_of[n.host_id]
             self._inst_pool[n.instance_id] = (pool, n.bag_id)
             rec.sent(pool)
         for u in changes.instances:
@@ -489,9 +495,10 @@ class Simulation:
         """A named volunteer comes online (`PoolModel.sessions`): on its own machine, until its session's end."""
         assert isinstance(pool_obj, _PoolRt) and isinstance(session, tuple)
         machine, end = session
-        if machine not in pool_obj.free:  # not in a trace read by `traces.host_sessions`, which merges such
+        if machine in pool_obj.online:  # not in a trace read by `traces.host_sessions`, which merges such
             return
-        pool_obj.free.remove(machine)
+        pool_obj.online.add(machine)
+        pool_obj.size += 1  # the hosts online: what the pool's monitor reads
         pilot = self._land(pool_obj, machine)
         self._at(end, _DEATH, pilot, "leave")
 
@@ -637,7 +644,10 @@ class Simulation:
             self._stop(pilot, iid)
         pool = pilot.pool
         del pool.pilots[pilot.number]
-        if repair and not pool.model.volunteer:
+        if pool.model.sessions:  # a named volunteer: back when its trace says
+            pool.online.discard(pilot.machine)
+            pool.size -= 1
+        elif repair and not pool.model.volunteer:
             self._at(self.now + pool.model.unavailability.sample(self.rng), _REPAIR, pool, pilot.machine)
         else:
             pool.free.append(pilot.machine)

@@ -338,8 +338,9 @@ class _Reader:
         cpus = self.get(t, "cpus", path, 1, _int(1))
         cluster_cpus = self.get(t, "cluster_cpus", path, 0, _int(1))
         sessions = self.sessions(t, path, name, kind)
-        if sessions:
-            size, fluctuate = [SizeStep(at, n) for at, n in traces.online_steps(sessions)], None
+        if _is_host_trace(t.get("size")):  # read as named hosts, or refused and said so: no size to read again
+            size = [SizeStep(at, n) for at, n in traces.online_steps(sessions)] if sessions else [SizeStep(0.0, 1)]
+            fluctuate = None
         else:
             size, fluctuate = self.get(t, "size", path, ([SizeStep(0.0, cluster_cpus // cpus)], None),
                                        lambda v: _size(v, self.base))
@@ -425,7 +426,7 @@ class _Reader:
         stand for `size`, `hosts`, `availability` and `unavailability` (each host comes back when the trace says,
         as itself)."""
         v = t.get("size")
-        if not (isinstance(v, dict) and set(v) == {"hosts"}):
+        if not _is_host_trace(v):
             return ()
         where = (*path, "size")
         if kind != "community":
@@ -783,6 +784,11 @@ def _attributes(v: Any) -> dict[str, str | int | float | bool]:
     if not isinstance(v, dict) or not all(isinstance(x, str | int | float | bool) for x in v.values()):
         raise ValueError("must be a table of plain values (strings, numbers, true/false)")
     return v
+
+
+def _is_host_trace(v: Any) -> bool:
+    """Whether a pool's `size` names a trace of named hosts (`{ hosts = "volunteers.csv" }`)."""
+    return isinstance(v, dict) and set(v) == {"hosts"}
 
 
 def _size(v: Any, base: Path) -> tuple[list[SizeStep], tuple[int, int, float] | None]:
