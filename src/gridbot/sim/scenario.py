@@ -428,6 +428,7 @@ class _Reader:
         v = t.get("size")
         if not _is_host_trace(v):
             return ()
+        assert isinstance(v, dict)
         where = (*path, "size")
         if kind != "community":
             self.fail(where, f"pool '{name}' is a {kind}: a trace of named hosts online is for community pools "
