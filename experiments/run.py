@@ -473,10 +473,12 @@ def plot(title: str, runs: dict[str, list[Results]], path: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     single = all(len(r.incomplete) == 1 for r in first.values())
+    crowded = single and len(first) > 4  # many variants on one axes: their legend beside it, the tails on a log scale
     panels = 1 if single else len(first)
     cols = min(panels, 2)
     rows = (panels + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(8 * cols, 3.6 * rows), dpi=90, squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(13 if crowded else 8 * cols, 5 if crowded else 3.6 * rows),
+                             dpi=90, squeeze=False)
     flat = [ax for row in axes for ax in row]
     for k, (name, r) in enumerate(first.items()):
         ax = flat[0 if single else k]
@@ -494,11 +496,16 @@ def plot(title: str, runs: dict[str, list[Results]], path: Path) -> Path | None:
         ax.set_xlabel("time (hours)")
         ax.set_ylabel("incomplete jobs")
         ax.grid(alpha=0.3)
-    if single:
+    if crowded:
+        for line, color in zip(flat[0].get_lines(), plt.get_cmap("tab20").colors, strict=False):
+            line.set_color(color)
+        flat[0].set_yscale("symlog", linthresh=1)
+        flat[0].legend(fontsize="x-small", loc="center left", bbox_to_anchor=(1.01, 0.5))
+    elif single:
         flat[0].legend(fontsize="x-small")
     for ax in flat[1 if single else len(first):]:
         ax.set_visible(False)
-    fig.suptitle(f"{title} (first seed of each variant)")
+    fig.suptitle(f"{title}\n(first seed of each variant)", fontsize="medium")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -530,8 +537,10 @@ def run(name: str, scale: float = 1.0, seeds: int | None = None, out: Path | Non
                 f"{seeds}` at {version} ({jobs:,} jobs in the base scenario, {took:.0f} s of "
                 f"simulation).\n\n{exp.paper}\n\ngridbot's simulator:\n\n{exp.table(runs)}\n")
         if figure is not None:
+            undrawn = [name for name, rs in runs.items() if not (rs and rs[0].incomplete and rs[0].times)]
             text += (f"\n![incomplete jobs over time]({figure.name})\n\nIncomplete jobs over time, "
-                     "each variant's first seed.\n")
+                     "each variant's first seed." + (f" Not drawn, as they keep no samples over time: "
+                                                     f"{', '.join(undrawn)}." if undrawn else "") + "\n")
         for v in variants:
             server = v.settings(base)
             if v.policy or v.per_bag or server:
