@@ -30,7 +30,10 @@ def test_policy_driven_execution_beats_the_naive_one_by_an_order_of_magnitude(ex
     assert naive.state == policy.state == "completed"
     assert policy.makespan * 10 < naive.makespan  # paper: 8 h vs 280 h
     assert naive.tail_makespan > naive.makespan / 2, "the naive run is all tail: deadlines of three days"
-    assert "280 h" in (tmp_path / "naive_vs_policy.md").read_text()
+    table = (tmp_path / "naive_vs_policy.md").read_text()
+    assert "280 h" in table
+    assert "![incomplete jobs over time](naive_vs_policy.png)" in table
+    assert (tmp_path / "naive_vs_policy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", "the figure beside it"
 
 
 def test_replication_orders_as_in_the_paper_once_gridbot_replicates_as_gridbot_did(experiments, tmp_path):
