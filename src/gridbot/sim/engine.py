@@ -513,7 +513,7 @@ class Simulation:
         self._land(pool, machine)
 
     def _land(self, pool: _PoolRt, machine: _Machine) -> _Pilot:
-        """A pilot (or a volunteer's client) starts on `machine`, taken from the pool's free ones."""
+        """A pilot (or a volunteer's client) starts on `machine`, which the caller took for it."""
         self._pilot_ids += 1
         info = msgspec.structs.replace(machine.info, session=f"pilot-{self._pilot_ids}")
         pilot = _Pilot(machine, pool, self.now, self._pilot_ids, info, Pacing(pool.pace))
