@@ -35,18 +35,9 @@ fi
 
 venv=${1:-$root/.venv}
 stamp=$venv/.installed-stamp
-interpreter=$("$python" -c 'import platform, sys, os; print(os.path.realpath(sys.executable), platform.python_implementation(), sys.version.replace(chr(10), " "))')
-want=$(printf '%s\n' "interpreter: $interpreter"; cat "$lock" "$root/pyproject.toml" "$0" | sha256sum)
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
-echo "scripts/venv.sh: making $venv with $interpreter" >&2
-"$python" -m venv --clear "$venv"
-pins=$(mktemp)
-trap 'rm -f "$pins"' EXIT
-# pip's own pin, with its hashes, as a requirements file: the pip a fresh virtualenv has may not read
-# hashes from a constraints file
-sed -n '/^pip==/,/^ *#/p' "$lock" | grep -v '^ *#' > "$pins"
-"$venv/bin/python" -m pip install --quiet --require-hashes --no-deps -r "$pins"
+. "$root/scripts/pinned-venv.sh"
+pinned_venv_begin "$python" "$venv" "$stamp" "$lock" "$lock" "$root/pyproject.toml" "$root/scripts/pinned-venv.sh"
+[ -n "$fresh" ] || exit 0
 "$venv/bin/python" -m pip install --quiet --require-hashes -r "$lock"
 "$venv/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e "$root"
-"$venv/bin/python" -m pip check 1>&2
-printf '%s\n' "$want" > "$stamp"
+pinned_venv_end "$venv" "$stamp"

@@ -28,17 +28,9 @@ fi
 
 venv=${1:-$here/../../.venv-peers}
 stamp=$venv/.installed
-interpreter=$("$python" -c 'import platform, sys, os; print(os.path.realpath(sys.executable), platform.python_implementation(), sys.version.replace(chr(10), " "))')
-want=$(printf '%s\n' "interpreter: $interpreter"; cat "$here/requirements.txt" "$here/constraints.txt" "$0" | sha256sum)
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
-echo "bench/peers/setup.sh: making $venv with $interpreter" >&2
-"$python" -m venv --clear "$venv"
-pins=$(mktemp)
-trap 'rm -f "$pins"' EXIT
-# pip's own pin, with its hashes, as a requirements file: the pip a fresh virtualenv has may not read
-# hashes from a constraints file
-sed -n '/^pip==/,/^ *#/p' "$here/constraints.txt" | grep -v '^ *#' > "$pins"
-"$venv/bin/python" -m pip install --quiet --require-hashes --no-deps -r "$pins"
+lib=$here/../../scripts/pinned-venv.sh
+. "$lib"
+pinned_venv_begin "$python" "$venv" "$stamp" "$here/constraints.txt" "$here/requirements.txt" "$here/constraints.txt" "$lib"
+[ -n "$fresh" ] || exit 0
 "$venv/bin/python" -m pip install --quiet --require-hashes -r "$here/requirements.txt" -c "$here/constraints.txt"
-"$venv/bin/python" -m pip check >/dev/null
-printf '%s\n' "$want" > "$stamp"
+pinned_venv_end "$venv" "$stamp"
