@@ -27,6 +27,7 @@ from gridbot.sim.distributions import parse_dist
 from gridbot.sim.engine import simulate
 from gridbot.sim.load import Load, measure
 from gridbot.sim.metrics import Results
+from gridbot.sim.plots import draw_incomplete
 from gridbot.sim.scenario import BagModel, PoolModel, Scenario, parse_scenario, scaled
 
 HERE = Path(__file__).resolve().parent
@@ -482,15 +483,10 @@ def plot(title: str, runs: dict[str, list[Results]], path: Path) -> Path | None:
     flat = [ax for row in axes for ax in row]
     for k, (name, r) in enumerate(first.items()):
         ax = flat[0 if single else k]
-        hours = [t / 3600.0 for t in r.times]
-        for bag, series in r.incomplete.items():
-            xs = [h for h, v in zip(hours, series, strict=True) if v is not None]
-            ys = [v for v in series if v is not None]
-            many = len(r.incomplete) > 12
-            ax.plot(xs, ys, linewidth=0.8 if many else 1.4, label=name if single else (None if many else bag))
+        named = draw_incomplete(ax, r, label=name if single else None)
         if not single:
             ax.set_title(name, fontsize="small")
-            if len(r.incomplete) <= 12:
+            if named:
                 ax.legend(fontsize="x-small")
     for ax in flat[: 1 if single else len(first)]:
         ax.set_xlabel("time (hours)")
