@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from gridbot.sim.engine import simulate
+from gridbot.sim.batch import BatchSystem
+from gridbot.sim.engine import Simulation, simulate
 from gridbot.sim.scenario import parse_scenario
 
 BASE = """
@@ -223,6 +224,51 @@ runtime = "40m"
     assert r.bag("short").state == "completed" and r.bag("short").done == 10
     assert r.bag("long").done == 0 and r.bag("long").failed == 2
     assert r.pools[0].lost > 0
+
+
+UNEVEN = """
+[simulation]
+seed = 5
+horizon = "2d"
+
+[pools.grid]
+kind = "grid"
+size = 40
+failure_rate = 0.1
+{spread}
+
+[bags.a]
+jobs = 2000
+runtime = "1m"
+max_failures = 100
+
+[bags.a.policy]
+JobRequirements = "{record}"
+"""
+RECORD = "Host.JobsDone + Host.JobsFailed < 10 || Host.ErrorRate < 0.2"
+
+
+def test_a_failure_spread_makes_a_hosts_record_predict_its_next_job():
+    """With machines alike a host's error rate is luck, and a policy that keeps jobs off hosts with a bad
+    record fails as many of them as no policy; with `failure_spread` at Los Alamos' 0.75 a few machines
+    fail most jobs, the record finds them, and the same policy halves the failed instances."""
+    def failed(spread: str, policy: bool) -> int:
+        text = UNEVEN.format(spread=spread, record=RECORD if policy else "true")
+        sim = Simulation(parse_scenario(text, "t.toml"))
+        factors = [m.unreliability for m in sim.pools["grid"].machines]
+        assert factors == [1.0] * 40 if not spread else len(set(factors)) == 40 and min(factors) > 0
+        bag = sim.run().bag("a")
+        assert bag.state == "completed" and bag.done == 2000
+        return bag.instances - bag.done
+
+    alike, alike_kept_off = failed("", False), failed("", True)
+    uneven, uneven_kept_off = failed("failure_spread = 0.75", False), failed("failure_spread = 0.75", True)
+    assert 150 < alike < 300, "one instance in ten fails, on whichever host"
+    assert alike_kept_off > 0.9 * alike, (alike, alike_kept_off)
+    assert uneven_kept_off < 0.6 * uneven, (uneven, uneven_kept_off)
+    batch = BatchSystem(parse_scenario(UNEVEN.format(spread="failure_spread = 0.75", record="true"), "t.toml"))
+    assert len(batch.unreliability) == 40 and len(set(batch.unreliability)) == 40, "a plain batch system too"
+    assert batch.run().bag("a").done == 2000
 
 
 def test_a_burst_replayed_from_a_log_runs_each_jobs_own_run_time(tmp_path):

@@ -244,3 +244,14 @@ def test_a_simulated_bag_names_its_strategies_as_a_spec_does():
         parse_scenario(base.format(strategy='[bags.b.strategy]\ntail = "expert-x"\n'), "bad.toml")
     with pytest.raises(SpecError, match="strategy placement must be the name of a strategy"):
         parse_scenario(base.format(strategy='[bags.b.strategy]\nplacement = 3\n'), "bad.toml")
+
+
+def test_a_failure_spread_is_a_positive_gamma_shape():
+    """`failure_spread` is the shape of each machine's factor on the pool's rates; anything else is named."""
+    base = '[pools.p]\nsize = 5\nfailure_rate = 0.1\nfailure_spread = {}\n[bags.b]\njobs = 1\nruntime = 1\n'
+    assert parse_scenario(base.format("0.75"), "s.toml").pools[0].failure_spread == 0.75
+    assert parse_scenario(base.replace("failure_spread = {}\n", ""), "s.toml").pools[0].failure_spread == 0.0
+    for bad in ("0", "-1", '"wide"', "true", "inf"):
+        with pytest.raises(SpecError, match=r"failure_spread: must be a positive number.*0\.75") as e:
+            parse_scenario(base.format(bad), "s.toml")
+        assert e.value.problems[0].line == 4

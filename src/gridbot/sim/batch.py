@@ -59,6 +59,9 @@ class BatchSystem:
         self.rng = random.Random(self.seed)
         self.machines = [(max(1e-3, self.pool.speed.sample(self.rng)), self.rng.random() < self.pool.black_holes)
                          for _ in range(self.pool.hosts)]
+        spread = self.pool.failure_spread
+        self.unreliability = [self.rng.gammavariate(spread, 1.0 / spread) for _ in self.machines] if spread else []
+        """Each machine's factor on the pool's failure_rate and preemption hazard (`failure_spread`; none: 1)."""
         self.now, self.size, self.inflight, self.peak = 0.0, 0, 0, 0
         self.queue: deque[tuple[_Bag, int]] = deque()
         self.bags: list[_Bag] = []
@@ -134,16 +137,18 @@ class BatchSystem:
             self._at(self.now + self.pool.queue_wait.sample(self.rng), "start", (bag, i))
 
     def _start(self, bag: _Bag, i: int) -> None:
-        speed, black_hole = self.machines[int(self.rng.random() * len(self.machines))]
+        k = int(self.rng.random() * len(self.machines))
+        speed, black_hole = self.machines[k]
+        factor = self.unreliability[k] if self.unreliability else 1.0
         work = bag.runtimes[i] / speed
         p = self.pool
         if black_hole:
             outcome, wall = "failed", self.rng.uniform(*_QUICK_FAILURE)
-        elif p.failure_rate and self.rng.random() < p.failure_rate:
+        elif p.failure_rate and self.rng.random() < p.failure_rate * factor:
             outcome, wall = "failed", self.rng.uniform(0.0, work)
         else:
             outcome, wall = "done", work
-        life = p.preemption.sample(self.rng) if p.preemption is not None else float("inf")
+        life = p.preemption.sample(self.rng) / max(factor, 1e-9) if p.preemption is not None else float("inf")
         if life < wall:
             outcome, wall = "lost", life
         bag.instances += 1

@@ -7,10 +7,10 @@ the overlay's own max-flow plan (`schedulers.overlay`). Nothing sleeps and nothi
 a run is a pure function of its scenario and seed.
 
 What is modelled, per pool: its size over time, pilots' queue waits, host speeds, silent preemption of
-pilots, job failures, black-hole hosts, a community grid's late reports (execution/turnaround ratio)
-and hosts that come and go by themselves, speaking BOINC's scheduler RPC (`sim.boinc`: a work buffer asked for
-in seconds, results reported in batches, backoff, deadlines; answered by the BOINC door's own arithmetic),
-network latency, pilot walltime and idle exit. A worker paces its
+pilots, job failures (as often on every machine, or unevenly: `failure_spread`), black-hole hosts, a community
+grid's late reports (execution/turnaround ratio) and hosts that come and go by themselves, speaking BOINC's
+scheduler RPC (`sim.boinc`: a work buffer asked for in seconds, results reported in batches, backoff, deadlines;
+answered by the BOINC door's own arithmetic), network latency, pilot walltime and idle exit. A worker paces its
 exchanges as the worker does (the same `model.pacing.Pacing`), and the server's long poll is modelled: an
 idle host's request is held until work is added or its backoff has passed (`model.pacing.server_hold`).
 A pilot's instances hold their bag's `cpus` slots each, as the worker's do.
@@ -71,6 +71,8 @@ class _Machine:
     info: HostInfo
     speed: float
     black_hole: bool
+    unreliability: float = 1.0
+    """This machine's failure_rate and preemption hazard over its pool's (the pool's `failure_spread`)."""
 
 
 @dataclass(eq=False)
@@ -270,7 +272,10 @@ class Simulation:
             for host_id in ids:
                 self._pool_of[host_id] = p.name
                 info = HostInfo(host_id, host_id, "sim", p.spec.cpus, 0, p.spec.cpus, p.name, p.prefetch)
-                machines.append(_Machine(info, self._speed(p), self.rng.random() < p.black_holes))
+                machine = _Machine(info, self._speed(p), self.rng.random() < p.black_holes)
+                if p.failure_spread:  # drawn only then, so that scenarios without it run as they always did
+                    machine.unreliability = self.rng.gammavariate(p.failure_spread, 1.0 / p.failure_spread)
+                machines.append(machine)
             # a pilot is a worker started with the pool's --prefetch and --idle-timeout (a volunteer is a BOINC
             # client, paced by `sim.boinc` instead)
             pace = PaceConfig(p.spec.cpus, p.prefetch, idle_timeout=0.0 if p.volunteer else p.spec.idle_timeout)
@@ -528,7 +533,8 @@ class Simulation:
         if not m.volunteer:
             self._at(self.now + m.spec.walltime * _WALLTIME_SHARE, _DEATH, pilot, "walltime")
             if m.preemption is not None:
-                self._at(self.now + m.preemption.sample(self.rng), _DEATH, pilot, "preempted")
+                life = m.preemption.sample(self.rng) / max(machine.unreliability, 1e-9)
+                self._at(self.now + life, _DEATH, pilot, "preempted")
         self._exchange_at(pilot, self.now)
         return pilot
 
@@ -870,7 +876,7 @@ class Simulation:
         work = self.runtimes[bag_id][index] / machine.speed
         if machine.black_hole:
             outcome, wall = Outcome.FAILURE, self.rng.uniform(*_QUICK_FAILURE)
-        elif model.failure_rate and self.rng.random() < model.failure_rate:
+        elif model.failure_rate and self.rng.random() < model.failure_rate * machine.unreliability:
             outcome, wall = Outcome.FAILURE, self.rng.uniform(0.0, work)
         else:
             outcome, wall = Outcome.SUCCESS, work

@@ -53,7 +53,8 @@ DEFAULT_RELIABILITY = {"grid": "unreliable", "cluster": "reliable", "cloud": "re
 COMMUNITY_KEYS = ("work_buffer_min", "work_buffer_extra", "report_immediately", "next_rpc_delay", "runtime_estimate")
 """A community pool's BOINC settings: its clients' work buffer, and the server's heartbeat and first estimate."""
 POOL_KEYS = ("kind", "size", "hosts", "max_queued", "cpus", "prefetch", "queue_wait", "walltime", "idle_timeout",
-             "speed", "preemption", "failure_rate", "black_holes", "turnaround_ratio", "availability", "unavailability",
+             "speed", "preemption", "failure_rate", "failure_spread", "black_holes", "turnaround_ratio", "availability",
+             "unavailability",
              "price_per_cpu_hour", "price_per_pilot_hour", "charging_period", "reliability", "level", "attributes",
              "latency", "cluster_cpus", "external", "monitor_interval", "monitor_lag", "jobs_per_pilot",
              *COMMUNITY_KEYS)
@@ -117,6 +118,10 @@ class PoolModel:
     availability: Dist | None
     unavailability: Dist
     latency: float | None
+    failure_spread: float = 0.0
+    """How unevenly failures fall on the pool's machines: each machine's `failure_rate` and preemption hazard are
+    the pool's times a draw of a Gamma distribution of mean 1 and this shape (small: a few machines fail most;
+    Los Alamos' nodes, 0.25 to 2). 0: every machine alike."""
     prefetch: int = 0
     """Instances a host asks for beyond its slots, run one after another (the worker's --prefetch)."""
     cluster_cpus: int = 0
@@ -380,6 +385,7 @@ class _Reader:
             preemption=self.get(t, "preemption", path, None, _preemption(f"preemption of {what}")),
             failure_rate=self.get(t, "failure_rate", path, 0.0, _fraction(1.0)),
             black_holes=self.get(t, "black_holes", path, 0.0, _fraction(1.0)),
+            failure_spread=self.get(t, "failure_spread", path, 0.0, _shape),
             turnaround_ratio=self.get(t, "turnaround_ratio", path, constant(1.0),
                                       _dist(f"turnaround_ratio of {what}", durations=False)),
             availability=self.get(t, "availability", path, None, _dist(f"availability of {what}")),
@@ -732,6 +738,14 @@ def _fraction(high: float) -> Callable[[Any], float]:
             raise ValueError(f"must be a number {rule}, not {v!r}")
         return float(v)
     return convert
+
+
+def _shape(v: Any) -> float:
+    """A Gamma shape: a positive finite number (`failure_spread`)."""
+    if isinstance(v, bool) or not isinstance(v, int | float) or not (v > 0 and math.isfinite(v)):
+        raise ValueError(f"must be a positive number, the shape of a Gamma distribution of mean 1 (0.75 for "
+                         f"machines as uneven as Los Alamos' nodes; leave it out for machines alike), not {v!r}")
+    return float(v)
 
 
 def _dur(allow_zero: bool) -> Callable[[Any], float]:
