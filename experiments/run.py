@@ -86,6 +86,8 @@ class Experiment:
     table: Callable[[dict[str, list[Results]]], str]
     seeds: int = 1
     """Seeds per variant unless the command line says otherwise."""
+    base: str = ""
+    """The folder of its base scenario, if not its name (an ablation of another experiment)."""
 
 
 def _h(seconds: float | None) -> str:
@@ -146,12 +148,20 @@ def rank_inversions(r: Results, mark: str) -> int:
 
 def small_bags_table(runs: dict[str, list[Results]]) -> str:
     """One row per bag of Figure 8(b), beside the bag of the same Rank in the control run (every bag with
-    B3's policy): the difference is the policy's, not the priority's."""
+    B3's policy): the difference is the policy's, not the priority's. A table per pools' setting."""
+    out = []
+    for setting in SMALL_BAGS_SETTINGS:
+        if SMALL_BAGS_FIGURE + setting in runs:
+            rows = _small_bags_rows(runs[SMALL_BAGS_FIGURE + setting], runs.get(SMALL_BAGS_CONTROL + setting, []))
+            out.append(f"Pools {setting.lstrip(', ') or 'as in the base scenario'}:\n\n{rows}")
+    return "\n\n".join(out)
+
+
+def _small_bags_rows(figure: list[Results], control: list[Results]) -> str:
     rows = ["| bag | Rank | Concurrency | JobRequirements | makespan (seeds) | tail | same Rank, B3's policy "
             "| replicas % | waste % |", "|---|---|---|---|---|---|---|---|---|"]
-    control = runs.get(SMALL_BAGS_CONTROL, [])
     for i, label in enumerate(("B1", "B2", "B3", "B4", "B5")):
-        bags = [r.bags[i] for r in runs[SMALL_BAGS_FIGURE]]
+        bags = [r.bags[i] for r in figure]
         same = [r.bags[i] for r in control]
         policy = SMALL_BAGS[label]
         rows.append(f"| {label} | {i + 1} | `{policy.get('Concurrency', '1')}` | `{policy['JobRequirements']}` "
@@ -161,6 +171,34 @@ def small_bags_table(runs: dict[str, list[Results]]) -> str:
                     f"| {statistics.fmean(b.replicas_pct for b in bags):.0f} "
                     f"| {statistics.fmean(b.waste_pct for b in bags):.0f} |")
     return "\n".join(rows)
+
+
+LANL_SPREAD = 0.75
+"""How unevenly failures fall on the Los Alamos nodes (the median of `failure_spread.py`'s 13 systems)."""
+UNLIKE = f"machines unlike (failure_spread {LANL_SPREAD:g})"
+YOUNG_DIE = "and pilots' lives Weibull of shape 0.5"
+
+
+def _machines_unlike(sc: Scenario) -> Scenario:
+    """Every pool's failures and preemptions fall unevenly on its machines, as the Los Alamos nodes' did; the
+    pools' rates stay what they were, on average over their machines."""
+    return dataclasses.replace(sc, pools=[dataclasses.replace(p, failure_spread=LANL_SPREAD) for p in sc.pools])
+
+
+def _young_pilots_die(sc: Scenario) -> Scenario:
+    """Machines unlike, and each pool's constant preemption rate (exponential lives) replaced by a Weibull of
+    shape 0.5 that kills the same share of pilots in their first hour: a pilot that has run a while is then
+    less likely to be killed than a new one (docs/simulation.md, "Preemption: which to use")."""
+    def weibull(p: PoolModel) -> PoolModel:
+        if p.preemption is None or not p.preemption.describe.startswith("exponential("):
+            return p
+        # 1 - exp(-(1 h / scale) ** 0.5) = 1 - exp(-1 h / mean): the same share dies within the first hour
+        scale = p.preemption.mean ** 2 / 3600.0
+        return dataclasses.replace(p, preemption=parse_dist({"dist": "weibull", "shape": 0.5, "scale": scale},
+                                                              f"preemption of pool '{p.name}'"))
+
+    sc = _machines_unlike(sc)
+    return dataclasses.replace(sc, pools=[weibull(p) for p in sc.pools])
 
 
 GRIDS = "!Host.BlackHole && Host.Pool != \"superlink\""
@@ -175,6 +213,10 @@ SMALL_BAGS = {
 SMALL_BAG_REPLICATION = {"ReplicationRequirements": "NumberOfReplicas < 2 && Job.Replica1.RunTime > Concurrency * 1000"}
 SMALL_BAGS_FIGURE = "Figure 8(b)"
 SMALL_BAGS_CONTROL = "control: every bag B3's policy"
+SMALL_BAGS_SETTINGS: dict[str, Callable[[Scenario], Scenario] | None] = {
+    "": None, f", {UNLIKE} {YOUNG_DIE}": _young_pilots_die}
+"""Suffixes of the variants' names, and how each changes the pools: as they are, and with the two things a
+host's record could predict (machines that fail more than others; pilots that die young)."""
 
 REPLICATION_ARMS = {
     "Permissive / Permissive": {"ReplicationRequirements": REPL_PERMISSIVE},
@@ -202,7 +244,9 @@ REPLICATION_SETTINGS: dict[str, dict[str, object]] = {
     "gridbot, lost jobs found at their deadline": DEADLINE_ONLY,
     "GridBot's replicas, gridbot's host timeout": GRIDBOT_REPLICAS,
     "GridBot as in the paper": {**GRIDBOT_REPLICAS, **DEADLINE_ONLY},
+    f"GridBot as in the paper, {UNLIKE}": {**GRIDBOT_REPLICAS, **DEADLINE_ONLY},
 }
+REPLICATION_EDITS: dict[str, Callable[[Scenario], Scenario]] = {f"GridBot as in the paper, {UNLIKE}": _machines_unlike}
 
 
 def replication_table(runs: dict[str, list[Results]]) -> str:
@@ -214,6 +258,8 @@ def replication_table(runs: dict[str, list[Results]]) -> str:
         out.append(f"| {what} | paper | " + " | ".join(settings) + " |")
         out.append("|---|---|" + "---|" * len(settings))
         for arm, (turnaround, replicas, waste) in PAPER_REPLICATION.items():
+            if not any(f"{arm} [{setting}]" in runs for setting in settings):
+                continue
             cells = [turnaround if what.startswith("makespan") else f"{replicas} / {waste}"]
             for setting in settings:
                 bags = [r.bags[0] for r in runs.get(f"{arm} [{setting}]", [])]
@@ -393,7 +439,8 @@ EXPERIMENTS = {
     "replication": Experiment(
         "replication", "Replication x scheduling policies in collaborative grids (section 7 table)",
         [Variant(f"{arm} [{setting}]", policy=policy, server=server)
-         for setting, server in REPLICATION_SETTINGS.items() for arm, policy in REPLICATION_ARMS.items()],
+         for setting, server in REPLICATION_SETTINGS.items() if setting not in REPLICATION_EDITS
+         for arm, policy in REPLICATION_ARMS.items()],
         "Paper (30,000 jobs of 10-15 min, average of 5 runs):\n\n"
         "| replication / scheduling | replicas % | waste % | turnaround |\n|---|---|---|---|\n"
         + "".join(f"| {arm} | {r} | {w} | {t} |\n" for arm, (t, r, w) in PAPER_REPLICATION.items())
@@ -402,6 +449,19 @@ EXPERIMENTS = {
         "before unsent jobs and left to run after the first result); and both, GridBot as in the paper. "
         "Replicas % counts replicas sent; the paper's Waste is discarded %.",
         replication_table, seeds=2),
+    "replication_unlike": Experiment(
+        "replication_unlike", "Replication x scheduling with machines unlike (an ablation of the section 7 table)",
+        [Variant(f"{arm} [{setting}]", policy=REPLICATION_ARMS[arm], server=REPLICATION_SETTINGS[setting],
+                 edit=REPLICATION_EDITS.get(setting))
+         for setting in ("GridBot as in the paper", f"GridBot as in the paper, {UNLIKE}")
+         for arm in ("Permissive / Permissive", "Restrictive / Restrictive", "Permissive / Restrictive")],
+        "Paper: Restrictive/Restrictive **3.2 h**, Permissive/Permissive 4.1 h, Permissive/Restrictive 4.2 h. "
+        "The replication experiment's replicated arms with GridBot's server, as they are and with every pool's "
+        f"failures and preemptions falling on its machines as unevenly as on the Los Alamos nodes (`failure_spread "
+        f"= {LANL_SPREAD:g}`, `experiments/failure_spread.py`): restrictive scheduling keeps the tail off hosts "
+        "with a bad or no record, and restrictive replication replicates the jobs on them, so if the machines' "
+        "being alike were why R/R only ties P/P, it would win here.",
+        replication_table, seeds=8, base="replication"),
     "replication_community": Experiment(
         "replication_community", "Replication with several bags and the community grid (Figure 9)",
         [Variant(name, edit=edit, server={**GRIDBOT_REPLICAS, **DEADLINE_ONLY}, seeds=0 if name == FIGURE_9 else 1)
@@ -419,9 +479,10 @@ EXPERIMENTS = {
         ranks_table),
     "small_bags": Experiment(
         "small_bags", "Policies for small bags (Figure 8)",
-        [Variant(SMALL_BAGS_FIGURE, per_bag={f"B-{i}": {**SMALL_BAGS[f"B{i}"], **SMALL_BAG_REPLICATION}
-                                             for i in range(1, 6)}),
-         Variant(SMALL_BAGS_CONTROL, policy={**SMALL_BAGS["B3"], **SMALL_BAG_REPLICATION})],
+        [variant for setting, edit in SMALL_BAGS_SETTINGS.items() for variant in (
+            Variant(SMALL_BAGS_FIGURE + setting, edit=edit, per_bag={
+                f"B-{i}": {**SMALL_BAGS[f"B{i}"], **SMALL_BAG_REPLICATION} for i in range(1, 6)}),
+            Variant(SMALL_BAGS_CONTROL + setting, edit=edit, policy={**SMALL_BAGS["B3"], **SMALL_BAG_REPLICATION}))],
         "Paper: executing on potentially faulty hosts should be avoided for small bags (B4 best); a large "
         "Concurrency (B1) lengthens the tail through more preempted bundles; reserving the dedicated cluster "
         "for the tail (B5) is undesirable as the cluster gets overloaded.",
@@ -514,7 +575,8 @@ def run(name: str, scale: float = 1.0, seeds: int | None = None, out: Path | Non
     the experiment's); write the markdown table if `out` is given."""
     exp = EXPERIMENTS[name]
     seeds = exp.seeds if seeds is None else seeds
-    base = parse_scenario((HERE / name / "base.toml").read_text(), str(HERE / name / "base.toml"))
+    path = HERE / (exp.base or name) / "base.toml"
+    base = parse_scenario(path.read_text(), str(path))
     if scale != 1.0:
         base = scaled(base, scale)
     variants = [v for v in exp.variants if only is None or only(v.name)]
