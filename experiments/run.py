@@ -153,7 +153,7 @@ def small_bags_table(runs: dict[str, list[Results]]) -> str:
     for setting in SMALL_BAGS_SETTINGS:
         if SMALL_BAGS_FIGURE + setting in runs:
             rows = _small_bags_rows(runs[SMALL_BAGS_FIGURE + setting], runs.get(SMALL_BAGS_CONTROL + setting, []))
-            out.append(f"Pools {setting.lstrip(', ') or 'as in the base scenario'}:\n\n{rows}")
+            out.append(f"Pools: {setting.lstrip(', ') or 'as in the base scenario'}.\n\n{rows}")
     return "\n\n".join(out)
 
 
