@@ -61,7 +61,8 @@ class BatchSystem:
                          for _ in range(self.pool.hosts)]
         spread = self.pool.failure_spread
         self.unreliability = [self.rng.gammavariate(spread, 1.0 / spread) for _ in self.machines] if spread else []
-        """Each machine's factor on the pool's failure_rate and preemption hazard (`failure_spread`; none: 1)."""
+        """Each machine's factor on the pool's failure_rate, and what its jobs' lives are divided by
+        (`failure_spread`; empty: 1 for all)."""
         self.now, self.size, self.inflight, self.peak = 0.0, 0, 0, 0
         self.queue: deque[tuple[_Bag, int]] = deque()
         self.bags: list[_Bag] = []

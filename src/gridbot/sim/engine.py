@@ -72,7 +72,7 @@ class _Machine:
     speed: float
     black_hole: bool
     unreliability: float = 1.0
-    """This machine's failure_rate and preemption hazard over its pool's (the pool's `failure_spread`)."""
+    """This machine's failure_rate over its pool's, and what its pilots' lives are divided by (`failure_spread`)."""
 
 
 @dataclass(eq=False)

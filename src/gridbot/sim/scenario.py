@@ -119,9 +119,9 @@ class PoolModel:
     unavailability: Dist
     latency: float | None
     failure_spread: float = 0.0
-    """How unevenly failures fall on the pool's machines: each machine's `failure_rate` and preemption hazard are
-    the pool's times a draw of a Gamma distribution of mean 1 and this shape (small: a few machines fail most;
-    Los Alamos' nodes, 0.25 to 2). 0: every machine alike."""
+    """How unevenly failures fall on the pool's machines: each machine's `failure_rate` is the pool's times a draw
+    of a Gamma distribution of mean 1 and this shape, and its pilots' lives are `preemption`'s divided by the
+    same draw (small: a few machines fail most; Los Alamos' nodes, 0.25 to 2). 0: every machine alike."""
     prefetch: int = 0
     """Instances a host asks for beyond its slots, run one after another (the worker's --prefetch)."""
     cluster_cpus: int = 0
