@@ -6,6 +6,17 @@
 # are; else
 # make VENV anew with pip installed from LOCK's hashed pin (`fresh` set), for the caller to install the rest.
 # pinned_venv_end VENV STAMP: check the installed packages agree (pip's complaint on stderr) and write the stamp.
+# pinned_venv_compile PYTHON DIR OUT ARG...: pip-tools' pip-compile, from a throwaway virtualenv made in DIR, run in
+# DIR with ARGs (its inputs, copied there by the caller), writing every pin with its hashes to DIR/OUT.
+
+pinned_venv_compile() {
+  _python=$1 _dir=$2 _out=$3
+  shift 3
+  "$_python" -m venv "$_dir/venv"
+  "$_dir/venv/bin/python" -m pip install --quiet pip-tools==7.6.2
+  (cd "$_dir" && venv/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras \
+    --no-emit-index-url --no-emit-find-links --output-file "$_out" "$@")
+}
 
 pinned_venv_begin() {
   _python=$1 _venv=$2 _stamp=$3 _lock=$4

@@ -18,16 +18,14 @@ set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 lock=$root/requirements/dev.txt
 python=${PYTHON:-python3}
+. "$root/scripts/pinned-venv.sh"
 
 if [ "${1:-}" = "--lock" ]; then
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
-  "$python" -m venv "$tmp/venv"
-  "$tmp/venv/bin/python" -m pip install --quiet pip-tools==7.6.2
   cp "$root/pyproject.toml" "$root/requirements/tools.in" "$tmp/"
   [ -f "$lock" ] && cp "$lock" "$tmp/dev.txt"
-  (cd "$tmp" && venv/bin/pip-compile --quiet --extra dev --generate-hashes --allow-unsafe --strip-extras \
-    --no-emit-index-url --no-emit-find-links --output-file dev.txt pyproject.toml tools.in)
+  pinned_venv_compile "$python" "$tmp" dev.txt --extra dev pyproject.toml tools.in
   cp "$tmp/dev.txt" "$lock"
   echo "wrote $lock"
   exit 0
@@ -35,7 +33,6 @@ fi
 
 venv=${1:-$root/.venv}
 stamp=$venv/.installed-stamp
-. "$root/scripts/pinned-venv.sh"
 pinned_venv_begin "$python" "$venv" "$stamp" "$lock" "$lock" "$root/pyproject.toml" "$root/scripts/pinned-venv.sh"
 [ -n "$fresh" ] || exit 0
 "$venv/bin/python" -m pip install --quiet --require-hashes -r "$lock"

@@ -12,15 +12,14 @@
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 python=${PYTHON:-python3}
+lib=$here/../../scripts/pinned-venv.sh
+. "$lib"
 
 if [ "${1:-}" = "--lock" ]; then
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
-  "$python" -m venv "$tmp/venv"
-  "$tmp/venv/bin/python" -m pip install --quiet pip-tools==7.6.2
   cp "$here/requirements.txt" "$tmp/requirements.txt"
-  (cd "$tmp" && venv/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras \
-    --no-emit-index-url --no-emit-find-links --output-file constraints.txt requirements.txt)
+  pinned_venv_compile "$python" "$tmp" constraints.txt requirements.txt
   cp "$tmp/constraints.txt" "$here/constraints.txt"
   echo "wrote $here/constraints.txt"
   exit 0
@@ -28,8 +27,6 @@ fi
 
 venv=${1:-$here/../../.venv-peers}
 stamp=$venv/.installed
-lib=$here/../../scripts/pinned-venv.sh
-. "$lib"
 pinned_venv_begin "$python" "$venv" "$stamp" "$here/constraints.txt" "$here/requirements.txt" "$here/constraints.txt" "$lib"
 [ -n "$fresh" ] || exit 0
 "$venv/bin/python" -m pip install --quiet --require-hashes -r "$here/requirements.txt" -c "$here/constraints.txt"
