@@ -82,6 +82,37 @@ def test_the_replication_ablation_runs_the_replicated_arms_with_machines_alike_a
     assert unlike in table and "Disabled" not in table, "only the arms that ran"
 
 
+def test_the_setup_ablations_change_the_pools_as_they_say_and_run(experiments, tmp_path):
+    """Issue 14: the ablations that ask which setup the paper's R/R win needs. Records kept: constant pools on
+    a machine per pilot, machines unlike; bigger pools: 2.5 times the pilots, machines and queue; bundles: a
+    second job behind the running one. Each runs its P/P and R/R arms, and restrictive replication sends
+    fewer replicas than permissive in each."""
+    path = ROOT / "experiments" / "replication" / "base.toml"
+    base = experiments.parse_scenario(path.read_text(), str(path))
+    kept = experiments._records_kept(base)
+    for before, after in zip(base.pools, kept.pools, strict=True):
+        low, high, _ = before.fluctuate
+        assert after.fluctuate is None and [s.size for s in after.size] == [(low + high) // 2]
+        assert after.hosts == after.spec.max_running == (low + high) // 2 < before.hosts
+        assert after.failure_spread == experiments.LANL_SPREAD
+    bigger = experiments._bigger_pools(base)
+    for before, after in zip(base.pools, bigger.pools, strict=True):
+        assert after.fluctuate[:2] == (round(before.fluctuate[0] * 2.5), round(before.fluctuate[1] * 2.5))
+        assert (after.hosts, after.spec.max_queued) == (round(before.hosts * 2.5), round(before.spec.max_queued * 2.5))
+    bundled = experiments._bundles(base)
+    assert {p.prefetch for p in bundled.pools} == {1} and bundled.bags[0].policy["Concurrency"] == "2"
+
+    runs = experiments.run("replication_setup", scale=0.1, seeds=1, out=tmp_path,
+                           only=lambda name: "Permissive / Restrictive" not in name)
+    assert len(runs) == 8 and all(r.bags[0].state == "completed" for rs in runs.values() for r in rs)
+    for setting in ("GridBot as in the paper", *(f"GridBot as in the paper, {s}" for s in (
+            experiments.RECORDS, experiments.BIGGER_POOLS, experiments.BUNDLES))):
+        pp, rr = (runs[f"{arm} [{setting}]"][0].bags[0] for arm in ("Permissive / Permissive",
+                                                                      "Restrictive / Restrictive"))
+        assert rr.replicas_pct < pp.replicas_pct, setting
+    assert experiments.BIGGER_POOLS in (tmp_path / "replication_setup.md").read_text()
+
+
 def test_with_volunteers_replicas_and_waste_order_as_in_figure_9(experiments, tmp_path):
     """Figure 9: four bags at once on the grids and the community grid, the volunteers' hosts BOINC clients
     (`sim.boinc`): replicas R1 188% > R2 129% > R3 49% > R4 35%, waste 105 > 75 > 25 > 21%; the permissive arms
