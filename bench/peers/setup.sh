@@ -7,7 +7,8 @@
 # the pins and this script; when any of them changed, the virtualenv is made anew.
 #
 # `bench/peers/setup.sh --lock` remakes constraints.txt from requirements.txt (pip-tools' pip-compile in
-# a throwaway virtualenv): after changing a pin, run it and commit both files.
+# a throwaway virtualenv), keeping the versions constraints.txt has where they still satisfy
+# requirements.txt: after changing a pin, run it and commit both files.
 # PYTHON chooses the interpreter (default python3).
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
@@ -19,6 +20,7 @@ if [ "${1:-}" = "--lock" ]; then
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
   cp "$here/requirements.txt" "$tmp/requirements.txt"
+  [ -f "$here/constraints.txt" ] && cp "$here/constraints.txt" "$tmp/constraints.txt"
   pinned_venv_compile "$python" "$tmp" constraints.txt requirements.txt
   cp "$tmp/constraints.txt" "$here/constraints.txt"
   echo "wrote $here/constraints.txt"
