@@ -169,7 +169,7 @@ def _small_bags_rows(figure: list[Results], control: list[Results]) -> str:
         rows.append(f"| {label} | {i + 1} | `{policy.get('Concurrency', '1')}` | `{policy['JobRequirements']}` "
                     f"| {_h(_mean([b.makespan for b in bags]))}{_span([b.makespan for b in bags])} "
                     f"| {_h(_mean([b.tail_makespan for b in bags]))} "
-                    f"| {_h(_mean([b.makespan for b in same])) if same else ''} "
+                    f"| {_h(_mean([b.makespan for b in same])) + _span([b.makespan for b in same]) if same else ''} "
                     f"| {statistics.fmean(b.replicas_pct for b in bags):.0f} "
                     f"| {statistics.fmean(b.waste_pct for b in bags):.0f} |")
     return "\n".join(rows)
@@ -204,9 +204,10 @@ def _young_pilots_die(sc: Scenario) -> Scenario:
 
 
 def _records_kept(sc: Scenario) -> Scenario:
-    """Machines unlike, and a host's record as long as the pools allow: every pool at a constant size (the
-    middle of its range: no shrinking pool kills pilots wherever they are) on as many machines as it has
-    pilots, so a machine hosts pilot after pilot and has a record when the tail comes."""
+    """Machines unlike, and a host's record as long as the pools allow: a pool whose size fluctuates is held at
+    the middle of its range (no shrinking pool kills pilots wherever they are; a pool with a fixed size or
+    steps keeps them), and every pool is on as many machines as it has pilots at most, so a machine hosts
+    pilot after pilot and has a record when the tail comes."""
     def kept(p: PoolModel) -> PoolModel:
         size = [SizeStep(0.0, (p.fluctuate[0] + p.fluctuate[1]) // 2)] if p.fluctuate else p.size
         top = max(s.size for s in size)
@@ -224,7 +225,9 @@ scalability run was 3,700 dedicated cores."""
 
 
 def _bigger_pools(sc: Scenario) -> Scenario:
-    """Every pool BIGGER times its size, its machines and its queue limit."""
+    """Every pool BIGGER times its size, its machines and its queue limit. The scheduling buffer, and with it
+    the tail threshold and `replicate_below`, stays as it was (a server setting, not the pools'): the tail
+    starts at the same number of unsent jobs with BIGGER times the pilots running."""
     def bigger(p: PoolModel) -> PoolModel:
         def n(x: int) -> int:
             return round(x * BIGGER)
@@ -238,12 +241,11 @@ def _bigger_pools(sc: Scenario) -> Scenario:
 
 
 def _bundles(sc: Scenario) -> Scenario:
-    """Every pilot holds a second job behind the one it runs (`prefetch = 1`, Concurrency 2), as GridBot's
-    clients fetched bundles (section 5: `Concurrency = 2*Host.NumCpus` in Figure 3): more of the bag is out
-    on hosts when its queue empties, and a job queued behind another looks slow."""
-    return dataclasses.replace(
-        sc, pools=[dataclasses.replace(p, prefetch=1) for p in sc.pools],
-        bags=[dataclasses.replace(b, policy={**b.policy, "Concurrency": "2"}) for b in sc.bags])
+    """Every pilot holds a second job behind the one it runs (`prefetch = 1`; the default Concurrency,
+    `Host.Slots + max(Host.Prefetch, Host.Slots)`, is then 2 on these one-slot hosts), as GridBot's clients
+    fetched bundles (Figure 3: `Concurrency = 2*Host.NumCpus`): more of the bag is out on hosts when its
+    queue empties, and a job queued behind another looks slow."""
+    return dataclasses.replace(sc, pools=[dataclasses.replace(p, prefetch=1) for p in sc.pools])
 
 
 GRIDS = "!Host.BlackHole && Host.Pool != \"superlink\""

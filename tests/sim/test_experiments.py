@@ -85,8 +85,10 @@ def test_the_replication_ablation_runs_the_replicated_arms_with_machines_alike_a
 def test_the_setup_ablations_change_the_pools_as_they_say_and_run(experiments, tmp_path):
     """Issue 14: the ablations that ask which setup the paper's R/R win needs. Records kept: constant pools on
     a machine per pilot, machines unlike; bigger pools: 2.5 times the pilots, machines and queue; bundles: a
-    second job behind the running one. Each runs its P/P and R/R arms, and restrictive replication sends
-    fewer replicas than permissive in each."""
+    second job behind the running one. Each edit changes the scenario as it says, and each run shows it: no
+    pool above the middle of its range with records kept, more pilots than the base ever had with bigger
+    pools, and with bundles restrictive replication firing more (a job waiting behind another on its host
+    looks slow), as in the full-size table (6% against 18%)."""
     path = ROOT / "experiments" / "replication" / "base.toml"
     base = experiments.parse_scenario(path.read_text(), str(path))
     kept = experiments._records_kept(base)
@@ -100,16 +102,24 @@ def test_the_setup_ablations_change_the_pools_as_they_say_and_run(experiments, t
         assert after.fluctuate[:2] == (round(before.fluctuate[0] * 2.5), round(before.fluctuate[1] * 2.5))
         assert (after.hosts, after.spec.max_queued) == (round(before.hosts * 2.5), round(before.spec.max_queued * 2.5))
     bundled = experiments._bundles(base)
-    assert {p.prefetch for p in bundled.pools} == {1} and bundled.bags[0].policy["Concurrency"] == "2"
+    assert {p.prefetch for p in bundled.pools} == {1} and bundled.bags == base.bags
 
     runs = experiments.run("replication_setup", scale=0.1, seeds=1, out=tmp_path,
                            only=lambda name: "Permissive / Restrictive" not in name)
     assert len(runs) == 8 and all(r.bags[0].state == "completed" for rs in runs.values() for r in rs)
-    for setting in ("GridBot as in the paper", *(f"GridBot as in the paper, {s}" for s in (
-            experiments.RECORDS, experiments.BIGGER_POOLS, experiments.BUNDLES))):
-        pp, rr = (runs[f"{arm} [{setting}]"][0].bags[0] for arm in ("Permissive / Permissive",
-                                                                      "Restrictive / Restrictive"))
-        assert rr.replicas_pct < pp.replicas_pct, setting
+    small = experiments.scaled(base, 0.1)
+    middle = {p.name: (p.fluctuate[0] + p.fluctuate[1]) // 2 for p in small.pools}
+    top = sum(p.fluctuate[1] for p in small.pools)
+
+    def run_of(arm: str, setting: str = ""):
+        return runs[f"{arm} [GridBot as in the paper{', ' + setting if setting else ''}]"][0]
+
+    for arm in ("Permissive / Permissive", "Restrictive / Restrictive"):
+        assert all(p.pilots_peak <= middle[p.name] for p in run_of(arm, experiments.RECORDS).pools)
+        assert any(p.pilots_peak > middle[p.name] for p in run_of(arm).pools), "the base's pools fluctuate"
+        assert sum(p.pilots_peak for p in run_of(arm, experiments.BIGGER_POOLS).pools) > top
+    rr = "Restrictive / Restrictive"
+    assert run_of(rr, experiments.BUNDLES).bags[0].replicas_pct > 1.5 * run_of(rr).bags[0].replicas_pct
     assert experiments.BIGGER_POOLS in (tmp_path / "replication_setup.md").read_text()
 
 
@@ -161,10 +171,11 @@ def test_small_bags_suffer_from_large_bundles_and_from_a_cluster_kept_for_the_ta
 
 
 def test_with_a_record_on_every_machine_b4_has_the_shortest_turnaround_as_in_figure_8(experiments, tmp_path):
-    """Figure 8(a): B4 (hosts with a good record only) finishes first. It does once the machines differ, pilots
-    die young and each machine hosts pilot after pilot (as many machines as pilots), so a host has a record
-    when the small bags need it; the control's bag of B4's Rank comes close (experiments/README.md), so
-    what is asserted is the figure's order, not a gain of B4's policy."""
+    """Figure 8(a): B4 (hosts with a good record only) finishes first. At full size it does so only once the
+    machines differ, pilots die young and each machine hosts pilot after pilot (as many machines as pilots),
+    so a host has a record when the small bags need it (experiments/README.md). At this tenth of the size
+    B4 is often first without the last of these too, so what is asserted is the figure's order where the
+    README says it holds, not why, nor a gain over the control's bag of B4's Rank."""
     setting = next(s for s in experiments.SMALL_BAGS_SETTINGS if experiments.RECORDS_KEPT in s)
     runs = experiments.run("small_bags", scale=0.1, seeds=2, out=tmp_path,
                            only=lambda name: name == experiments.SMALL_BAGS_FIGURE + setting)
