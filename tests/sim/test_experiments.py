@@ -123,6 +123,20 @@ def test_the_setup_ablations_change_the_pools_as_they_say_and_run(experiments, t
     assert experiments.BIGGER_POOLS in (tmp_path / "replication_setup.md").read_text()
 
 
+def test_with_the_tail_from_four_buffers_restrictive_replication_beats_permissive(experiments, tmp_path):
+    """Issue 14: the section 7 table's headline, R/R faster than P/P with a fifth of P/P's replicas, once the
+    tail and replication begin at 4 buffers' worth of unsent jobs rather than one (experiments/README.md):
+    permissive replication then floods the last originals with replicas sent before them."""
+    setting = experiments.tail_setting(4)
+    runs = experiments.run("replication_tail", scale=0.1, seeds=1, out=tmp_path,
+                           only=lambda name: name.endswith(f"[{setting}]"))
+    pp, rr = (runs[f"{arm} [{setting}]"][0].bags[0] for arm in ("Permissive / Permissive",
+                                                                  "Restrictive / Restrictive"))
+    assert pp.state == rr.state == "completed"
+    assert rr.makespan < pp.makespan
+    assert pp.replicas_pct > 5 * rr.replicas_pct and pp.discarded_pct > 5 * rr.discarded_pct
+
+
 def test_with_volunteers_replicas_and_waste_order_as_in_figure_9(experiments, tmp_path):
     """Figure 9: four bags at once on the grids and the community grid, the volunteers' hosts BOINC clients
     (`sim.boinc`): replicas R1 188% > R2 129% > R3 49% > R4 35%, waste 105 > 75 > 25 > 21%; the permissive arms
