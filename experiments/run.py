@@ -310,10 +310,12 @@ not in the paper, whose Figure 9 run found the true tail at about 10,000 jobs le
 
 
 def _tail_from(buffers: int) -> Callable[[Scenario], int]:
+    """A server setting of `buffers` times the scenario's buffer, so a scaled run keeps the proportion."""
     return lambda sc: buffers * sc.dispatch.buffer_size
 
 
 def tail_setting(buffers: int) -> str:
+    """The column (server setting) of the replication table whose tail begins at `buffers` buffers."""
     return f"GridBot as in the paper, tail from {buffers} buffers"
 
 
