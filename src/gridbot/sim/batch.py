@@ -59,10 +59,9 @@ class BatchSystem:
         self.rng = random.Random(self.seed)
         self.machines = [(max(1e-3, self.pool.speed.sample(self.rng)), self.rng.random() < self.pool.black_holes)
                          for _ in range(self.pool.hosts)]
-        spread = self.pool.failure_spread
-        self.unreliability = [self.rng.gammavariate(spread, 1.0 / spread) for _ in self.machines] if spread else []
+        self.unreliability = [self.pool.machine_factor(self.rng) for _ in self.machines]
         """Each machine's factor on the pool's failure_rate, and what its jobs' lives are divided by
-        (`failure_spread`; empty: 1 for all)."""
+        (`failure_spread`)."""
         self.now, self.size, self.inflight, self.peak = 0.0, 0, 0, 0
         self.queue: deque[tuple[_Bag, int]] = deque()
         self.bags: list[_Bag] = []
@@ -140,7 +139,7 @@ class BatchSystem:
     def _start(self, bag: _Bag, i: int) -> None:
         k = int(self.rng.random() * len(self.machines))
         speed, black_hole = self.machines[k]
-        factor = self.unreliability[k] if self.unreliability else 1.0
+        factor = self.unreliability[k]
         work = bag.runtimes[i] / speed
         p = self.pool
         if black_hole:

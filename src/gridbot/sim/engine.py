@@ -273,8 +273,7 @@ class Simulation:
                 self._pool_of[host_id] = p.name
                 info = HostInfo(host_id, host_id, "sim", p.spec.cpus, 0, p.spec.cpus, p.name, p.prefetch)
                 machine = _Machine(info, self._speed(p), self.rng.random() < p.black_holes)
-                if p.failure_spread:  # drawn only then, so that scenarios without it run as they always did
-                    machine.unreliability = self.rng.gammavariate(p.failure_spread, 1.0 / p.failure_spread)
+                machine.unreliability = p.machine_factor(self.rng)
                 machines.append(machine)
             # a pilot is a worker started with the pool's --prefetch and --idle-timeout (a volunteer is a BOINC
             # client, paced by `sim.boinc` instead)

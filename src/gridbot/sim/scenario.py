@@ -9,6 +9,7 @@ with its line and a hint, all at once, as `SpecError`, the same as for bag specs
 from __future__ import annotations
 
 import math
+import random
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -155,6 +156,13 @@ class PoolModel:
     @property
     def max_size(self) -> int:
         return max([s.size for s in self.size] + ([self.fluctuate[1]] if self.fluctuate else []))
+
+    def machine_factor(self, rng: random.Random) -> float:
+        """One machine's unreliability: its `failure_rate` over the pool's, and what its pilots' (or jobs')
+        lives are divided by; a draw of `failure_spread`'s Gamma distribution, or 1 without drawing when the
+        machines are alike, so that scenarios without it run as they always did."""
+        spread = self.failure_spread
+        return rng.gammavariate(spread, 1.0 / spread) if spread else 1.0
 
 
 @dataclass(frozen=True)
