@@ -30,7 +30,7 @@ from gridbot.sim.engine import simulate
 from gridbot.sim.load import Load, measure
 from gridbot.sim.metrics import Results
 from gridbot.sim.plots import draw_incomplete
-from gridbot.sim.scenario import BagModel, PoolModel, Scenario, SizeStep, parse_scenario, scaled
+from gridbot.sim.scenario import BagModel, PoolModel, Scenario, SizeStep, parse_scenario, scaled, scaled_pool
 
 HERE = Path(__file__).resolve().parent
 
@@ -210,9 +210,8 @@ def _records_kept(sc: Scenario) -> Scenario:
     pilot after pilot and has a record when the tail comes."""
     def kept(p: PoolModel) -> PoolModel:
         size = [SizeStep(0.0, (p.fluctuate[0] + p.fluctuate[1]) // 2)] if p.fluctuate else p.size
-        top = max(s.size for s in size)
-        return dataclasses.replace(p, size=size, fluctuate=None, hosts=top,
-                                   spec=msgspec.structs.replace(p.spec, max_running=top))
+        p = dataclasses.replace(p, size=size, fluctuate=None)
+        return dataclasses.replace(p, hosts=p.max_size, spec=msgspec.structs.replace(p.spec, max_running=p.max_size))
 
     sc = _machines_unlike(sc)
     return dataclasses.replace(sc, pools=[kept(p) for p in sc.pools])
@@ -228,16 +227,7 @@ def _bigger_pools(sc: Scenario) -> Scenario:
     """Every pool BIGGER times its size, its machines and its queue limit. The scheduling buffer, and with it
     the tail threshold and `replicate_below`, stays as it was (a server setting, not the pools'): the tail
     starts at the same number of unsent jobs with BIGGER times the pilots running."""
-    def bigger(p: PoolModel) -> PoolModel:
-        def n(x: int) -> int:
-            return round(x * BIGGER)
-        size = [SizeStep(s.at, n(s.size)) for s in p.size]
-        fluctuate = (n(p.fluctuate[0]), n(p.fluctuate[1]), p.fluctuate[2]) if p.fluctuate else None
-        top = max([s.size for s in size] + ([fluctuate[1]] if fluctuate else []))
-        spec = msgspec.structs.replace(p.spec, max_running=top, max_queued=n(p.spec.max_queued))
-        return dataclasses.replace(p, size=size, fluctuate=fluctuate, hosts=n(p.hosts), spec=spec)
-
-    return dataclasses.replace(sc, pools=[bigger(p) for p in sc.pools])
+    return dataclasses.replace(sc, pools=[scaled_pool(p, BIGGER) for p in sc.pools])
 
 
 def _bundles(sc: Scenario) -> Scenario:

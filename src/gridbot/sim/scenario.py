@@ -845,6 +845,21 @@ def _size(v: Any, base: Path) -> tuple[list[SizeStep], tuple[int, int, float] | 
                      '{ hosts = "volunteers.csv" }')
 
 
+def scaled_pool(p: PoolModel, factor: float) -> PoolModel:
+    """A pool of pilots (not named hosts) at `factor` of its size: its sizes, machines and queue limit, each
+    at least 1 where it was not 0 (`scaled`; an experiment's larger pools, with a factor above 1)."""
+    import dataclasses
+
+    def n(x: int) -> int:
+        return 0 if x == 0 else max(1, round(x * factor))
+
+    size = [SizeStep(s.at, n(s.size)) for s in p.size]
+    fluctuate = (n(p.fluctuate[0]), n(p.fluctuate[1]), p.fluctuate[2]) if p.fluctuate else None
+    p = dataclasses.replace(p, size=size, fluctuate=fluctuate)
+    spec = msgspec.structs.replace(p.spec, max_running=p.max_size, max_queued=n(p.spec.max_queued))
+    return dataclasses.replace(p, spec=spec, hosts=max(p.max_size, n(p.hosts)))
+
+
 def scaled(sc: Scenario, factor: float) -> Scenario:
     """The same scenario at `factor` of its size: jobs, pool sizes, machines and the scheduling buffer
     (whose share of a bag sets the tail threshold), the tail threshold and `replicate_below` scaled alike,
@@ -868,11 +883,7 @@ def scaled(sc: Scenario, factor: float) -> Scenario:
             spec = msgspec.structs.replace(p.spec, max_running=top, max_queued=n(p.spec.max_queued))
             pools.append(dataclasses.replace(p, spec=spec, size=size, hosts=len(kept), sessions=sessions))
             continue
-        size = [SizeStep(s.at, n(s.size)) for s in p.size]
-        fluctuate = (n(p.fluctuate[0]), n(p.fluctuate[1]), p.fluctuate[2]) if p.fluctuate else None
-        top = max([s.size for s in size] + ([fluctuate[1]] if fluctuate else []))
-        spec = msgspec.structs.replace(p.spec, max_running=top, max_queued=n(p.spec.max_queued))
-        pools.append(dataclasses.replace(p, spec=spec, size=size, fluctuate=fluctuate, hosts=max(top, n(p.hosts))))
+        pools.append(scaled_pool(p, factor))
     bags = [dataclasses.replace(b, jobs=n(b.jobs)) for b in sc.bags]
     dispatch = dataclasses.replace(sc.dispatch, buffer_size=n(sc.dispatch.buffer_size, 10),
                                    tail_threshold=n(sc.dispatch.tail_threshold),
