@@ -293,7 +293,6 @@ REPLICATION_EDITS: dict[str, Callable[[Scenario], Scenario]] = {
     f"GridBot as in the paper, {BIGGER_POOLS}": _bigger_pools, f"GridBot as in the paper, {BUNDLES}": _bundles}
 """The ablations: GridBot as in the paper on pools changed one way (run by replication_unlike and replication_setup,
 not by replication)."""
-REPLICATION_SETTINGS.update({setting: {**GRIDBOT_REPLICAS, **DEADLINE_ONLY} for setting in REPLICATION_EDITS})
 TAIL_FROM = (2, 4)
 """The tail (and replication) from this many buffers' worth of unsent jobs: how few "few unsent jobs" were is
 not in the paper, whose Figure 9 run found the true tail at about 10,000 jobs left of 30,000."""
@@ -309,14 +308,28 @@ def tail_setting(buffers: int) -> str:
     return f"GridBot as in the paper, tail from {buffers} buffers"
 
 
-REPLICATION_SETTINGS.update({tail_setting(k): {**GRIDBOT_REPLICAS, **DEADLINE_ONLY, "replicate_below": _tail_from(k),
-                                               "tail_threshold": _tail_from(k)} for k in TAIL_FROM})
+ABLATION_SETTINGS: dict[str, dict[str, object]] = {
+    **{setting: {**GRIDBOT_REPLICAS, **DEADLINE_ONLY} for setting in REPLICATION_EDITS},
+    **{tail_setting(k): {**GRIDBOT_REPLICAS, **DEADLINE_ONLY, "replicate_below": _tail_from(k),
+                         "tail_threshold": _tail_from(k)} for k in TAIL_FROM}}
+"""The ablations' server settings (GridBot as in the paper, or with its tail from more unsent jobs), after the
+replication experiment's own in the table's columns."""
+
+
+def _replication_ablation(settings: tuple[str, ...], arms: tuple[str, ...]) -> list[Variant]:
+    """An ablation of the replication table: each arm under each setting, with the setting's pools edit."""
+    every = {**REPLICATION_SETTINGS, **ABLATION_SETTINGS}
+    return [Variant(f"{arm} [{setting}]", policy=REPLICATION_ARMS[arm], server=every[setting],
+                    edit=REPLICATION_EDITS.get(setting)) for setting in settings for arm in arms]
+
+
+REPLICATED_ARMS = ("Permissive / Permissive", "Restrictive / Restrictive", "Permissive / Restrictive")
 
 
 def replication_table(runs: dict[str, list[Results]]) -> str:
     """One row per arm, one column per server setting: the makespan (over the seeds), then replicas % and
     discarded % (the paper's Waste)."""
-    settings = [s for s in REPLICATION_SETTINGS if any(n.endswith(f"[{s}]") for n in runs)]
+    settings = [s for s in {**REPLICATION_SETTINGS, **ABLATION_SETTINGS} if any(n.endswith(f"[{s}]") for n in runs)]
     out = []
     for what in ("makespan (seeds)", "replicas % / discarded %"):
         out.append(f"| {what} | paper | " + " | ".join(settings) + " |")
@@ -504,7 +517,6 @@ EXPERIMENTS = {
         "replication", "Replication x scheduling policies in collaborative grids (section 7 table)",
         [Variant(f"{arm} [{setting}]", policy=policy, server=server)
          for setting, server in REPLICATION_SETTINGS.items()
-         if setting not in REPLICATION_EDITS and setting not in map(tail_setting, TAIL_FROM)
          for arm, policy in REPLICATION_ARMS.items()],
         "Paper (30,000 jobs of 10-15 min, average of 5 runs):\n\n"
         "| replication / scheduling | replicas % | waste % | turnaround |\n|---|---|---|---|\n"
@@ -516,10 +528,7 @@ EXPERIMENTS = {
         replication_table, seeds=2),
     "replication_unlike": Experiment(
         "replication_unlike", "Replication x scheduling with machines unlike (an ablation of the section 7 table)",
-        [Variant(f"{arm} [{setting}]", policy=REPLICATION_ARMS[arm], server=REPLICATION_SETTINGS[setting],
-                 edit=REPLICATION_EDITS.get(setting))
-         for setting in ("GridBot as in the paper", f"GridBot as in the paper, {UNLIKE}")
-         for arm in ("Permissive / Permissive", "Restrictive / Restrictive", "Permissive / Restrictive")],
+        _replication_ablation(("GridBot as in the paper", f"GridBot as in the paper, {UNLIKE}"), REPLICATED_ARMS),
         "Paper: Restrictive/Restrictive **3.2 h**, Permissive/Permissive 4.1 h, Permissive/Restrictive 4.2 h. "
         "The replication experiment's replicated arms with GridBot's server, as they are and with every pool's "
         f"failures and preemptions falling on its machines as unevenly as on the Los Alamos nodes (`failure_spread "
@@ -530,11 +539,8 @@ EXPERIMENTS = {
     "replication_setup": Experiment(
         "replication_setup", "Replication x scheduling: what in the setup would let restrictive replication win "
         "(ablations of the section 7 table)",
-        [Variant(f"{arm} [{setting}]", policy=REPLICATION_ARMS[arm], server=REPLICATION_SETTINGS[setting],
-                 edit=REPLICATION_EDITS.get(setting))
-         for setting in ("GridBot as in the paper", *(f"GridBot as in the paper, {s}"
-                                                      for s in (RECORDS, BIGGER_POOLS, BUNDLES)))
-         for arm in ("Permissive / Permissive", "Restrictive / Restrictive", "Permissive / Restrictive")],
+        _replication_ablation(("GridBot as in the paper", *(f"GridBot as in the paper, {s}" for s in (
+            RECORDS, BIGGER_POOLS, BUNDLES))), REPLICATED_ARMS),
         "Paper: Restrictive/Restrictive **3.2 h** (11% replicas), Permissive/Permissive 4.1 h (58%), "
         "Permissive/Restrictive 4.2 h (73%). The replicated arms with GridBot's server on the replication base, "
         "and with one thing changed that the paper does not give and that could decide the order: "
@@ -546,9 +552,7 @@ EXPERIMENTS = {
     "replication_tail": Experiment(
         "replication_tail", "Replication x scheduling with the tail from more unsent jobs (an ablation of the "
         "section 7 table)",
-        [Variant(f"{arm} [{setting}]", policy=REPLICATION_ARMS[arm], server=REPLICATION_SETTINGS[setting])
-         for setting in ("GridBot as in the paper", *map(tail_setting, TAIL_FROM))
-         for arm in ("Permissive / Permissive", "Restrictive / Restrictive")],
+        _replication_ablation(("GridBot as in the paper", *map(tail_setting, TAIL_FROM)), REPLICATED_ARMS[:2]),
         "Paper: Restrictive/Restrictive **3.2 h** (11% replicas, 7% waste), Permissive/Permissive 4.1 h (58, 30), "
         "Permissive/Restrictive 4.2 h (73, 57). GridBot's tail began when fewer unsent jobs than \"about the size "
         "of the scheduling buffer\" were left (section 6.3), and its replication with it; the paper gives no "
@@ -556,7 +560,8 @@ EXPERIMENTS = {
         "buffer, 1,500; here the tail and replication begin at 2 and 4 buffers' worth, 3,000 and 6,000 unsent "
         "jobs, with the server as in the paper otherwise. Permissive/Restrictive is left out: with a tail of "
         "thousands of jobs kept to hosts with a clean record it starves, as Disabled/Restrictive does in the "
-        "table above (16-22 h from 2 buffers at a tenth of the size; 4 buffers did not end in 10 days).",
+        "replication experiment's table (16-22 h from 2 buffers at a tenth of the size; 4 buffers did not end in 10 "
+        "days).",
         replication_table, seeds=4, base="replication"),
     "replication_community": Experiment(
         "replication_community", "Replication with several bags and the community grid (Figure 9)",
