@@ -40,6 +40,9 @@ class ExchangeResponse(msgspec.Struct, frozen=True):
     backoff: float
     heartbeat: float
     max_result_bytes: int
+    refused: bool = False
+    """Every bag with work waiting refused this host: a worker that leaves for want of work (`--idle-timeout`)
+    leaves now (`gridbot.core.dispatcher.WorkAnswer.refused`)."""
 
 
 class RegisterRequest(msgspec.Struct, frozen=True):

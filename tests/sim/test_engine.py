@@ -287,3 +287,45 @@ def test_a_burst_replayed_from_a_log_runs_each_jobs_own_run_time(tmp_path):
     assert abs(bag.cpu_hours - (600 + 2 * 1800 + 60) / 3600) < 0.01
     (half,) = simulate(scaled(sc, 0.5)).bags
     assert half.jobs == 2 and abs(half.cpu_hours - (600 + 1800) / 3600) < 0.01
+
+
+FEW_ACCEPTED = """
+[simulation]
+seed = 3
+horizon = "3d"
+
+[pools.grid]
+kind = "grid"
+size = 4
+hosts = 40
+queue_wait = { dist = "exponential", mean = "1m" }
+idle_timeout = "1h"
+
+[bags.a]
+jobs = 40
+runtime = "10m"
+
+[bags.a.policy]
+JobRequirements = "member(Host.Name, {\\"grid-0\\", \\"grid-1\\", \\"grid-2\\", \\"grid-3\\", \\"grid-4\\"})"
+"""
+
+
+def test_a_pilot_its_bag_refuses_leaves_and_the_overlay_sends_another():
+    """GridBot's pilot suicide (section 5) in the simulator, with the real worker's pacing: a pilot that lands on
+    one of the 35 machines the bag refuses leaves at once, and the overlay sends the next pilot, until they
+    hold machines the bag accepts. When they idled for their hour, each miss cost an hour of the pool's slot, and
+    40 jobs of 10 minutes on 4 slots took 5.4-6.0 h (seeds 3-5); leaving, 2.0-2.2 h."""
+    sim = Simulation(parse_scenario(FEW_ACCEPTED, "t.toml"))
+    left = []
+    kill = sim._kill
+
+    def counted(pilot, repair=False):
+        left.append(pilot.pacing.refused)
+        kill(pilot, repair)
+
+    sim._kill = counted
+    r = sim.run()
+    assert r.bag("a").state == "completed"
+    assert sum(left) >= 10, f"{sum(left)} pilots left refused of {len(left)}"
+    assert set(r.bag("a").jobs_per_pool) == {"grid"}
+    assert r.bag("a").makespan < 3 * 3600, r.bag("a").makespan / 3600

@@ -296,3 +296,27 @@ def test_a_restarted_worker_that_did_not_list_its_instances_lost_them():
     h.held["a"] = set()
     h.ask(msgspec.structs.replace(A, session="run-2"), 0, 1)
     assert h.store.instances_of(got[0].job_id)[0].state is InstanceState.OVERDUE
+
+
+def test_a_host_every_bag_with_work_refuses_is_told_so_and_no_other():
+    """`WorkAnswer.refused` is GridBot's cue for a pilot to leave (section 5): only when every bag with work
+    waiting refuses the host, never when the work is merely out, or waits for another reason."""
+    h = CoreSim(retry_same_host_after=60)
+    small, big = HostInfo("small", "small", memory_mb=1_000), HostInfo("big", "big", memory_mb=64_000)
+    h.bag("wide", 2, {"JobRequirements": "Host.Memory > 32000"})
+    answer = h.exchange(small, 1, 0.0)
+    assert answer.assignments == [] and answer.refused, "the only bag with work refuses it"
+    h.bag("any", 1)
+    answer = h.exchange(small, 1, 1.0)
+    assert len(answer.assignments) == 1 and not answer.refused, "a second bag takes it"
+    assert not h.exchange(small, 0, 2.0).refused, "it asked for nothing: nothing was refused"
+    first = h.ask(big, 1, 3.0)[0]
+    h.ask(big, 0, 4.0, [InstanceReport(first.instance_id, Outcome.FAILURE, 1, 1.0, 1.0, "exit code 1")])
+    assert [a.index for a in h.ask(big, 1, 5.0)] == [1]
+    h.finish_all(big, 6.0)
+    answer = h.exchange(big, 1, 7.0)
+    assert answer.assignments == [] and not answer.refused, "its bag accepts it: the job it failed waits a while"
+    h.finish_all(small, 8.0)
+    assert [a.index for a in h.ask(HostInfo("other", "other", memory_mb=64_000), 1, 9.0)] == [0]
+    answer = h.exchange(small, 1, 10.0)
+    assert answer.assignments == [] and not answer.refused, "nothing waits: idle, not refused"

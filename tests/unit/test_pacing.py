@@ -112,3 +112,26 @@ def test_it_leaves_after_idle_timeout_holding_and_reporting_nothing():
 ])
 def test_the_server_holds_an_idle_hosts_request(args, hold):
     assert server_hold(*args) == hold
+
+
+def test_a_host_refused_by_every_bag_leaves_once_it_holds_nothing():
+    """GridBot's pilot suicide (section 5): told that no bag with work waiting accepts it, a pilot leaves at
+    once rather than idle until its idle timeout in a slot the overlay counts as spare."""
+    pacing = started(slots=2, idle_timeout=1800.0)
+    pacing.answered(100.0, 1, 0, 4.0, 15.0, low, refused=True)
+    assert pacing.refused
+    assert not pacing.step(101.0, 1, 0, None).leave, "it still runs a job"
+    assert not pacing.step(102.0, 0, 0, 101.5).leave, "it has that job's result to report"
+    step = pacing.step(103.0, 0, 0, None)
+    assert step.leave and step.at == math.inf
+    pacing.answered(104.0, 1, 1, 0.0, 15.0, low, refused=True)
+    assert not pacing.refused, "an answer that sends work is no refusal"
+    assert not pacing.step(105.0, 0, 0, None).leave
+    keep = started(slots=1)
+    keep.answered(100.0, 1, 0, 4.0, 15.0, low, refused=True)
+    assert not keep.step(101.0, 0, 0, None).leave, "idle_timeout 0: a host that never leaves stays"
+
+
+def test_the_server_answers_a_refused_host_at_once_so_it_can_leave():
+    assert server_hold(1, 0, 0, 0, 0, 4.0) == 4.0
+    assert server_hold(1, 0, 0, 0, 0, 4.0, refused=True) is None

@@ -318,7 +318,8 @@ def server(db: str, host: str, port: int, dispatch: DispatchConfig, max_jobs: in
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=Path("gridbot-work"),
               show_default=True, help="Where job directories are made.")
 @click.option("--idle-timeout", type=Finite(0), default=300.0, show_default=True,
-              help="Exit after this many seconds with no work (0: never).")
+              help="Exit after this many seconds with no work, and at once (holding nothing) when every bag with "
+                   "work waiting refuses this host (0: never).")
 @click.option("--give-up-after", type=Finite(0), default=0.0, show_default=True,
               help="Exit when the server stays unreachable this long (0: never).")
 @click.option("--pool", default="local", show_default=True, help="Pool this worker belongs to.")

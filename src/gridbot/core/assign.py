@@ -46,13 +46,17 @@ class Room:
 
 
 def assign(k: Kernel, host: HostRecord, want: int, now: float, changes: Changes) -> list[Assignment]:
-    """Instances for `host`, up to `want` slots, sent (the kernel applied them) and returned."""
+    """Instances for `host`, up to `want` slots, sent (the kernel applied them) and returned; `host.refused` says
+    whether every bag with work waiting refused the host (none of its policies let it take a job now)."""
     out: list[Assignment] = []
     s = k.s
+    if want <= 0:
+        return out
     ready = [b for b in s.bags.values()
              if b.state is BagState.ACTIVE and (b.retry or b.buffer or b.replicas or b.failover)]
     # (a bag whose only queued jobs avoid this host still gets its policies evaluated: cheap, and rare)
-    if not ready or want <= 0:
+    host.refused = False
+    if not ready:
         return out
     ad = host_ad_of(s, host, now)
     ranked = _ranked(k, ready, host, ad, now)
@@ -60,6 +64,7 @@ def assign(k: Kernel, host: HostRecord, want: int, now: float, changes: Changes)
     concurrency: int | None = None
     pool_ad = s.pool_ads.get(host.info.pool)
     above: set[int] = set()
+    matched = False
     for _, _, bag in ranked:
         above.add(bag.bag_id)
         if pool_ad is not None and not accepts(bag, host.info.pool, pool_ad):
@@ -75,6 +80,7 @@ def assign(k: Kernel, host: HostRecord, want: int, now: float, changes: Changes)
                            bag.placement.limit, k.view, BagView(bag), HostView(host), now)
             if room is not None and room <= 0:
                 continue  # (its budget or its plan allows nothing more here now: the host is no bag's worse)
+        matched = True
         if bag.tail_strategy.sets_deadline:
             deadline = _deadline(k, bag, host, deadline, now)
         concurrency = bag_concurrency if concurrency is None else min(concurrency, bag_concurrency)
@@ -109,6 +115,7 @@ def assign(k: Kernel, host: HostRecord, want: int, now: float, changes: Changes)
         if (1 < need <= slots.size < slots.busy + need and _held_by(k, host, above) + need <= slots.size
                 and _waits_here(k, bag, host, now)):
             break  # its job waits for slots that lower-ranked bags hold: they must not take them as they free
+    host.refused = not matched
     return out
 
 

@@ -73,6 +73,11 @@ class WorkAnswer:
     assignments: list[Assignment]
     cancel: list[int]
     backoff: float
+    refused: bool = False
+    """It asked for work and every bag with work waiting refused the host (`HostRecord.refused`): a pilot that
+    leaves for want of work leaves now, so the overlay's next pilot may land where the bags' policies let it run
+    (GridBot's pilot suicide, section 5: "the running client automatically commits suicide if it fails to
+    obtain new jobs from the server")."""
 
 
 class Dispatcher:
@@ -352,7 +357,8 @@ class Dispatcher:
         host.cancel.clear()
         backoff = self._backoff(host, bool(assignments))
         k.emit_host(host, changes)
-        return WorkAnswer(assignments, cancel, backoff), k.seal(changes)
+        refused = want > 0 and host.refused and not assignments
+        return WorkAnswer(assignments, cancel, backoff, refused), k.seal(changes)
 
     def _backoff(self, host: HostRecord, served: bool) -> float:
         """Seconds the host waits before it asks again: none when served; doubling from `backoff_idle` to

@@ -185,6 +185,10 @@ class HostRecord:
     """The host has an entry in the dispatcher's silence heap."""
     empty_answers: int = 0
     """Answers in a row with nothing to run, while bags were active (sets the backoff)."""
+    refused: bool = False
+    """Its last request for work fitted no waiting job: every active bag with work waiting refused the host
+    (its GridPolicy, JobRequirements, a Concurrency of 0, or its placement), so a pilot told so leaves at once
+    rather than idle (GridBot's pilot suicide, section 5; `WorkAnswer.refused`)."""
     ad: HostAd | None = None
     ad_attrs: dict[str, object] = field(default_factory=dict)
     """The attributes `ad` was last written with: only changed ones are written again."""

@@ -33,7 +33,8 @@ class PaceConfig:
     """Hold enough instances beyond `slots` for this many seconds of work, from the wall time of the
     instances run so far (0: `prefetch` only), never fewer than `prefetch`."""
     idle_timeout: float = 0.0
-    """Leave after this long holding nothing and reporting nothing (0: never)."""
+    """Leave after this long holding nothing and reporting nothing (0: never), and at once, holding nothing, once
+    the server said every bag with work waiting refuses this host (`answered`'s `refused`)."""
     backoff_cap: float = 0.0
     """0: after an empty answer, wait the server's backoff times a uniform draw in [0.5, 1.5), so a fleet
     spreads out (a gridbot worker). Above 0: a BOINC client's own backoff, twice the last one after each
@@ -50,7 +51,8 @@ class Step(NamedTuple):
     at: float
     """When it talks next (the moment asked: now), unless something changes first."""
     leave: bool
-    """It got no work for `idle_timeout`: it leaves (and does not talk)."""
+    """It got no work for `idle_timeout`, or was refused by every bag with work waiting and holds nothing: it
+    leaves (and does not talk)."""
 
 
 class Pacing:
@@ -69,6 +71,8 @@ class Pacing:
         """Moving average of the wall seconds of the instances the host ran (0: none yet)."""
         self.backoff = 0.0
         """The last wait after an empty answer (a BOINC client's doubles)."""
+        self.refused = False
+        """The server's last answer refused the host for every bag with work waiting."""
 
     def begin(self, now: float) -> None:
         """The host starts at `now`: it talks at once, and its idle time counts from now."""
@@ -99,7 +103,7 @@ class Pacing:
         want = max(0, cfg.slots + prefetch - running - waiting)
         if running or waiting or reports_since is not None:
             self.last_work = now
-        elif cfg.idle_timeout and now - self.last_work > cfg.idle_timeout:
+        elif cfg.idle_timeout and (self.refused or now - self.last_work > cfg.idle_timeout):
             return Step(want, prefetch, math.inf, True)
         hungry = want > 0 and (running < cfg.slots or 2 * want >= prefetch)
         at = self.next_heartbeat
@@ -110,10 +114,14 @@ class Pacing:
         return Step(want, prefetch, max(at, now), False)
 
     def answered(self, now: float, want: int, assigned: int, backoff: float, heartbeat: float,
-                 uniform: Callable[[float, float], float]) -> None:
+                 uniform: Callable[[float, float], float], refused: bool = False) -> None:
         """The server answered at `now` a request for `want` with `assigned` instances, a `backoff` and a
-        `heartbeat`; `uniform` draws the jitter (`random.uniform`, or a simulation's seeded one)."""
+        `heartbeat`; `uniform` draws the jitter (`random.uniform`, or a simulation's seeded one). `refused`: every
+        bag with work waiting refuses the host, which then leaves as soon as it holds nothing (if it leaves for
+        want of work at all: `idle_timeout`), as GridBot's pilots did (section 5), rather than idle in a slot
+        of its pool that the overlay counts as spare while the bags' work waits for a host they accept."""
         self.next_heartbeat = now + heartbeat
+        self.refused = refused and not assigned
         if assigned:
             self.last_work = now
             self.next_talk = now
@@ -127,16 +135,18 @@ class Pacing:
             self.next_talk = now + self.backoff
 
 
-def server_hold(want: int, held: int, reports: int, assigned: int, cancelled: int, backoff: float) -> float | None:
+def server_hold(want: int, held: int, reports: int, assigned: int, cancelled: int, backoff: float,
+                refused: bool = False) -> float | None:
     """How the server answers an exchange in which a host holding `held` instances, reporting `reports`,
-    asked for `want` and was given `assigned` with `cancelled` to kill and a `backoff`.
+    asked for `want` and was given `assigned` with `cancelled` to kill and a `backoff` (`refused`: by every bag
+    with work waiting, which it is told at once, so a pilot leaves without waiting for the long poll).
 
     None: at once, as decided. 0.0: at once with no backoff, since the host just handed in its last
     results and holds nothing (it asks again at once, rather than sleep through work that comes
     meanwhile). Otherwise the seconds the server holds the request of an idle host, answering it again
     as soon as work is added (the long poll), or with no work and no backoff once they have passed.
     """
-    if assigned or held or want <= 0 or backoff <= 0:
+    if assigned or held or want <= 0 or backoff <= 0 or refused:
         return None
     if reports or cancelled:
         return 0.0

@@ -447,7 +447,7 @@ class Server:
         resp = await self._answer(req)
         self.metrics.counters.exchanged(time.perf_counter() - started)
         hold = server_hold(req.want, len(req.running), len(req.reports), len(resp.assignments), len(resp.cancel),
-                           resp.backoff)
+                           resp.backoff, resp.refused)
         if hold:
             # an idle host: hold its request until work comes (a bag submitted) or the backoff has passed,
             # so it hears of new work at once and asks again right after instead of sleeping on it

@@ -416,7 +416,7 @@ class Service:
                                                        req.fetched, verdicts)
         cfg = self.config.dispatch
         return ExchangeResponse(answer.assignments, answer.cancel, answer.backoff, heartbeat=self.config.heartbeat,
-                                max_result_bytes=cfg.max_result_bytes), changes
+                                max_result_bytes=cfg.max_result_bytes, refused=answer.refused), changes
 
     def monitor(self, pool: str, reading: PoolMonitor | None) -> None:
         """A new reading of a pool's own monitoring (the overlay takes them), for the stateful placements."""

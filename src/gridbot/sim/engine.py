@@ -708,13 +708,14 @@ class Simulation:
         hold = None
         if not pilot.pool.model.volunteer:  # a BOINC server answers at once
             hold = server_hold(step.want, len(held), len(reports), len(answer.assignments), len(answer.cancel),
-                               answer.backoff)
+                               answer.backoff, answer.refused)
         if hold:
             pilot.held = step.want
             self._held[pilot] = None
             self._exchange_at(pilot, now + hold)
         else:
-            self._receive(pilot, step.want, answer.assignments, answer.cancel, 0.0 if hold == 0.0 else answer.backoff)
+            self._receive(pilot, step.want, answer.assignments, answer.cancel, 0.0 if hold == 0.0 else answer.backoff,
+                          answer.refused)
 
     def _buffered(self, pilot: _Pilot) -> tuple[float, int]:
         """A BOINC host's work held, in estimated seconds (what is left of its running jobs and the whole of the
@@ -762,12 +763,12 @@ class Simulation:
         self._exchange_at(pilot, max(self._rpc_due(pilot, client)[0], now + _AGAIN))
 
     def _receive(self, pilot: _Pilot, want: int, assignments: list[Assignment], cancel: list[int],
-                 backoff: float) -> None:
+                 backoff: float, refused: bool = False) -> None:
         """The answer reaches the host: it kills what is cancelled, starts what it was sent after the
-        latency, and sets the time of its next exchange."""
+        latency, and sets the time of its next exchange (or leaves, `refused` and holding nothing)."""
         now = self.now
         self._take(pilot, assignments, cancel)
-        pilot.pacing.answered(now, want, len(assignments), backoff, self.sc.heartbeat, self.rng.uniform)
+        pilot.pacing.answered(now, want, len(assignments), backoff, self.sc.heartbeat, self.rng.uniform, refused)
         self._pace(pilot, now + _AGAIN)
 
     def _take(self, pilot: _Pilot, assignments: list[Assignment], cancel: list[int]) -> None:
@@ -824,7 +825,7 @@ class Simulation:
             self._feed()
             answer, changes = self.dispatcher.request_work(pilot.info, want, [], self.now, [])
             self._apply(changes)
-            self._receive(pilot, want, answer.assignments, answer.cancel, answer.backoff)
+            self._receive(pilot, want, answer.assignments, answer.cancel, answer.backoff, answer.refused)
 
     def _inst_end(self, pilot_obj: object, iid_obj: object) -> None:
         pilot, iid = pilot_obj, iid_obj

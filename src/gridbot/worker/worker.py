@@ -317,7 +317,11 @@ class Worker:
                 # no more work: talk to report results and at heartbeats only
                 step = step._replace(want=0, at=step.at if self.reports else max(step.at, self.pacing.next_heartbeat))
             if step.leave:
-                log.info("no work for %.0f s; exiting", self.config.idle_timeout)
+                if self.pacing.refused:
+                    log.info("the server's bags with work waiting all refuse this host (their GridPolicy, "
+                             "JobRequirements or Concurrency); exiting, so that a pilot elsewhere can take the work")
+                else:
+                    log.info("no work for %.0f s; exiting", self.config.idle_timeout)
                 return 0
             if step.at > now:
                 self.wake.clear()
@@ -336,7 +340,7 @@ class Worker:
             if resp is None:
                 return 1
             self.pacing.answered(time.monotonic(), step.want, len(resp.assignments), resp.backoff, resp.heartbeat,
-                                 random.uniform)
+                                 random.uniform, resp.refused)
         return 0
 
     async def _exchange(self, want: int) -> ExchangeResponse | None:
