@@ -108,19 +108,20 @@ def test_worker_keeps_its_host_id_across_restarts_and_exits_when_idle(cluster):
     assert len(hosts) == 1 and hosts[0].name.endswith("/w0")
 
 
-def test_a_worker_every_bag_refuses_leaves_at_once_and_one_that_never_leaves_stays(cluster, tmp_path):
-    """GridBot's pilot suicide (section 5): a host the bags with work waiting all refuse leaves at once, rather
-    than hold its pool's slot until its idle timeout while the overlay counts it as spare."""
+def test_a_pilot_the_bags_refuse_leaves_at_once_and_a_worker_started_by_hand_stays(cluster, tmp_path):
+    """GridBot's pilot suicide (section 5): a pilot (`--leave-when-refused`, as the overlay starts them) that the
+    bags with work waiting all refuse leaves at once, rather than hold its pool's slot until its idle timeout
+    while the overlay counts it as spare; a worker started by hand stays for its user's change of policy."""
     cluster.start_server()
     spec = write(tmp_path, "s.toml", 'name = "elsewhere"\ncommand = "true"\n')
     gridbot_json("submit", spec, "--policy", 'JobRequirements=Host.Pool == "nowhere"', "--server", cluster.url)
     started = time.monotonic()
-    w = cluster.start_worker("--idle-timeout", "300")
+    w = cluster.start_worker("--idle-timeout", "300", "--leave-when-refused")
     assert w.wait(60) == 0 and "all refuse this host" in w.log
     assert time.monotonic() - started < 60, "it left well before its idle timeout"
-    stays = cluster.start_worker("--idle-timeout", "0")
+    stays = cluster.start_worker("--idle-timeout", "300")
     time.sleep(4)
-    assert stays.proc is not None and stays.proc.poll() is None, "idle timeout 0: it never leaves"
+    assert stays.proc is not None and stays.proc.poll() is None, "started by hand: it waits for its idle timeout"
     gridbot("policy", "elsewhere", "JobRequirements", "true", "--server", cluster.url, check=True)
     assert cluster.wait_bag("elsewhere", timeout=60).counts.done == 1, "the host that stayed runs the job"
 

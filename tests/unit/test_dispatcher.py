@@ -300,7 +300,8 @@ def test_a_restarted_worker_that_did_not_list_its_instances_lost_them():
 
 def test_a_host_every_bag_with_work_refuses_is_told_so_and_no_other():
     """`WorkAnswer.refused` is GridBot's cue for a pilot to leave (section 5): only when every bag with work
-    waiting refuses the host, never when the work is merely out, or waits for another reason."""
+    waiting refuses the host and no bag with jobs running would take it, never when the work is merely out, or
+    waits for another reason."""
     h = CoreSim(retry_same_host_after=60)
     small, big = HostInfo("small", "small", memory_mb=1_000), HostInfo("big", "big", memory_mb=64_000)
     h.bag("wide", 2, {"JobRequirements": "Host.Memory > 32000"})
@@ -309,6 +310,8 @@ def test_a_host_every_bag_with_work_refuses_is_told_so_and_no_other():
     h.bag("any", 1)
     answer = h.exchange(small, 1, 1.0)
     assert len(answer.assignments) == 1 and not answer.refused, "a second bag takes it"
+    answer = h.exchange(HostInfo("small2", "small2", memory_mb=1_000), 1, 1.5)
+    assert answer.assignments == [] and not answer.refused, "the second bag's job runs: a retry of it could go here"
     assert not h.exchange(small, 0, 2.0).refused, "it asked for nothing: nothing was refused"
     first = h.ask(big, 1, 3.0)[0]
     h.ask(big, 0, 4.0, [InstanceReport(first.instance_id, Outcome.FAILURE, 1, 1.0, 1.0, "exit code 1")])

@@ -117,7 +117,7 @@ def test_the_server_holds_an_idle_hosts_request(args, hold):
 def test_a_host_refused_by_every_bag_leaves_once_it_holds_nothing():
     """GridBot's pilot suicide (section 5): told that no bag with work waiting accepts it, a pilot leaves at
     once rather than idle until its idle timeout in a slot the overlay counts as spare."""
-    pacing = started(slots=2, idle_timeout=1800.0)
+    pacing = started(slots=2, idle_timeout=1800.0, leave_refused=True)
     pacing.answered(100.0, 1, 0, 4.0, 15.0, low, refused=True)
     assert pacing.refused
     assert not pacing.step(101.0, 1, 0, None).leave, "it still runs a job"
@@ -127,9 +127,13 @@ def test_a_host_refused_by_every_bag_leaves_once_it_holds_nothing():
     pacing.answered(104.0, 1, 1, 0.0, 15.0, low, refused=True)
     assert not pacing.refused, "an answer that sends work is no refusal"
     assert not pacing.step(105.0, 0, 0, None).leave
-    keep = started(slots=1)
+    keep = started(slots=1, leave_refused=True)
     keep.answered(100.0, 1, 0, 4.0, 15.0, low, refused=True)
     assert not keep.step(101.0, 0, 0, None).leave, "idle_timeout 0: a host that never leaves stays"
+    by_hand = started(slots=1, idle_timeout=1800.0)
+    by_hand.answered(100.0, 1, 0, 4.0, 15.0, low, refused=True)
+    assert not by_hand.step(101.0, 0, 0, None).leave, "a worker started by hand waits for its idle timeout"
+    assert by_hand.step(1901.0, 0, 0, None).leave
 
 
 def test_the_server_answers_a_refused_host_at_once_so_it_can_leave():

@@ -76,6 +76,7 @@ def test_pilots_of_a_pool_get_its_run_as_and_allow_root():
     args = PilotRequest("http://s:1").worker_args(cloud)
     assert args[args.index("--run-as") + 1] == "ec2-user" and "--allow-root" not in args
     assert "--run-as" not in PilotRequest("http://s:1").worker_args(fast)
+    assert "--leave-when-refused" in args, "a pilot every bag refuses leaves at once (GridBot's pilot suicide)"
 
 
 @pytest.mark.parametrize("name", ["a/b", "a\nb", "", "-x", "x" * 65])

@@ -318,8 +318,10 @@ def server(db: str, host: str, port: int, dispatch: DispatchConfig, max_jobs: in
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=Path("gridbot-work"),
               show_default=True, help="Where job directories are made.")
 @click.option("--idle-timeout", type=Finite(0), default=300.0, show_default=True,
-              help="Exit after this many seconds with no work, and at once (holding nothing) when every bag with "
-                   "work waiting refuses this host (0: never).")
+              help="Exit after this many seconds with no work (0: never).")
+@click.option("--leave-when-refused", is_flag=True,
+              help="Also exit at once, holding nothing, when the server's bags refuse this host (their GridPolicy, "
+                   "JobRequirements or Concurrency), with an idle timeout: how the overlay's pilots run.")
 @click.option("--give-up-after", type=Finite(0), default=0.0, show_default=True,
               help="Exit when the server stays unreachable this long (0: never).")
 @click.option("--pool", default="local", show_default=True, help="Pool this worker belongs to.")
@@ -352,7 +354,8 @@ def server(db: str, host: str, port: int, dispatch: DispatchConfig, max_jobs: in
                    "(to compare the two: bench/suite.py).")
 @friendly
 def worker(server: str | None, access: Path | None, slots: int, prefetch: int, slot_name: str, workdir: Path,
-           idle_timeout: float, give_up_after: float, pool: str, keep_dirs: bool, lifetime: float, min_cpu: float,
+           idle_timeout: float, leave_when_refused: bool, give_up_after: float, pool: str, keep_dirs: bool,
+           lifetime: float, min_cpu: float,
            cpu_window: float, exit_with_parent: bool, prefetch_seconds: float, executor: str,
            pass_env: tuple[str, ...], run_as: str | None, allow_root: bool, max_jobs: int, drop: float,
            slot_threads: bool) -> None:
@@ -375,7 +378,8 @@ def worker(server: str | None, access: Path | None, slots: int, prefetch: int, s
                                      lifetime=lifetime, min_cpu=min_cpu, cpu_window=cpu_window,
                                      prefetch_seconds=prefetch_seconds, key=key, fingerprint=grants.fingerprint,
                                      executor=executor, pass_env=pass_env, run_as=run_as, allow_root=allow_root,
-                                     drop=drop, max_jobs=max_jobs, slot_threads=slot_threads)))
+                                     drop=drop, max_jobs=max_jobs, slot_threads=slot_threads,
+                                     leave_refused=leave_when_refused)))
 
 
 @cli.command()

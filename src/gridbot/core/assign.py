@@ -47,7 +47,8 @@ class Room:
 
 def assign(k: Kernel, host: HostRecord, want: int, now: float, changes: Changes) -> list[Assignment]:
     """Instances for `host`, up to `want` slots, sent (the kernel applied them) and returned; `host.refused` says
-    whether every bag with work waiting refused the host (none of its policies let it take a job now)."""
+    whether every bag with work waiting refused the host and no bag with jobs still running would take it
+    (`_refused`)."""
     out: list[Assignment] = []
     s = k.s
     if want <= 0:
@@ -115,8 +116,29 @@ def assign(k: Kernel, host: HostRecord, want: int, now: float, changes: Changes)
         if (1 < need <= slots.size < slots.busy + need and _held_by(k, host, above) + need <= slots.size
                 and _waits_here(k, bag, host, now)):
             break  # its job waits for slots that lower-ranked bags hold: they must not take them as they free
-    host.refused = not matched
+    host.refused = not matched and _refused(k, ready, host, ad, now)
     return out
+
+
+def _refused(k: Kernel, ready: list[BagRecord], host: HostRecord, ad: HostAd, now: float) -> bool:
+    """Whether a host every bag with work waiting refused is refused by the active bags with jobs still running
+    too: one of those would take it for a job that fails, is lost or is replicated, and the host then stays
+    (until its idle timeout), rather than leave its pool's slot for a pilot that must queue again. Small bags of
+    Figure 8 showed it: the grids' idle pilots left while only B5, in its tail and kept to the cluster, had work
+    waiting, and B1's lost bundles waited for new pilots."""
+    s = k.s
+    waiting = {b.bag_id for b in ready}
+    pool_ad = s.pool_ads.get(host.info.pool)
+    active = len(s.bags)
+    for bag in s.bags.values():
+        if bag.state is not BagState.ACTIVE or bag.bag_id in waiting or not bag.counts.running:
+            continue
+        if pool_ad is not None and not accepts(bag, host.info.pool, pool_ad):
+            continue
+        k.refresh(bag, now, active)
+        if bag.policies.matches(ad) and bag.policies.bundle(ad)[0] > 0:
+            return False
+    return True
 
 
 def _held_by(k: Kernel, host: HostRecord, bags: set[int]) -> int:

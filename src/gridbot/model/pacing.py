@@ -33,8 +33,11 @@ class PaceConfig:
     """Hold enough instances beyond `slots` for this many seconds of work, from the wall time of the
     instances run so far (0: `prefetch` only), never fewer than `prefetch`."""
     idle_timeout: float = 0.0
-    """Leave after this long holding nothing and reporting nothing (0: never), and at once, holding nothing, once
-    the server said every bag with work waiting refuses this host (`answered`'s `refused`)."""
+    """Leave after this long holding nothing and reporting nothing (0: never)."""
+    leave_refused: bool = False
+    """Also leave at once, holding nothing, once the server said the bags refuse this host (`answered`'s
+    `refused`): a pilot the overlay started does, as GridBot's did; a worker started by hand waits for its
+    idle timeout (its user may be about to change the bag's policy)."""
     backoff_cap: float = 0.0
     """0: after an empty answer, wait the server's backoff times a uniform draw in [0.5, 1.5), so a fleet
     spreads out (a gridbot worker). Above 0: a BOINC client's own backoff, twice the last one after each
@@ -51,7 +54,7 @@ class Step(NamedTuple):
     at: float
     """When it talks next (the moment asked: now), unless something changes first."""
     leave: bool
-    """It got no work for `idle_timeout`, or was refused by every bag with work waiting and holds nothing: it
+    """It got no work for `idle_timeout`, or was refused by the bags and holds nothing (`leave_refused`): it
     leaves (and does not talk)."""
 
 
@@ -103,7 +106,7 @@ class Pacing:
         want = max(0, cfg.slots + prefetch - running - waiting)
         if running or waiting or reports_since is not None:
             self.last_work = now
-        elif cfg.idle_timeout and (self.refused or now - self.last_work > cfg.idle_timeout):
+        elif cfg.idle_timeout and ((self.refused and cfg.leave_refused) or now - self.last_work > cfg.idle_timeout):
             return Step(want, prefetch, math.inf, True)
         hungry = want > 0 and (running < cfg.slots or 2 * want >= prefetch)
         at = self.next_heartbeat
@@ -116,10 +119,10 @@ class Pacing:
     def answered(self, now: float, want: int, assigned: int, backoff: float, heartbeat: float,
                  uniform: Callable[[float, float], float], refused: bool = False) -> None:
         """The server answered at `now` a request for `want` with `assigned` instances, a `backoff` and a
-        `heartbeat`; `uniform` draws the jitter (`random.uniform`, or a simulation's seeded one). `refused`: every
-        bag with work waiting refuses the host, which then leaves as soon as it holds nothing (if it leaves for
-        want of work at all: `idle_timeout`), as GridBot's pilots did (section 5), rather than idle in a slot
-        of its pool that the overlay counts as spare while the bags' work waits for a host they accept."""
+        `heartbeat`; `uniform` draws the jitter (`random.uniform`, or a simulation's seeded one). `refused`: the bags
+        refuse the host, which then leaves as soon as it holds nothing (with `leave_refused` and an idle timeout),
+        as GridBot's pilots did (section 5), rather than idle in a slot of its pool that the overlay counts as
+        spare while the bags' work waits for a host they accept."""
         self.next_heartbeat = now + heartbeat
         self.refused = refused and not assigned
         if assigned:

@@ -146,8 +146,8 @@ class PoolSpec(msgspec.Struct, frozen=True):
     reliability: str = "reliable"
     level: int = 0
     idle_timeout: float = 120.0
-    """A pilot's worker exits after this long with no work, and at once when every bag with work waiting refuses
-    its host (GridBot: pilots never idle); 0: never."""
+    """A pilot's worker exits after this long with no work, and at once when the bags refuse its host
+    (`--leave-when-refused`; GridBot: pilots never idle); 0: never."""
     min_cpu: float = 0.05
     """A pilot leaves when its job uses less than this fraction of a CPU over cpu_window (0: never)."""
     cpu_window: float = 600.0

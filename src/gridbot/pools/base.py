@@ -57,7 +57,7 @@ class PilotRequest:
         a day where the pool has no walltime, holding its finished results meanwhile."""
         give_up = 0.0 if pool.walltime else PILOT_PATIENCE
         args = ["-m", "gridbot", "worker", "--server", self.server, "--slots", str(pool.cpus), "--pool", pool.name,
-                "--idle-timeout", f"{pool.idle_timeout:g}", "--give-up-after", f"{give_up:g}",
+                "--idle-timeout", f"{pool.idle_timeout:g}", "--leave-when-refused", "--give-up-after", f"{give_up:g}",
                 "--min-cpu", f"{pool.min_cpu:g}", "--cpu-window", f"{pool.cpu_window:g}"]
         if pool.walltime:
             args += ["--lifetime", f"{pool.walltime * LIFETIME_MARGIN:g}"]

@@ -277,7 +277,8 @@ class Simulation:
                 machines.append(machine)
             # a pilot is a worker started with the pool's --prefetch and --idle-timeout (a volunteer is a BOINC
             # client, paced by `sim.boinc` instead)
-            pace = PaceConfig(p.spec.cpus, p.prefetch, idle_timeout=0.0 if p.volunteer else p.spec.idle_timeout)
+            pace = PaceConfig(p.spec.cpus, p.prefetch, idle_timeout=0.0 if p.volunteer else p.spec.idle_timeout,
+                              leave_refused=True)
             cluster = _Cluster(p.cluster_cpus, p.spec.cpus) if p.cluster_cpus else None
             self.pools[p.name] = _PoolRt(p, machines, pace, free=[] if p.sessions else list(machines), cluster=cluster)
         self._pilot_ids = 0

@@ -101,6 +101,9 @@ class WorkerConfig:
     """Run single-slot instances without inputs in threads of the worker, one per slot (gridbot.worker.threads),
     rather than as tasks of its event loop: a short job costs the worker about half the CPU that way. False
     (`--no-slot-threads`, hidden) keeps every job on the loop, to compare the two."""
+    leave_refused: bool = False
+    """Also exit at once, holding nothing, when the server says its bags refuse this host (`--leave-when-refused`,
+    which the overlay gives its pilots: `PaceConfig.leave_refused`)."""
 
 
 EXECUTORS = ("shell", "noop")
@@ -159,7 +162,8 @@ class Worker:
         self.base_env = job_environment(config.pass_env, self.token, self.run_as)
         self.reaper = Reaper(self.token)
         self.cache = InputCache(self.workdir / ".inputs")
-        self.pacing = Pacing(PaceConfig(config.slots, config.prefetch, config.prefetch_seconds, config.idle_timeout))
+        self.pacing = Pacing(PaceConfig(config.slots, config.prefetch, config.prefetch_seconds, config.idle_timeout,
+                                        leave_refused=config.leave_refused))
         """When to talk to the server and what to ask for, as the simulator's hosts do (model/pacing.py)."""
         self.reports_since = 0.0
         self.exchanges = 0
