@@ -41,8 +41,8 @@ class ExchangeResponse(msgspec.Struct, frozen=True):
     heartbeat: float
     max_result_bytes: int
     refused: bool = False
-    """Every bag with work waiting refused this host: a worker that leaves for want of work (`--idle-timeout`)
-    leaves now (`gridbot.core.dispatcher.WorkAnswer.refused`)."""
+    """The bags refused this host (`gridbot.core.records.HostRecord.refused`): a worker started with
+    `--leave-when-refused` and an idle timeout leaves as soon as it holds nothing."""
 
 
 class RegisterRequest(msgspec.Struct, frozen=True):

@@ -390,3 +390,20 @@ def test_grid_policy_keeps_a_bag_off_the_hosts_of_a_pool_it_excludes():
     assert len(sim.ask(host("h2", "fast"), 1, 0)) == 1
     assert len(sim.ask(host("h3", "unlisted"), 1, 0)) == 1, "hosts of pools outside the pools file are not judged"
     assert sim.d.view.accepts_pool(b, "fast") and not sim.d.view.accepts_pool(b, "big")
+
+
+def test_a_host_a_parked_bag_would_take_is_not_told_it_is_refused():
+    """A pilot leaves when the bags refuse it (`WorkAnswer.refused`); a bag whose window was parked for matching
+    nobody still has its jobs queued, and the host it would take must stay, even while the only bag with work
+    in its window refuses it."""
+    sim = Sim(buffer_size=100, buffer_ttl=600)
+    picky = sim.bag("picky", 1000, {"JobRequirements": 'Host.Pool == "a"'})
+    sim.bag("elsewhere", 1000, {"JobRequirements": 'Host.Pool == "b"', "Concurrency": "1"})
+    got = sim.ask(host("hb", "b"), 1, 0)
+    sim.tick(601)
+    assert sim.d.view.bag(picky).parked_until == 1201
+    sim.ask(host("hb", "b"), 0, 602, [ok(got[0])])
+    answer = sim.exchange(host("ha", "a"), 1, 603)
+    assert answer.assignments == [] and not answer.refused, "the parked bag would take it"
+    answer = sim.exchange(host("hc", "c"), 1, 604)
+    assert answer.assignments == [] and answer.refused, "no bag takes a host of pool c"

@@ -51,13 +51,15 @@ def assign(k: Kernel, host: HostRecord, want: int, now: float, changes: Changes)
     (`_refused`)."""
     out: list[Assignment] = []
     s = k.s
+    host.refused = False
     if want <= 0:
         return out
     ready = [b for b in s.bags.values()
              if b.state is BagState.ACTIVE and (b.retry or b.buffer or b.replicas or b.failover)]
     # (a bag whose only queued jobs avoid this host still gets its policies evaluated: cheap, and rare)
-    host.refused = False
     if not ready:
+        if any(b.state is BagState.ACTIVE and b.counts.queued for b in s.bags.values()):  # parked windows
+            host.refused = _refused(k, ready, host, host_ad_of(s, host, now), now)
         return out
     ad = host_ad_of(s, host, now)
     ranked = _ranked(k, ready, host, ad, now)
@@ -121,17 +123,18 @@ def assign(k: Kernel, host: HostRecord, want: int, now: float, changes: Changes)
 
 
 def _refused(k: Kernel, ready: list[BagRecord], host: HostRecord, ad: HostAd, now: float) -> bool:
-    """Whether a host every bag with work waiting refused is refused by the active bags with jobs still running
-    too: one of those would take it for a job that fails, is lost or is replicated, and the host then stays
-    (until its idle timeout), rather than leave its pool's slot for a pilot that must queue again. Small bags of
-    Figure 8 showed it: the grids' idle pilots left while only B5, in its tail and kept to the cluster, had work
-    waiting, and B1's lost bundles waited for new pilots."""
+    """Whether a host every bag with work waiting (`ready`) refused is refused by the other active bags too: those
+    with jobs still running, one of which would take it for a job that fails, is lost or is replicated, and those
+    whose queued jobs wait out of their window (parked: `feeder.park`, their jobs unmatched for `buffer_ttl`). The
+    host then stays (until its idle timeout), rather than leave its pool's slot for a pilot that must queue again.
+    Small bags of Figure 8 showed it: the grids' idle pilots left while only B5, in its tail and kept to the
+    cluster, had work waiting, and B1's lost bundles waited for new pilots."""
     s = k.s
     waiting = {b.bag_id for b in ready}
     pool_ad = s.pool_ads.get(host.info.pool)
     active = len(s.bags)
     for bag in s.bags.values():
-        if bag.state is not BagState.ACTIVE or bag.bag_id in waiting or not bag.counts.running:
+        if bag.state is not BagState.ACTIVE or bag.bag_id in waiting or not (bag.counts.running or bag.counts.queued):
             continue
         if pool_ad is not None and not accepts(bag, host.info.pool, pool_ad):
             continue

@@ -74,8 +74,8 @@ class WorkAnswer:
     cancel: list[int]
     backoff: float
     refused: bool = False
-    """It asked for work and every bag with work waiting refused the host (`HostRecord.refused`): a pilot that
-    leaves for want of work leaves now, so the overlay's next pilot may land where the bags' policies let it run
+    """It asked for work and the bags refused the host (`HostRecord.refused`): a pilot (`--leave-when-refused`,
+    with an idle timeout) leaves now, so the overlay's next pilot may land where the bags' policies let it run
     (GridBot's pilot suicide, section 5: "the running client automatically commits suicide if it fails to
     obtain new jobs from the server")."""
 

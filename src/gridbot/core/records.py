@@ -187,8 +187,9 @@ class HostRecord:
     """Answers in a row with nothing to run, while bags were active (sets the backoff)."""
     refused: bool = False
     """Its last request for work fitted no waiting job: every active bag with work waiting refused the host
-    (its GridPolicy, JobRequirements, a Concurrency of 0, or its placement), so a pilot told so leaves at once
-    rather than idle (GridBot's pilot suicide, section 5; `WorkAnswer.refused`)."""
+    (its GridPolicy, JobRequirements, a Concurrency of 0, or its placement) and no other active bag with jobs
+    running or queued would take it (`assign._refused`), so a pilot told so leaves at once rather than idle
+    (GridBot's pilot suicide, section 5; `WorkAnswer.refused`)."""
     ad: HostAd | None = None
     ad_attrs: dict[str, object] = field(default_factory=dict)
     """The attributes `ad` was last written with: only changed ones are written again."""

@@ -321,7 +321,7 @@ class Worker:
                 # no more work: talk to report results and at heartbeats only
                 step = step._replace(want=0, at=step.at if self.reports else max(step.at, self.pacing.next_heartbeat))
             if step.leave:
-                if self.pacing.refused:
+                if self.pacing.refused and self.config.leave_refused:
                     log.info("the server's bags with work waiting all refuse this host (their GridPolicy, "
                              "JobRequirements or Concurrency); exiting, so that a pilot elsewhere can take the work")
                 else:
