@@ -46,7 +46,7 @@ def drive(pacing: Pacing) -> list[Step]:
 
 def test_a_worker_and_a_simulated_pilot_with_the_same_options_ask_the_same_at_the_same_times(tmp_path):
     worker = Worker(WorkerConfig("http://127.0.0.1:1", slots=2, prefetch=3, idle_timeout=120.0, state_dir=tmp_path,
-                                 allow_root=True))
+                                 allow_root=True, leave_refused=True))  # as the overlay starts its pilots
     try:
         sim = Simulation(parse_scenario(PREFETCHING, "t.toml"))
         pool = sim.pools["c"]
