@@ -47,8 +47,8 @@ class Room:
 
 def assign(k: Kernel, host: HostRecord, want: int, now: float, changes: Changes) -> list[Assignment]:
     """Instances for `host`, up to `want` slots, sent (the kernel applied them) and returned; `host.refused` says
-    whether every bag with work waiting refused the host and no bag with jobs still running would take it
-    (`_refused`)."""
+    whether every bag with work waiting refused the host and no other active bag, with jobs running or parked,
+    would take it (`_refused`)."""
     out: list[Assignment] = []
     s = k.s
     host.refused = False
