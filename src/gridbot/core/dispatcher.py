@@ -357,8 +357,7 @@ class Dispatcher:
         host.cancel.clear()
         backoff = self._backoff(host, bool(assignments))
         k.emit_host(host, changes)
-        refused = want > 0 and host.refused and not assignments
-        return WorkAnswer(assignments, cancel, backoff, refused), k.seal(changes)
+        return WorkAnswer(assignments, cancel, backoff, host.refused), k.seal(changes)
 
     def _backoff(self, host: HostRecord, served: bool) -> float:
         """Seconds the host waits before it asks again: none when served; doubling from `backoff_idle` to
