@@ -4,6 +4,7 @@ A mock, because no real cloud can run here: this is the one part of gridbot test
 """
 
 import base64
+import importlib.metadata
 
 import boto3
 import pytest
@@ -53,6 +54,8 @@ def test_start_list_and_terminate_pilots(ec2, spot):
     assert "gridbot worker --server http://gridbot.example:8470 --slots 2 --pool cloud" in script
     assert "--lifetime 6480" in script and "shutdown -h now" in script
     assert "--run-as ec2-user" in script, "the boot script runs as root: its worker runs jobs as the pool's user"
+    assert f"pip install --quiet gridbot=={importlib.metadata.version('gridbot')} " in script, \
+        "a pilot of another version may not know the options the server starts it with"
     pool.cancel(ids[:2])
     states = pool.status(ids)
     assert [states[i] for i in ids] == [PilotState.COMPLETED, PilotState.COMPLETED, PilotState.RUNNING]

@@ -78,10 +78,10 @@ def cluster(tmp_path):
     cluster.stop()
 
 
-def pools_cluster(tmp_path, pools: str) -> Cluster:
+def pools_cluster(tmp_path, pools: str, *server_args: str) -> Cluster:
     (tmp_path / "pools.toml").write_text(pools)
     cluster = Cluster(tmp_path, server_args=("--pools", str(tmp_path / "pools.toml"),
-                                             "--state-dir", str(tmp_path / "state")))
+                                             "--state-dir", str(tmp_path / "state"), *server_args))
     cluster.start_server()
     return cluster
 
@@ -253,3 +253,37 @@ def test_a_rank_that_depends_on_the_host_puts_the_owners_bag_first_on_the_owners
     for host, first in (("t", "home"), ("g", "away")):
         order = [s.bag for s in sent if s.host == host]
         assert order[0] == first and order == sorted(order, key=lambda b: b != first), (host, order)
+
+
+REFUSING_POOL = """\
+[pools.a]
+kind = "local"
+max_running = 2
+idle_timeout = 300
+min_cpu = 0
+allow_root = true
+"""
+
+
+def test_a_pool_whose_pilots_the_bag_refuses_is_held_back_until_its_policy_is_fixed(tmp_path):
+    """A bag whose JobRequirements no machine of the pool meets: each pilot leaves at once, refused, and without a
+    hold the overlay would start two more every few seconds for as long as the bag waits (on a cloud, each billed).
+    After --refused-pilots of them the pool is held back for the bag, `gridbot status` says so and why, and the
+    owner's fix of the policy sends pilots again at once."""
+    cluster = pools_cluster(tmp_path, REFUSING_POOL, "--refused-pilots", "3", "--refused-backoff", "600")
+    try:
+        with cluster.client() as c:
+            c.submit(spec("big", 4, "true", JobRequirements="Host.Memory > 100000000"))
+            until("the pool is held back", lambda: any("pool a:" in d for d in c.bag("big").diagnostics), 60)
+            held = {p.name: p.pilots_submitted for p in c.pools()}["a"]
+            said = [d for d in c.bag("big").diagnostics if "pool a:" in d]
+            time.sleep(10)
+            later = {p.name: p.pilots_submitted for p in c.pools()}["a"]
+            change(c, "big", "JobRequirements", "true")
+            assert c.wait("big", poll=0.1, timeout=60).counts.done == 4, "the fixed bag runs on the pool's new pilots"
+    finally:
+        cluster.stop()
+    assert 3 <= held <= 5, f"{held} pilots: the 3 refused and at most the 2 already on their way"
+    assert later == held, f"none more in 10 s while held back: {held} then {later}"
+    assert "left refused by this bag" in said[0] and "Host.Memory > 100000000" in said[0] \
+        and "next pilot for this bag in" in said[0], said

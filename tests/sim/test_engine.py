@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from gridbot.sim.batch import BatchSystem
 from gridbot.sim.engine import Simulation, simulate
 from gridbot.sim.scenario import parse_scenario
@@ -329,3 +331,53 @@ def test_a_pilot_its_bag_refuses_leaves_and_the_overlay_sends_another():
     assert sum(left) >= 10, f"{sum(left)} pilots left refused of {len(left)}"
     assert set(r.bag("a").jobs_per_pool) == {"grid"}
     assert r.bag("a").makespan < 3 * 3600, r.bag("a").makespan / 3600
+
+
+ONLY_THE_CLUSTER = """
+[simulation]
+seed = 1
+horizon = "3d"
+
+[pools.cluster]
+kind = "cluster"
+size = 2
+queue_wait = { dist = "exponential", mean = "1m" }
+
+[pools.grid]
+kind = "grid"
+size = 20
+hosts = 200
+queue_wait = { dist = "exponential", mean = "1m" }
+idle_timeout = "1h"
+
+[bags.a]
+jobs = 40
+runtime = "30m"
+
+[bags.a.policy]
+JobRequirements = "Host.Pool == \\"cluster\\""
+"""
+
+
+@pytest.mark.parametrize("refused_pilots", [10, 0])
+def test_a_pool_whose_pilots_the_bag_refuses_is_held_back(refused_pilots):
+    """A bag kept to the cluster by its JobRequirements (not its GridPolicy, so the overlay still counts the grid
+    as the bag's): every grid pilot is refused and leaves at once. Held back after 10 of them (the default), the
+    grid got 33 pilots in the bag's 10 hours (seed 1); never held back (0), 5,546. The bag's own time is the
+    same: the cluster does its work either way."""
+    sim = Simulation(parse_scenario(ONLY_THE_CLUSTER + f"[server]\nrefused_pilots = {refused_pilots}\n", "t.toml"))
+    started: dict[str, int] = {}
+    submit = sim._submit
+
+    def counted(pool):
+        started[pool.model.name] = started.get(pool.model.name, 0) + 1
+        return submit(pool)
+
+    sim._submit = counted
+    r = sim.run()
+    assert r.bag("a").state == "completed" and set(r.bag("a").jobs_per_pool) == {"cluster"}
+    assert 9.5 * 3600 < r.bag("a").makespan < 10.5 * 3600, r.bag("a").makespan / 3600
+    if refused_pilots:
+        assert 10 <= started["grid"] <= 60, started
+    else:
+        assert started["grid"] > 1000, started

@@ -10,6 +10,7 @@ from gridbot.core.config import DispatchConfig
 from gridbot.core.dispatcher import Dispatcher
 from gridbot.model.records import HostInfo, InstanceReport, Outcome
 from gridbot.model.states import BagState, InstanceState, JobState
+from gridbot.schedulers.overlay import bag_demands
 from gridbot.schedulers.registry import factory
 from tests.unit.core_harness import CoreSim
 
@@ -323,3 +324,63 @@ def test_a_host_every_bag_with_work_refuses_is_told_so_and_no_other():
     assert [a.index for a in h.ask(HostInfo("other", "other", memory_mb=64_000), 1, 9.0)] == [0]
     answer = h.exchange(small, 1, 10.0)
     assert answer.assignments == [] and not answer.refused, "nothing waits: idle, not refused"
+
+
+def test_a_pool_whose_pilots_a_bag_keeps_refusing_gets_its_pilots_one_at_a_time_and_later_each_time():
+    """After `refused_pilots` of a pool's pilots in a row left refused by a bag, the overlay's demand gives the bag
+    none of the pool's pilots until `refused_backoff` is over, then one, the wait doubled after each one refused;
+    the pool's other pilots (already on their way) count but do not lengthen it; a host of the pool the bag
+    takes, or a change of its policies, ends it. Without it a pool on which no machine suits the bag starts
+    pilot after pilot, each leaving at once."""
+    h = CoreSim(refused_pilots=3, refused_backoff=60)
+    h.d.pool_ads = {"grid": {"Name": "grid", "Kind": "grid"}, "cloud": {"Name": "cloud", "Kind": "ec2"}}
+    bag = h.bag("big", 5, {"JobRequirements": "Host.Memory > 32000"})
+
+    def pilot(n: int, memory: int = 1_000, session: str = "") -> HostInfo:
+        return HostInfo(f"m{n}", f"m{n}", memory_mb=memory, pool="grid", session=session or f"run-{n}")
+
+    def demand(now: float) -> set[tuple[frozenset[str], int]]:
+        return {(d.pools, d.slots) for d in bag_demands(h.d.view, ["grid", "cloud"], now)}
+
+    assert demand(0.0) == {(frozenset({"grid", "cloud"}), 5)}
+    for n, now in ((0, 1.0), (0, 2.0), (0, 3.0), (1, 4.0)):  # a worker asking again in the same run counts once
+        assert h.exchange(pilot(n), 1, now).refused
+    assert h.d.view.held_back(bag, 5.0) == {}
+    assert h.exchange(pilot(0, session="run-0b"), 1, 10.0).refused, "a new pilot on a machine seen before counts"
+    assert h.d.view.held_back(bag, 10.0) == {"grid": True}
+    assert demand(10.0) == {(frozenset({"cloud"}), 5)}, "no pilot of the held pool: the others take the demand"
+    assert h.exchange(pilot(2), 1, 30.0).refused  # a pilot already on its way
+    assert h.d.view.held_back(bag, 69.9) == {"grid": True}, "a pilot on its way does not lengthen the wait"
+    assert demand(70.0) == {(frozenset({"cloud"}), 5), (frozenset({"grid"}), 1)}, "one pilot, once it is due"
+    assert h.exchange(pilot(3), 1, 100.0).refused
+    assert h.d.view.held_back(bag, 219.9) == {"grid": True} and h.d.view.held_back(bag, 220.0) == {"grid": False}, \
+        "the wait doubled"
+    [sent] = h.ask(pilot(4, memory=64_000), 1, 230.0)
+    assert sent.bag_id == bag and h.d.view.held_back(bag, 230.0) == {}, "a host of the pool that the bag takes"
+    assert demand(230.0) == {(frozenset({"grid", "cloud"}), 4)}
+
+    for n in range(5, 8):
+        assert h.exchange(pilot(n), 1, 240.0 + n).refused
+    assert h.d.view.held_back(bag, 250.0) == {"grid": True}
+    view = h.d.view.bag(bag)
+    assert view is not None
+    h.d.set_policy(bag, msgspec.structs.replace(view.spec, policy={"JobRequirements": "Host.Memory > 500"}), 251.0)
+    assert h.d.view.held_back(bag, 251.0) == {}, "new policies: the pool's pilots are sent again at once"
+
+
+def test_a_pool_held_back_for_one_bag_is_not_for_another_and_its_status_says_why():
+    """The hold is the bag's: a second bag with work that takes the pool's hosts gets its pilots (and, taking the
+    hosts, no pilot is refused any more); the held bag's diagnostics name the pool and what refused it."""
+    h = CoreSim(refused_pilots=2, refused_backoff=60)
+    h.d.pool_ads = {"grid": {"Name": "grid", "Kind": "grid"}}
+    big = h.bag("big", 3, {"JobRequirements": "Host.Memory > 32000 && Host.NumCpus > 0"})
+    for n in range(2):
+        assert h.exchange(HostInfo(f"m{n}", f"m{n}", memory_mb=1_000, pool="grid", session="s"), 1, float(n)).refused
+    assert h.d.view.held_back(big, 20.0) == {"grid": True}
+    said = " ".join(h.d.diagnostics(big, 20.0))
+    assert "pool grid" in said and "2 of its pilots in a row" in said and "Host.Memory > 32000" in said, said
+    small = h.bag("small", 3)
+    assert {(d.bag_id, d.pools) for d in bag_demands(h.d.view, ["grid"], 21.0)} == {(small, frozenset({"grid"}))}
+    answer = h.exchange(HostInfo("m9", "m9", memory_mb=1_000, pool="grid", session="s"), 1, 22.0)
+    assert len(answer.assignments) == 1 and not answer.refused
+    assert h.d.view.held_back(big, 22.0) == {"grid": True}, "the small bag's host says nothing of the big bag's"

@@ -20,7 +20,7 @@ from collections import deque
 
 from gridbot.core.changes import Changes
 from gridbot.core.kernel import Kernel
-from gridbot.core.records import BagRecord, HostRecord, Job, busy_slots, guarded
+from gridbot.core.records import BagRecord, HostRecord, Job, Refusals, busy_slots, guarded
 from gridbot.core.view import BagView, HostView, accepts, host_ad_of, job_ad
 from gridbot.model.records import Assignment
 from gridbot.model.states import BagState, JobState
@@ -59,7 +59,10 @@ def assign(k: Kernel, host: HostRecord, want: int, now: float, changes: Changes)
     # (a bag whose only queued jobs avoid this host still gets its policies evaluated: cheap, and rare)
     if not ready:
         if any(b.state is BagState.ACTIVE and b.counts.queued for b in s.bags.values()):  # parked windows
-            host.refused = _refused(k, ready, host, host_ad_of(s, host, now), now)
+            ad = host_ad_of(s, host, now)
+            host.refused = _refused(k, ready, host, ad, now)
+            if host.refused:
+                _count_refused(k, host, ad, now)
         return out
     ad = host_ad_of(s, host, now)
     ranked = _ranked(k, ready, host, ad, now)
@@ -84,6 +87,8 @@ def assign(k: Kernel, host: HostRecord, want: int, now: float, changes: Changes)
             if room is not None and room <= 0:
                 continue  # (its budget or its plan allows nothing more here now: the host is no bag's worse)
         matched = True
+        if bag.refusals:
+            bag.refusals.pop(host.info.pool, None)  # the pool has hosts the bag takes: its pilots go unhindered
         if bag.tail_strategy.sets_deadline:
             deadline = _deadline(k, bag, host, deadline, now)
         concurrency = bag_concurrency if concurrency is None else min(concurrency, bag_concurrency)
@@ -119,7 +124,35 @@ def assign(k: Kernel, host: HostRecord, want: int, now: float, changes: Changes)
                 and _waits_here(k, bag, host, now)):
             break  # its job waits for slots that lower-ranked bags hold: they must not take them as they free
     host.refused = not matched and _refused(k, ready, host, ad, now)
+    if host.refused:
+        _count_refused(k, host, ad, now)
     return out
+
+
+def _count_refused(k: Kernel, host: HostRecord, ad: HostAd, now: float) -> None:
+    """A refused host's worker run counts against its pool for every bag with jobs queued, each of which refused it
+    (`records.Refusals`: the overlay holds back the bag's pilots of a pool that keeps sending refused ones)."""
+    s = k.s
+    cfg = s.config
+    pilot = (host.info.host_id, host.info.session)
+    pool_ad = s.pool_ads.get(host.info.pool)
+    for bag in s.bags.values():
+        if bag.state is not BagState.ACTIVE or not bag.counts.queued:
+            continue
+        if pool_ad is not None and not accepts(bag, host.info.pool, pool_ad):
+            continue  # (its GridPolicy refuses the pool: the overlay sends the bag none of its pilots anyway)
+        r = bag.refusals.get(host.info.pool)
+        if r is not None and pilot in r.pilots:
+            continue
+        if not bag.policies.matches(ad):
+            why = f"JobRequirements fails on `{bag.policies.failing_clause('JobRequirements', ad)}`"
+        elif bag.policies.bundle(ad)[0] <= 0:
+            why = "Concurrency is 0 there"
+        else:
+            continue  # its placement's rank or limit: the strategy asks for each pool's pilots itself (its `pilots`)
+        if r is None:
+            r = bag.refusals[host.info.pool] = Refusals()
+        r.refused(pilot, host.info.name, why, now, cfg.refused_pilots, cfg.refused_backoff)
 
 
 def _refused(k: Kernel, ready: list[BagRecord], host: HostRecord, ad: HostAd, now: float) -> bool:

@@ -106,6 +106,21 @@ class DispatchConfig:
     replica_queue: int = field(default=100, metadata=_knob(
         "count", "Most replicas waiting to be sent per bag.", "--replica-queue", low=1))
     """Most replicas waiting to be sent per bag; more are chosen as these go out."""
+    refused_pilots: int = field(default=10, metadata=_knob(
+        "count", "After this many pilots of a pool in a row refused by a bag (each left at once), the bag gets one "
+        "pilot of that pool at a time, --refused-backoff apart and doubling (0: never hold back).",
+        "--refused-pilots"))
+    """After this many pilots of one pool in a row left because a bag with work refused their hosts (its
+    JobRequirements or a Concurrency of 0, and no other bag would take them; a placement's refusal does not
+    count, as a placement asks for each pool's pilots itself), the overlay
+    sends that bag one pilot of the pool at a time, `refused_backoff` apart, the wait doubled after each one
+    refused up to an hour; a host of the pool that matches the bag, or a change of its policies, ends it. A
+    pool on which no machine suits the bag then costs a pilot an hour, not one every few seconds (each billed,
+    on a cloud), while a pool where one machine in a few suits it is hardly slowed (`records.Refusals`)."""
+    refused_backoff: float = field(default=60.0, metadata=_knob(
+        "seconds", "First wait between two pilots of a pool whose pilots a bag keeps refusing (see "
+        "--refused-pilots).", "--refused-backoff"))
+    """The first wait of `refused_pilots`' backoff; each pilot refused after it doubles it, up to an hour."""
     seed: int = 1
     """Seed of the sampling of replication candidates (runs are reproducible)."""
     buffer_ttl: float = field(default=600.0, metadata=_knob(

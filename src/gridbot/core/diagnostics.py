@@ -61,3 +61,18 @@ def stuck(s: State, bag: BagRecord, now: float) -> list[str]:
             return [f"its quorum of {q} needs hosts of {q} distinct accounts and {len(accounts)} is connected: a job "
                     "waits for results from other accounts", *failing]
     return failing
+
+
+def held_back(s: State, bag: BagRecord, now: float) -> list[str]:
+    """The pools whose pilots the bag kept refusing, so that the overlay sends it theirs one at a time
+    (`records.Refusals`): which, what refused the last one, and when the next is due."""
+    after = s.config.refused_pilots
+    out = []
+    for pool, r in sorted(bag.refusals.items()):
+        if not r.held(after):
+            continue
+        due = f"its next pilot for this bag in {r.until - now:.0f} s" if now < r.until else \
+            "one pilot at a time for this bag"
+        out.append(f"pool {pool}: {len(r.pilots)} of its pilots in a row left refused by this bag (the last, on "
+                   f"{r.host}: {r.why}), so the server sends {due}; change the bag's policies if they are wrong")
+    return out

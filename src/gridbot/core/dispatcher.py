@@ -25,7 +25,7 @@ from gridbot.core import feeder
 from gridbot.core.assign import assign
 from gridbot.core.changes import BagSnapshot, Changes, QueuedJob, Snapshot
 from gridbot.core.config import DispatchConfig
-from gridbot.core.diagnostics import stuck
+from gridbot.core.diagnostics import held_back, stuck
 from gridbot.core.feeder import FeedRequest
 from gridbot.core.hosts import QUICK_FAILURE_S
 from gridbot.core.kernel import Kernel
@@ -257,6 +257,7 @@ class Dispatcher:
         bag.policies = _policies(spec)
         _use_spec(bag, spec)
         bag.pool_ok.clear()
+        bag.refusals.clear()  # pilots refused under the old policies say nothing of the new: send them again
         bag.rank = None
         bag.dirty = True
         for job in bag.replicas:  # chosen under the old ReplicationRequirements: the next tick chooses again
@@ -285,7 +286,7 @@ class Dispatcher:
         notes = guarded(bag, f"placement={bag.placement.name} notes", none, bag.placement.notes, self.view,
                         BagView(bag), now)
         failed = [bag.strategy_error] if bag.strategy_error else []
-        return [*stuck(self._s, bag, now), *notes, *bag.policies.messages(), *failed]
+        return [*stuck(self._s, bag, now), *held_back(self._s, bag, now), *notes, *bag.policies.messages(), *failed]
 
     def level(self, bag_id: int, now: float) -> LevelReport | None:
         """Where the execution hierarchy holds an active bag (None: its placement has no levels)."""

@@ -85,6 +85,45 @@ class Instance:
     """Its host's pool when it was sent."""
 
 
+REFUSED_BACKOFF_CAP = 3600.0
+"""Longest wait between two pilots of a pool whose pilots a bag keeps refusing (`Refusals`)."""
+
+
+@dataclass
+class Refusals:
+    """The pilots of one pool a bag refused in a row, since a host of the pool last matched it or the bag's
+    policies last changed: after `DispatchConfig.refused_pilots` of them the overlay sends the bag one pilot
+    of the pool at a time, `refused_backoff` apart and twice as long after each one refused (up to
+    REFUSED_BACKOFF_CAP), rather than start pilot after pilot that leave at once (a pool on which every
+    machine fails the bag's JobRequirements; on a cloud each would be billed)."""
+
+    pilots: set[tuple[str, str]] = field(default_factory=set)
+    """The worker runs refused: (host id, session), so a pilot that lands on a machine seen before counts,
+    and a worker started by hand that keeps asking counts once."""
+    until: float = 0.0
+    """No pilot of the pool for the bag before this."""
+    level: int = 0
+    """Pilots refused since the bag was held back: the next wait is `refused_backoff` * 2 ** level."""
+    why: str = ""
+    """What refused the last one (for `gridbot status`)."""
+    host: str = ""
+    """The last one's host name."""
+
+    def refused(self, pilot: tuple[str, str], host: str, why: str, now: float, after: int, backoff: float) -> None:
+        """Count a refused worker run; the `after`-th and each one refused once the wait is over lengthen it."""
+        if pilot in self.pilots:
+            return
+        self.pilots.add(pilot)
+        self.host, self.why = host, why
+        if after and len(self.pilots) >= after and now >= self.until:
+            self.until = now + min(REFUSED_BACKOFF_CAP, backoff * 2.0 ** self.level)
+            self.level += 1
+
+    def held(self, after: int) -> bool:
+        """Whether the bag is held back on this pool."""
+        return bool(after) and len(self.pilots) >= after
+
+
 @dataclass
 class BagRecord:
     """An active bag: its spec and policies, counters, strategies, and the queues the kernel serves from."""
@@ -145,6 +184,8 @@ class BagRecord:
     what a tail strategy characterizes the pools from (ExPERT's Fs and gamma). Ordered so that dropping the
     oldest costs O(1): a dict's first key is found past the slots of the keys deleted before it, a scan that
     took 13% of the server's time at 18,000 results/s."""
+    refusals: dict[str, Refusals] = field(default_factory=dict)
+    """Per pool: its pilots the bag refused in a row (the overlay holds the bag's pilots there back)."""
 
     def __post_init__(self) -> None:
         self.buffer = self.window.buffer

@@ -332,6 +332,12 @@ class DispatchView:
         """Whether an active bag's GridPolicy accepts a pool of the pools file (the overlay asks)."""
         return accepts(self._s.bags[bag_id], pool, self._s.pool_ads[pool])
 
+    def held_back(self, bag_id: int, now: float) -> dict[str, bool]:
+        """The pools whose pilots the bag kept refusing (`records.Refusals`): True where it may have none of
+        their pilots now, False where one at a time."""
+        after = self._s.config.refused_pilots
+        return {pool: now < r.until for pool, r in self._s.bags[bag_id].refusals.items() if r.held(after)}
+
     def pilots_wanted(self, bag_id: int, pools: Sequence[str], now: float) -> Mapping[str, int] | None:
         """The slots the bag wants per pool among `pools`: its tail strategy's say first, then its
         placement's (None: the overlay's planner decides)."""

@@ -37,7 +37,9 @@ POLICIES: dict[str, PolicyDef] = {p.name: p for p in (
     PolicyDef("JobRequirements", "!Host.BlackHole", bool,
               "May this host run a job of the bag? Default: any host that is not a black hole. A pilot that "
               "every bag with work waiting refuses, and no other bag would take, leaves at once, so the overlay's "
-              "next one may land where the bags accept it (GridBot's pilot suicide; docs/pools.md)."),
+              "next one may land where the bags accept it (GridBot's pilot suicide); after --refused-pilots such "
+              "pilots of a pool in a row the bag gets that pool's pilots one at a time, further and further apart, "
+              "until one is taken or the policy changes (docs/pools.md)."),
     PolicyDef("Rank", "0", float,
               "Priority of the bag on this host; the highest-ranked matching bag is served first. Default 0 "
               "(equal ranks: oldest bag first). Where it is not a finite number (UNDEFINED included), the default "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.metadata
 import os
 import shlex
 import signal
@@ -307,12 +308,15 @@ class EC2Adapter(PoolAdapter):
         self.ec2 = client
 
     def user_data(self, pilot: PilotRequest) -> str:
-        """The boot script: install gridbot and run one worker; the instance powers off when it exits."""
+        """The boot script: install the server's own version of gridbot (a pilot's command line has options an
+        older worker does not know, and it would exit at once) and run one worker; the instance powers off when
+        it exits."""
         worker = PilotRequest(pilot.server, "python3").command(self.spec)
         exports = [f"export {k}={shlex.quote(v)}" for k, v in pilot.env.items()]
+        package = f"gridbot=={importlib.metadata.version('gridbot')}"
         return "\n".join([
             "#!/bin/sh", "set -e", *exports,
-            "python3 -m pip install --quiet gridbot || pip3 install --quiet gridbot",
+            f"python3 -m pip install --quiet {package} || pip3 install --quiet {package}",
             f"{worker} --workdir /var/tmp/gridbot --name {self.spec.name}-pilot || true",
             "shutdown -h now", ""])
 

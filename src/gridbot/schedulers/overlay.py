@@ -205,7 +205,8 @@ def bag_demands(view: DispatchView, pools: Iterable[str], now: float) -> list[Ba
     """Each active bag's queued jobs (and replicas waiting for a host), in slots (its `cpus` each), and the
     pools among `pools` that its GridPolicy accepts and whose pilots are wide enough for one of its jobs; a
     bag whose placement says how many slots it wants per pool (`Placement.pilots`) gets one demand per such
-    pool instead."""
+    pool instead. A pool whose pilots the bag kept refusing (`DispatchView.held_back`) gets a demand of one
+    job's slots when its next pilot is due and none before: one pilot at a time, absorbed by a queued one."""
     names = list(pools)
     out = []
     for bag in view.bags():
@@ -214,12 +215,18 @@ def bag_demands(view: DispatchView, pools: Iterable[str], now: float) -> list[Ba
         if queued <= 0:
             continue
         accepted = [n for n in names if view.accepts_pool(bag.bag_id, n) and _fits(view.pool_ad(n), cpus)]
+        held = view.held_back(bag.bag_id, now)
         wanted = view.pilots_wanted(bag.bag_id, accepted, now)
         if wanted is None:
-            out.append(BagDemand(bag.bag_id, queued, frozenset(accepted), cpus))
-        else:
-            out.extend(BagDemand(bag.bag_id, n, frozenset({pool}), cpus) for pool, n in sorted(wanted.items())
-                       if n > 0 and pool in accepted)
+            free = frozenset(n for n in accepted if n not in held)
+            if free:
+                out.append(BagDemand(bag.bag_id, queued, free, cpus))
+            wanted = {p: cpus for p in accepted if p in held}
+        for pool, n in sorted(wanted.items()):
+            if pool in held:  # the bag refused its pilots, one after another: one pilot at a time, when it is due
+                n = 0 if held[pool] else min(n, cpus)
+            if n > 0 and pool in accepted:
+                out.append(BagDemand(bag.bag_id, n, frozenset({pool}), cpus))
     return out
 
 
