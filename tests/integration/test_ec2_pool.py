@@ -5,6 +5,7 @@ A mock, because no real cloud can run here: this is the one part of gridbot test
 
 import base64
 import importlib.metadata
+import subprocess
 
 import boto3
 import pytest
@@ -56,9 +57,33 @@ def test_start_list_and_terminate_pilots(ec2, spot):
     assert "--run-as ec2-user" in script, "the boot script runs as root: its worker runs jobs as the pool's user"
     assert f"pip install --quiet gridbot=={importlib.metadata.version('gridbot')} " in script, \
         "a pilot of another version may not know the options the server starts it with"
+    assert script.index("trap 'shutdown -h now' EXIT") < script.index("pip install"), \
+        "an install that fails powers the instance off too"
     pool.cancel(ids[:2])
     states = pool.status(ids)
     assert [states[i] for i in ids] == [PilotState.COMPLETED, PilotState.COMPLETED, PilotState.RUNNING]
+
+
+def test_the_boot_script_powers_the_instance_off_when_the_install_fails(ec2, tmp_path):
+    """The boot script itself, run by sh with stand-ins for python3, pip3 and shutdown: an install that fails (a
+    version the image's package index lacks) must still power the instance off, or it stays billed while it never
+    calls in. The pool's `install` replaces the default requirement."""
+    text = POOLS.format(image=image_id(ec2), spot="false") + 'install = "gridbot @ https://example.org/g.whl"\n'
+    [spec] = parse_pools(text, "pools.toml")
+    script = EC2Adapter(spec, ec2).user_data(PilotRequest("http://x:1"))
+    assert "pip install --quiet 'gridbot @ https://example.org/g.whl'" in script
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in (("python3", "echo \"$@\" >> $LOG; exit 1"), ("pip3", "exit 1"),
+                       ("shutdown", "echo off >> $LOG")):
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    log = tmp_path / "log"
+    done = subprocess.run(["/bin/sh", "-c", script], env={"PATH": f"{bin_dir}:/usr/bin:/bin", "LOG": str(log)},
+                          timeout=30)
+    lines = log.read_text().splitlines()
+    assert done.returncode != 0 and lines[-1] == "off", lines
+    assert not any("gridbot worker" in line for line in lines), "no worker runs without its install"
 
 
 def test_a_refused_request_is_a_clear_pool_error(ec2):

@@ -10,7 +10,7 @@ from gridbot.core.config import DispatchConfig
 from gridbot.core.dispatcher import Dispatcher
 from gridbot.model.records import HostInfo, InstanceReport, Outcome
 from gridbot.model.states import BagState, InstanceState, JobState
-from gridbot.schedulers.overlay import bag_demands
+from gridbot.schedulers.overlay import PoolCapacity, bag_demands, plan
 from gridbot.schedulers.registry import factory
 from tests.unit.core_harness import CoreSim
 
@@ -384,3 +384,36 @@ def test_a_pool_held_back_for_one_bag_is_not_for_another_and_its_status_says_why
     answer = h.exchange(HostInfo("m9", "m9", memory_mb=1_000, pool="grid", session="s"), 1, 22.0)
     assert len(answer.assignments) == 1 and not answer.refused
     assert h.d.view.held_back(big, 22.0) == {"grid": True}, "the small bag's host says nothing of the big bag's"
+
+
+def test_a_bag_with_only_replicas_waiting_holds_back_the_pool_its_hosts_refuse_and_its_queued_pilots_go():
+    """In a bag's tail nothing is queued but replicas wait, and the overlay still asks pilots for them: those a
+    bag refuses count as well. Held back, the pool's queued pilots that nobody else wants are cancelled."""
+    h = CoreSim(refused_pilots=2, refused_backoff=60)
+    h.d.pool_ads = {"grid": {"Name": "grid", "Kind": "grid"}}
+    bag = h.bag("tail", 1, {"ReplicationRequirements": "true", "Concurrency": "1",
+                            "JobRequirements": "Host.Memory > 32000"})
+    assert h.ask(HostInfo("big", "big", memory_mb=64_000, pool="grid", session="s"), 1, 0.0)
+    h.tick(1.0)
+    view = h.d.view.bag(bag)
+    assert view is not None and view.queued == 0 and view.waiting_replicas == 1
+    for n in range(2):
+        assert h.exchange(HostInfo(f"m{n}", f"m{n}", memory_mb=1_000, pool="grid", session="s"), 1, 2.0 + n).refused
+    assert h.d.view.held_back(bag, 10.0) == {"grid": True}
+    demands = bag_demands(h.d.view, ["grid"], 10.0)
+    assert demands == []
+    grid = PoolCapacity("grid", spare_slots=3, queued_pilots=3, new_pilots=7, pilot_slots=1)
+    assert plan(demands, [grid]).cancel == {"grid": 3}, "the held pool's queued pilots are cancelled"
+    assert plan(bag_demands(h.d.view, ["grid"], 70.0), [grid]).cancel == {"grid": 2}, \
+        "when one is due, a queued pilot is kept for it and none is submitted"
+
+
+def test_a_pool_whose_hosts_come_by_themselves_is_never_held_back():
+    """Volunteers (and a static pool's hosts) are not started by the overlay: refusing them holds nothing back."""
+    h = CoreSim(refused_pilots=1, refused_backoff=60)
+    h.d.pool_ads = {"boinc": {"Name": "boinc", "Kind": "volunteer"},
+                    "sim": {"Name": "sim", "Kind": "community", "Reliability": "volunteer"}}
+    bag = h.bag("big", 2, {"JobRequirements": "Host.Memory > 32000"})
+    for n, pool in enumerate(("boinc", "sim")):
+        assert h.exchange(HostInfo(f"v{n}", f"v{n}", memory_mb=1_000, pool=pool, session="s"), 1, float(n)).refused
+    assert h.d.view.held_back(bag, 5.0) == {}

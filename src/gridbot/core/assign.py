@@ -22,6 +22,7 @@ from gridbot.core.changes import Changes
 from gridbot.core.kernel import Kernel
 from gridbot.core.records import BagRecord, HostRecord, Job, Refusals, busy_slots, guarded
 from gridbot.core.view import BagView, HostView, accepts, host_ad_of, job_ad
+from gridbot.model.pools import KINDS
 from gridbot.model.records import Assignment
 from gridbot.model.states import BagState, JobState
 from gridbot.policy.evaluator import HostAd
@@ -130,14 +131,19 @@ def assign(k: Kernel, host: HostRecord, want: int, now: float, changes: Changes)
 
 
 def _count_refused(k: Kernel, host: HostRecord, ad: HostAd, now: float) -> None:
-    """A refused host's worker run counts against its pool for every bag with jobs queued, each of which refused it
-    (`records.Refusals`: the overlay holds back the bag's pilots of a pool that keeps sending refused ones)."""
+    """A refused host's worker run counts against its pool for every bag with jobs or replicas waiting, each of
+    which refused it (`records.Refusals`: the overlay holds back the bag's pilots of a pool that keeps sending
+    refused ones)."""
     s = k.s
     cfg = s.config
-    pilot = (host.info.host_id, host.info.session)
     pool_ad = s.pool_ads.get(host.info.pool)
+    kind = KINDS.get(str(pool_ad.get("Kind", ""))) if pool_ad is not None else None
+    if not cfg.refused_pilots or (kind is not None and not kind.pilots) or \
+            (pool_ad is not None and pool_ad.get("Reliability") == "volunteer"):
+        return  # (a static or volunteer pool's hosts come by themselves: there are no pilots to hold back)
+    pilot = (host.info.host_id, host.info.session)
     for bag in s.bags.values():
-        if bag.state is not BagState.ACTIVE or not bag.counts.queued:
+        if bag.state is not BagState.ACTIVE or not (bag.counts.queued or bag.replicas):
             continue
         if pool_ad is not None and not accepts(bag, host.info.pool, pool_ad):
             continue  # (its GridPolicy refuses the pool: the overlay sends the bag none of its pilots anyway)

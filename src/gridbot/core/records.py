@@ -116,7 +116,7 @@ class Refusals:
         self.pilots.add(pilot)
         self.host, self.why = host, why
         if after and len(self.pilots) >= after and now >= self.until:
-            self.until = now + min(REFUSED_BACKOFF_CAP, backoff * 2.0 ** self.level)
+            self.until = now + min(REFUSED_BACKOFF_CAP, backoff * 2.0 ** min(self.level, 60))
             self.level += 1
 
     def held(self, after: int) -> bool:

@@ -95,7 +95,7 @@ KINDS: dict[str, PoolKind] = {
     "flux": _batch("the Flux queue"),
     "ec2": PoolKind("gridbot.pools.adapters:EC2Adapter",
                     ("region", "instance_type", "image", "spot", "subnet", "security_group", "key_name",
-                     "endpoint_url"),
+                     "endpoint_url", "install"),
                     tuple((key, f'add {key} = "..."') for key in ("region", "instance_type", "image")),
                     check=_runs_jobs_as_someone, startup=120.0),
     "static": PoolKind("gridbot.pools.adapters:StaticAdapter", queue=False, pilots=False),

@@ -308,17 +308,17 @@ class EC2Adapter(PoolAdapter):
         self.ec2 = client
 
     def user_data(self, pilot: PilotRequest) -> str:
-        """The boot script: install the server's own version of gridbot (a pilot's command line has options an
-        older worker does not know, and it would exit at once) and run one worker; the instance powers off when
-        it exits."""
+        """The boot script: install gridbot (the pool's `install`, by default the server's own version: a pilot's
+        command line has options an older worker does not know) and run one worker; the instance powers off when
+        the script ends, however it ends (an install that fails must not leave an instance billed and silent)."""
         worker = PilotRequest(pilot.server, "python3").command(self.spec)
         exports = [f"export {k}={shlex.quote(v)}" for k, v in pilot.env.items()]
-        package = f"gridbot=={importlib.metadata.version('gridbot')}"
+        package = shlex.quote(str(self.spec.options.get("install") or
+                                  f"gridbot=={importlib.metadata.version('gridbot')}"))
         return "\n".join([
-            "#!/bin/sh", "set -e", *exports,
+            "#!/bin/sh", "trap 'shutdown -h now' EXIT", "set -e", *exports,
             f"python3 -m pip install --quiet {package} || pip3 install --quiet {package}",
-            f"{worker} --workdir /var/tmp/gridbot --name {self.spec.name}-pilot || true",
-            "shutdown -h now", ""])
+            f"{worker} --workdir /var/tmp/gridbot --name {self.spec.name}-pilot || true", ""])
 
     def submit(self, n: int, pilot: PilotRequest) -> list[str]:
         opts = self.spec.options

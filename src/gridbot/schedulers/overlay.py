@@ -216,7 +216,7 @@ def bag_demands(view: DispatchView, pools: Iterable[str], now: float) -> list[Ba
             continue
         accepted = [n for n in names if view.accepts_pool(bag.bag_id, n) and _fits(view.pool_ad(n), cpus)]
         held = view.held_back(bag.bag_id, now)
-        wanted = view.pilots_wanted(bag.bag_id, accepted, now)
+        wanted = view.pilots_wanted(bag.bag_id, [p for p in accepted if not held.get(p)], now)
         if wanted is None:
             free = frozenset(n for n in accepted if n not in held)
             if free:
