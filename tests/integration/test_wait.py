@@ -215,6 +215,29 @@ def test_gridbot_wait_says_how_the_bag_ended_in_its_exit_code(cluster: Cluster, 
     assert missing.returncode == 2 and "no bag" in missing.stderr
 
 
+def test_gridbot_wait_for_several_bags_says_how_each_ended(cluster: Cluster, tmp_path: Path):
+    """A sweep of several bags, one `gridbot wait`: each bag's line, exit 0 only if all completed, 3 if one
+    failed, 4 if one still runs at the --timeout they share; a bag that does not exist is said before any wait."""
+    cluster.start_server()
+    cluster.start_worker()
+    for name, command, extra in (("a", "true", ""), ("b", "true", ""), ("bad", "exit 3", "max_failures = 1\n")):
+        gridbot("submit", str(_bag(tmp_path, name, command, jobs=2, extra=extra)), check=True)
+    both = gridbot("wait", "a", "b", "--timeout", "2m")
+    assert both.returncode == 0, both.stderr
+    assert "'a' is completed: 2 of 2" in both.stdout and "'b' is completed: 2 of 2" in both.stdout, both.stdout
+    one_failed = gridbot("wait", "a", "bad", "--json", "--timeout", "2m")
+    assert one_failed.returncode == 3, one_failed.stderr
+    assert [b["state"] for b in json.loads(one_failed.stdout)] == ["completed", "failed"]
+    gridbot("submit", str(_bag(tmp_path, "slow", "sleep 60")), check=True)
+    started = time.monotonic()
+    late = gridbot("wait", "bad", "slow", "--timeout", "2")
+    assert late.returncode == 4 and "'slow' is active after --timeout 2:" in late.stdout, late.stdout
+    assert time.monotonic() - started < 20, "one --timeout for all the bags"
+    started = time.monotonic()
+    missing = gridbot("wait", "slow", "nope")
+    assert missing.returncode == 2 and "no bag" in missing.stderr and time.monotonic() - started < 20
+
+
 def test_a_wait_hears_of_an_end_whose_commit_was_reported_failed_but_landed(tmp_path: Path):
     """A batch the store reports failed may have landed all the same (the connection lost right after its
     COMMIT): no commit hook hears of it, and the dispatcher's reload from the store answers the waits for

@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -42,7 +43,7 @@ from gridbot.model.spec import (
     with_qos_placement,
 )
 from gridbot.model.states import BagState, JobState
-from gridbot.protocol import QosChange
+from gridbot.protocol import BagInfo, QosChange
 from gridbot.results import ResultsFolder
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -713,39 +714,53 @@ def cancel(bag: str, server: str | None, access: Path | None, admin: bool, as_js
 
 
 @cli.command()
-@click.argument("bag")
+@click.argument("bags", metavar="BAG...", nargs=-1, required=True)
 @click.option("--timeout", metavar="DURATION", help="Give up after this long (90, 10m, 2h): exit code 4.")
 @server_option
 @access_option
 @admin_option
 @json_option
 @friendly
-def wait(bag: str, timeout: str | None, server: str | None, access: Path | None, admin: bool, as_json: bool) -> None:
-    """Wait until a bag has ended, and say how. The server answers as soon as the bag's end is stored (no
-    polling): a script can run `gridbot submit` and then `gridbot wait`.
+def wait(bags: tuple[str, ...], timeout: str | None, server: str | None, access: Path | None, admin: bool,
+         as_json: bool) -> None:
+    """Wait until each bag named has ended, and say how. The server answers as soon as a bag's end is stored (no
+    polling): a script can run `gridbot submit` for a sweep's bags and then one `gridbot wait` for them all.
+    --timeout is for them all together.
 
-    Exit code 0 if the bag completed, 3 if it ended failed or cancelled, 4 if it was still running at
-    --timeout; 1 if the server cannot be reached, 2 for anything else wrong (no such bag)."""
+    Exit code 0 if every bag completed, 3 if one ended failed or cancelled (and none is still running), 4 if
+    one was still running at --timeout; 1 if the server cannot be reached, 2 for anything else wrong (no such
+    bag: checked for every bag named before waiting for any)."""
     try:
         seconds = parse_duration(timeout) if timeout is not None else None
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--timeout") from None
-    late = False
+    deadline = None if seconds is None else time.monotonic() + seconds
+    ended: list[BagInfo] = []
+    late: set[int] = set()
     with Client(server, access=access, admin=admin) as client:
-        try:
-            info = client.wait(bag, timeout=seconds)
-        except TimeoutError:
-            info = client.bag(bag)
-            late = info.state not in TERMINAL_BAG_STATES
+        for bag in bags:
+            client.bag(bag)  # a bag that does not exist is said before any wait
+        for bag in bags:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                info = client.wait(bag, timeout=left)
+            except TimeoutError:
+                info = client.bag(bag)
+                if info.state not in TERMINAL_BAG_STATES:
+                    late.add(info.bag_id)
+            ended.append(info)
     if as_json:
-        render.print_json(info)
+        render.print_json(ended[0] if len(ended) == 1 else ended)
     else:
-        c = info.counts
-        click.echo(f"bag {info.bag_id} '{info.name}' is {info.state}{f' after --timeout {timeout}' if late else ''}: "
-                   f"{c.done:,} of {info.total:,} jobs done, {c.failed:,} failed")
-    if info.state == BagState.COMPLETED:
-        return
-    sys.exit(3 if info.state in TERMINAL_BAG_STATES else 4)
+        for info in ended:
+            c = info.counts
+            click.echo(f"bag {info.bag_id} '{info.name}' is {info.state}"
+                       f"{f' after --timeout {timeout}' if info.bag_id in late else ''}: "
+                       f"{c.done:,} of {info.total:,} jobs done, {c.failed:,} failed")
+    if late:
+        sys.exit(4)
+    if any(info.state != BagState.COMPLETED for info in ended):
+        sys.exit(3)
 
 
 @cli.command()
