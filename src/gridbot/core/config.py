@@ -112,11 +112,11 @@ class DispatchConfig:
         "--refused-pilots"))
     """After this many pilots of one pool in a row left because a bag with work refused their hosts (its
     JobRequirements or a Concurrency of 0, and no other bag would take them; a placement's refusal does not
-    count, as a placement asks for each pool's pilots itself), the overlay
-    sends that bag one pilot of the pool at a time, `refused_backoff` apart, the wait doubled after each one
-    refused up to an hour; a host of the pool that matches the bag, or a change of its policies, ends it. A
-    pool on which no machine suits the bag then costs a pilot an hour, not one every few seconds (each billed,
-    on a cloud), while a pool where one machine in a few suits it is hardly slowed (`records.Refusals`)."""
+    count, as a placement asks for each pool's pilots itself), the overlay sends that bag one pilot of the pool
+    at a time, `refused_backoff` apart, the wait doubled after each one refused up to an hour; a host of the
+    pool that matches the bag, or a change of its policies, ends it. A pool on which no machine suits the bag
+    then costs a pilot an hour, not one every few seconds (each billed, on a cloud), while a pool where one
+    machine in a few suits it is hardly slowed (`records.Refusals`)."""
     refused_backoff: float = field(default=60.0, metadata=_knob(
         "seconds", "First wait between two pilots of a pool whose pilots a bag keeps refusing (see "
         "--refused-pilots).", "--refused-backoff"))

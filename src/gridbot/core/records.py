@@ -103,7 +103,7 @@ class Refusals:
     until: float = 0.0
     """No pilot of the pool for the bag before this."""
     level: int = 0
-    """Pilots refused since the bag was held back: the next wait is `refused_backoff` * 2 ** level."""
+    """Waits begun since the bag was held back: the next is `refused_backoff` * 2 ** level (at most the cap)."""
     why: str = ""
     """What refused the last one (for `gridbot status`)."""
     host: str = ""
