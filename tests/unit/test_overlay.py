@@ -2,8 +2,9 @@
 
 import itertools
 import random
+from types import SimpleNamespace
 
-from gridbot.schedulers.overlay import BagDemand, PoolCapacity, max_flow, plan
+from gridbot.schedulers.overlay import BagDemand, PoolCapacity, bag_demands, max_flow, plan
 
 
 def min_cut(demands, capacity):
@@ -131,3 +132,46 @@ def test_the_servers_overlay_cancels_its_newest_queued_pilots(tmp_path):
     overlay.pools["p"] = pool
     overlay._act({}, {"p": 2}, 0.0)
     assert adapter.cancelled == ["4", "3"]
+
+
+class _HeldView:
+    """Just what `bag_demands` reads of a DispatchView: one bag of 4-slot jobs, two pools, one held back."""
+
+    def __init__(self, held: dict[str, bool], wanted: dict[str, int] | None) -> None:
+        self.held, self.wanted = held, wanted
+        self.asked: list[str] = []
+
+    def bags(self):
+        return [SimpleNamespace(bag_id=1, spec=SimpleNamespace(cpus=4), queued=5, waiting_replicas=1)]
+
+    def accepts_pool(self, bag_id: int, pool: str) -> bool:
+        return True
+
+    def pool_ad(self, name: str) -> dict[str, object]:
+        return {"Cpus": 8}
+
+    def held_back(self, bag_id: int, now: float) -> dict[str, bool]:
+        return self.held
+
+    def pilots_wanted(self, bag_id: int, pools, now: float):
+        self.asked = list(pools)
+        return self.wanted
+
+
+def test_a_held_pool_gets_no_demand_then_one_jobs_slots_and_a_placement_is_not_offered_it():
+    """A pool whose pilots the bag kept refusing: while its wait runs the bag asks nothing of it and its placement
+    is not offered it (so it puts its demand elsewhere); once due, one job's slots (4 here), whatever the
+    placement wanted there."""
+    waiting = _HeldView({"grid": True}, None)
+    assert bag_demands(waiting, ["grid", "cloud"], 0.0) == [BagDemand(1, 24, frozenset({"cloud"}), 4)]
+    assert waiting.asked == ["cloud"]
+    due = _HeldView({"grid": False}, None)
+    assert sorted(bag_demands(due, ["grid", "cloud"], 0.0), key=lambda d: sorted(d.pools)) == [
+        BagDemand(1, 24, frozenset({"cloud"}), 4), BagDemand(1, 4, frozenset({"grid"}), 4)]
+    placed = _HeldView({"grid": False}, {"grid": 16, "cloud": 8})
+    assert placed.asked == [] and sorted(bag_demands(placed, ["grid", "cloud"], 0.0), key=lambda d: sorted(d.pools)) \
+        == [BagDemand(1, 8, frozenset({"cloud"}), 4), BagDemand(1, 4, frozenset({"grid"}), 4)]
+    assert placed.asked == ["grid", "cloud"], "a pool whose next pilot is due is offered to the placement"
+    held = _HeldView({"grid": True}, {"cloud": 8})
+    assert bag_demands(held, ["grid", "cloud"], 0.0) == [BagDemand(1, 8, frozenset({"cloud"}), 4)]
+    assert held.asked == ["cloud"]
