@@ -55,6 +55,8 @@ def test_a_good_pools_file():
     ('[pools.a]\nkind = "local"\nrun_as = "a b"\n', 3, "must be a user name"),
     ('[pools.a]\nkind = "local"\nallow_root = "yes"\n', 3, "must be true or false"),
     ('[pools.a]\nkind = "ec2"\nregion = "x"\ninstance_type = "t"\nimage = "i"\n', 1, "or allow_root = true"),
+    ('[pools.a]\nkind = "ec2"\nregion = "x"\ninstance_type = "t"\nimage = "i"\nallow_root = true\ninstall = 3\n', 1,
+     "install must be what pip installs"),
     ("[pool.a]\n", 1, "unknown key 'pool'"),
     ("", None, "no pools are defined"),
 ])

@@ -74,10 +74,17 @@ class PoolKind:
 
 
 def _runs_jobs_as_someone(name: str, table: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """An ec2 pool's pilots start as root: it must say whom jobs run as; its `install` is a pip requirement."""
+    out = []
+    install = table.get("install")
+    if install is not None and not (isinstance(install, str) and install.strip()):
+        out.append((f"pool '{name}': install must be what pip installs, as text, not {install!r}",
+                    'e.g. install = "gridbot==0.1.0" or "gridbot @ https://example.org/gridbot.whl"; leave it out '
+                    "for the server's own version"))
     if "run_as" in table or "allow_root" in table:
-        return []
-    return [(f"pool '{name}' (kind ec2) starts its pilots as root, which then refuse to run jobs",
-             'add run_as = "USER" (a user of the image, e.g. "ec2-user") or allow_root = true')]
+        return out
+    return [*out, (f"pool '{name}' (kind ec2) starts its pilots as root, which then refuse to run jobs",
+                   'add run_as = "USER" (a user of the image, e.g. "ec2-user") or allow_root = true')]
 
 
 def _batch(queues: str) -> PoolKind:
