@@ -412,7 +412,7 @@ def test_a_pool_whose_hosts_come_by_themselves_is_never_held_back():
     """Volunteers (and a static pool's hosts) are not started by the overlay: refusing them holds nothing back."""
     h = CoreSim(refused_pilots=1, refused_backoff=60)
     h.d.pool_ads = {"boinc": {"Name": "boinc", "Kind": "volunteer"},
-                    "sim": {"Name": "sim", "Kind": "community", "Reliability": "volunteer"}}
+                    "sim": {"Name": "sim", "Kind": "community"}}
     bag = h.bag("big", 2, {"JobRequirements": "Host.Memory > 32000"})
     for n, pool in enumerate(("boinc", "sim")):
         assert h.exchange(HostInfo(f"v{n}", f"v{n}", memory_mb=1_000, pool=pool, session="s"), 1, float(n)).refused

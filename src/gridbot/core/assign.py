@@ -22,7 +22,7 @@ from gridbot.core.changes import Changes
 from gridbot.core.kernel import Kernel
 from gridbot.core.records import BagRecord, HostRecord, Job, Refusals, busy_slots, guarded
 from gridbot.core.view import BagView, HostView, accepts, host_ad_of, job_ad
-from gridbot.model.pools import KINDS
+from gridbot.model.pools import submits_pilots
 from gridbot.model.records import Assignment
 from gridbot.model.states import BagState, JobState
 from gridbot.policy.evaluator import HostAd
@@ -137,9 +137,7 @@ def _count_refused(k: Kernel, host: HostRecord, ad: HostAd, now: float) -> None:
     s = k.s
     cfg = s.config
     pool_ad = s.pool_ads.get(host.info.pool)
-    kind = KINDS.get(str(pool_ad.get("Kind", ""))) if pool_ad is not None else None
-    if not cfg.refused_pilots or (kind is not None and not kind.pilots) or \
-            (pool_ad is not None and pool_ad.get("Reliability") == "volunteer"):
+    if not cfg.refused_pilots or (pool_ad is not None and not submits_pilots(str(pool_ad.get("Kind", "")))):
         return  # (a static or volunteer pool's hosts come by themselves: there are no pilots to hold back)
     pilot = (host.info.host_id, host.info.session)
     for bag in s.bags.values():

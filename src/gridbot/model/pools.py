@@ -201,9 +201,16 @@ class PoolSpec(msgspec.Struct, frozen=True):
 
     @property
     def submits(self) -> bool:
-        """gridbot submits its pilots (a simulated pool's too); a `static` pool's hosts come by themselves."""
-        kind = KINDS.get(self.kind)
-        return kind is None or kind.pilots
+        """gridbot submits its pilots (`submits_pilots`)."""
+        return submits_pilots(self.kind)
+
+
+def submits_pilots(kind: str) -> bool:
+    """Whether gridbot submits the pilots of a pool of this kind: a `static` or `volunteer` pool's hosts come by
+    themselves, and so do a simulated community grid's BOINC clients; a simulated grid, cluster or cloud (of no
+    kind of KINDS) is submitted to."""
+    known = KINDS.get(kind)
+    return known.pilots if known is not None else kind != "community"
 
 
 def parse_pools(text: str, source: str) -> list[PoolSpec]:
