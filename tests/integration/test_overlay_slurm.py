@@ -168,6 +168,17 @@ def stored_pilots(cluster, state):
         return [r[0] for r in db.execute("SELECT native_id FROM pilots WHERE state = ? ORDER BY id", (state,))]
 
 
+def wait_stored(cluster, running, queued=None, timeout=20):
+    """The pilots the store has running and queued, once there are `running` and `queued` (None: any) of them: the
+    server shows a pilot's new state before its overlay step has written it, so the store may lag `wait_pools`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = stored_pilots(cluster, "running"), stored_pilots(cluster, "queued")
+        if (len(got[0]) == running and queued in (None, len(got[1]))) or time.monotonic() > deadline:
+            return got
+        time.sleep(0.2)
+
+
 def squeue():
     out = subprocess.run(["squeue", "-h", "-o", "%i %T"], capture_output=True, text=True, check=True).stdout
     return dict(line.split() for line in out.splitlines())
@@ -212,7 +223,7 @@ def test_slurm_pilots_outlive_a_clean_stop_and_a_restarted_server_counts_and_kee
         gridbot_json("submit", write(tmp_path, "b.toml", BAG.format(n=150)), "--server", cluster.url)
         wait_pools(cluster, lambda p: (p["fast"].pilots_running, p["fast"].pilots_queued) == (1, 1),
                    "one pilot running and one queued")
-        (running,), (queued,) = stored_pilots(cluster, "running"), stored_pilots(cluster, "queued")
+        (running,), (queued,) = wait_stored(cluster, 1, 1)
         restart(cluster, cancel_pilots=True)
         ours = {running, queued}  # other tests' jobs may be in the queue too
         assert {j: squeue().get(j) for j in ours} == {running: "RUNNING", queued: "PENDING"}, "none cancelled"
@@ -242,7 +253,7 @@ def test_local_pilots_outlive_a_clean_stop_and_a_restarted_server_counts_them(tm
     try:
         gridbot_json("submit", write(tmp_path, "b.toml", BAG.format(n=60)), "--server", cluster.url)
         wait_pools(cluster, lambda p: p["here"].pilots_running == 2, "two pilots running")
-        pids = [int(i.removeprefix("local-")) for i in stored_pilots(cluster, "running")]
+        pids = [int(i.removeprefix("local-")) for i in wait_stored(cluster, 2)[0]]
         restart(cluster, cancel_pilots=True)
         assert len(pids) == 2 and all(alive(pid) for pid in pids), "a clean stop stops none"
         wait_pools(cluster, lambda p: p["here"].pilots_running == 2, "the two pilots taken up", 20)
