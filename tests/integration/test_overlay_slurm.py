@@ -32,7 +32,7 @@ kind = "slurm"
 partition = "big"
 max_running = 2
 max_queued = 2
-walltime = "30m"
+walltime = 0               # no --time of ours: the partition's default limit
 idle_timeout = 3
 allow_root = true          # the tests run as root
 """

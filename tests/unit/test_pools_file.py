@@ -52,6 +52,9 @@ def test_a_good_pools_file():
     ('[pools.a]\nkind = "ec2"\nregion = "x"\n', 1, "has no instance_type"),
     ('[pools.a]\nkind = "local"\npartition = "x"\n', 3, "unknown key 'partition'"),
     ('[pools.a]\nkind = "local"\nmin_cpu = 5\n', 3, "fraction from 0 to 1"),
+    ('[pools.a]\nkind = "local"\ncpu_window = 0.5\n', 3, "must be at least 1 s, not 0.5"),
+    ('[pools.a]\nkind = "local"\ncpu_window = 0\n', 3, "a duration must be positive"),
+    ('[pools.a]\nkind = "local"\ncharging_period = 0\n', 3, "a duration must be positive"),
     ('[pools.a]\nkind = "local"\nrun_as = "a b"\n', 3, "must be a user name"),
     ('[pools.a]\nkind = "local"\nallow_root = "yes"\n', 3, "must be true or false"),
     ('[pools.a]\nkind = "ec2"\nregion = "x"\ninstance_type = "t"\nimage = "i"\n', 1, "or allow_root = true"),
@@ -65,6 +68,19 @@ def test_bad_pools_files(text, line, needle):
         parse_pools(text, "pools.toml")
     found = [(p.line, p.message + " " + p.hint) for p in info.value.problems]
     assert any(needle in m and ln == line for ln, m in found), found
+
+
+def test_zero_means_never_where_the_docs_say_so():
+    """Found by the docs review of 2026-11-29: docs/pools.md gave `idle_timeout = 0` (keep idle pilots) and
+    `monitor_interval = 0` (never read) and PoolSpec meant them, but the file refused every zero duration."""
+    (a,) = parse_pools('[pools.a]\nkind = "slurm"\npartition = "p"\nwalltime = 0\nidle_timeout = "0m"\n'
+                       'monitor_interval = 0\n', "pools.toml")
+    assert (a.walltime, a.idle_timeout, a.monitor_interval) == (0.0, 0.0, 0.0)
+    from gridbot.pools.base import PilotRequest
+
+    args = PilotRequest("http://s:1").worker_args(a)
+    assert args[args.index("--idle-timeout") + 1] == "0" and "--lifetime" not in args
+    assert args[args.index("--give-up-after") + 1] != "0", "a pilot without walltime still gives up, after a day"
 
 
 def test_pilots_of_a_pool_get_its_run_as_and_allow_root():

@@ -46,6 +46,12 @@ COMMON_KEYS = ("kind", "max_running", "max_queued", "cpus", "memory_mb", "wallti
                "price_per_pilot_hour",
                "charging_period", "reliability", "level", "attributes", "idle_timeout", "min_cpu", "cpu_window",
                "run_as", "allow_root", "monitor_interval", "trusted", "jobs_per_pilot", "startup")
+DURATIONS = {"walltime": " (0: none of ours; a Slurm pilot gets the partition's default time limit)",
+             "charging_period": "", "idle_timeout": " (0: never)", "cpu_window": "",
+             "monitor_interval": " (0: never)"}
+"""The pools file's durations, each with what 0 means where 0 is allowed (as PoolSpec reads it), else ""."""
+CPU_WINDOW_MIN = 1.0
+"""The shortest `cpu_window`: a pilot's worker takes no `--cpu-window` below a second."""
 
 
 @dataclass(frozen=True)
@@ -302,13 +308,17 @@ def _pool(name: str, table: object, fail: Any) -> PoolSpec | None:
         except ValueError as e:
             fail((*path, "startup"), f"'startup' of pool '{name}': {e}", 'write startup = "90s" (0: no wait)')
             ok = False
-    for key in ("walltime", "charging_period", "idle_timeout", "cpu_window", "monitor_interval"):
+    for key, zero in DURATIONS.items():
         if key in table:
             try:
-                values[key] = parse_duration(table[key])
+                values[key] = parse_duration(table[key], zero=bool(zero))
             except ValueError as e:
-                fail((*path, key), f"'{key}' of pool '{name}': {e}")
+                fail((*path, key), f"'{key}' of pool '{name}': {e}", f'write {key} = "10m"{zero}')
                 ok = False
+    if values.get("cpu_window", CPU_WINDOW_MIN) < CPU_WINDOW_MIN:
+        fail((*path, "cpu_window"), f"'cpu_window' of pool '{name}' must be at least {CPU_WINDOW_MIN:g} s, not "
+             f"{values['cpu_window']:g}: a pilot judges its job's CPU over whole seconds", 'write cpu_window = "10m"')
+        ok = False
     for key in ("price_per_cpu_hour", "price_per_pilot_hour"):
         if key in table:
             v = table[key]

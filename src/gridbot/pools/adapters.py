@@ -193,8 +193,9 @@ class BatchAdapter(PoolAdapter):
         psij = self.psij
         ids = []
         for _ in range(n):
+            # walltime 0: no --time of ours, so the partition's default limit (PSI/J's default would be 10 min)
             attrs = psij.JobAttributes(queue_name=str(self.spec.options["partition"]),
-                                       duration=timedelta(seconds=self.spec.walltime))
+                                       duration=timedelta(seconds=self.spec.walltime) if self.spec.walltime else None)
             if "account" in self.spec.options:
                 attrs.account = str(self.spec.options["account"])
             args = [*pilot.worker_args(self.spec), "--workdir", str(self.workdir / "work"), "--name",

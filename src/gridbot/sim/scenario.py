@@ -376,7 +376,7 @@ class _Reader:
             "max_queued": self.get(t, "max_queued", path, max(1, top), _int(0)),
             "cpus": cpus,
             "walltime": self.get(t, "walltime", path, 365 * 86400.0, _dur(False)),
-            "idle_timeout": self.get(t, "idle_timeout", path, 120.0, _dur(False)),
+            "idle_timeout": self.get(t, "idle_timeout", path, 120.0, _dur(True)),
             "price_per_cpu_hour": self.get(t, "price_per_cpu_hour", path, 0.0, _fraction(math.inf)),
             "price_per_pilot_hour": self.get(t, "price_per_pilot_hour", path, 0.0, _fraction(math.inf)),
             "charging_period": self.get(t, "charging_period", path, 3600.0, _dur(False)),
