@@ -122,3 +122,31 @@ def test_job_files_and_uploads_outlive_a_restart(tmp_path: Path) -> None:
             "1": ("job 1", b"1"), "2": ("job 2", b"2")}, "the upload made before the restart was read after it"
     finally:
         cluster.stop()
+
+
+def test_accounts_added_beside_the_access_file_count_when_the_key_registry_is_elsewhere(tmp_path: Path) -> None:
+    """Found by the docs review of 2026-11-29: the server read the accounts beside its key registry, and `gridbot
+    volunteers add` wrote them beside the access file, so with `--keys-file` elsewhere no account ever counted."""
+    vport = free_port()
+    (tmp_path / "pools.toml").write_text(f'[pools.community]\nkind = "volunteer"\nport = {vport}\n')
+    (tmp_path / "keys").mkdir()
+    cluster = Cluster(tmp_path, server_args=("--pools", str(tmp_path / "pools.toml"), "--state-dir",
+                                             str(tmp_path / "state"), "--keys-file",
+                                             str(tmp_path / "keys" / "gridbot-keys.json")))
+    try:
+        cluster.start_server()
+        _wait_listening(vport)
+        accounts = tmp_path / "gridbot-volunteers.json"
+        assert f"volunteer accounts: {accounts}" in cluster.server.log  # type: ignore[union-attr]
+        key = gridbot("volunteers", "add", "alice", "--access-file", str(cluster.access), cwd=tmp_path,
+                      check=True).stdout.strip()
+        assert accounts.is_file() and (tmp_path / "keys" / "gridbot-keys.json").is_file()
+        deadline = time.monotonic() + 10  # the server re-reads the file within a second of its change
+        while True:
+            status, reply = _http(f"http://127.0.0.1:{vport}/scheduler", _request(key, 0, [], want=False))
+            if b"<hostid>" in reply or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert status == 200 and b"<hostid>" in reply, reply.decode()
+    finally:
+        cluster.stop()

@@ -278,10 +278,14 @@ def server(db: str, host: str, port: int, dispatch: DispatchConfig, max_jobs: in
                           fingerprint=security.fingerprint, cancel_on_exit=cancel_pilots_on_exit)
     srv = Server(service, overlay=overlay, access=security.access, max_hosts_per_key=max_hosts_per_key)
     if any(p.kind == "volunteer" for p in pool_specs):  # stock BOINC clients, each pool on its own port
-        from gridbot.volunteer.server import serve_volunteers
+        from gridbot.volunteer.server import accounts_path, serve_volunteers
 
+        access_path = security.access.access_path if security.access is not None else None
         serve_volunteers(srv, [p for p in pool_specs if p.kind == "volunteer"], state_dir.resolve(), host,
-                         security.access.registry_path if security.access is not None else None)
+                         access_path)
+        accounts = accounts_path(access_path, state_dir.resolve())
+        click.echo(f"volunteer accounts: {accounts} (`gridbot volunteers add NAME --volunteers-file {accounts}`; "
+                   "beside the access file, --access-file finds it too)", err=True)
     scheme = "https" if security.ssl is not None else "http"
     click.echo(f"gridbot server on {scheme}://{host}:{port} with {db}", err=True)
     if security.access is not None and security.access.access_path is not None:

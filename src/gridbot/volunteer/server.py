@@ -729,20 +729,21 @@ async def _read_upload(request: web.Request, first: bytes, received: int, nbytes
             return received
 
 
-def accounts_path(registry_path: Path | None, state_dir: Path) -> Path:
-    """Where the volunteer accounts live: beside the server's key registry (or in its state folder)."""
-    return (registry_path.parent if registry_path is not None else state_dir) / ACCOUNTS_NAME
+def accounts_path(access_path: Path | None, state_dir: Path) -> Path:
+    """Where the volunteer accounts live: beside the server's access file, where `gridbot volunteers` writes
+    them by default (or in its state folder when it has none: `--no-auth`)."""
+    return (access_path.parent if access_path is not None else state_dir) / ACCOUNTS_NAME
 
 
 def serve_volunteers(server: Server, pools: Sequence[PoolSpec], state_dir: Path, listen: str,
-                     registry_path: Path | None) -> list[VolunteerPool]:
+                     access_path: Path | None) -> list[VolunteerPool]:
     """Make the BOINC side of each volunteer pool and start it with `server`'s application (stopped with it).
     The code-signing key and the token secret are made in `state_dir/volunteer` on the first start."""
     folder = state_dir / "volunteer"
     folder.mkdir(parents=True, exist_ok=True)
     os.chmod(folder, 0o700)
     signer, tokens = load_or_make_signer(folder), Tokens.load_or_make(folder)
-    book = AccountBook(accounts_path(registry_path, state_dir))
+    book = AccountBook(accounts_path(access_path, state_dir))
     hosts = Hosts(folder / HOSTS_NAME)
     out = [VolunteerPool(server, spec, folder / spec.name, book, hosts, signer, tokens, listen) for spec in pools]
 
