@@ -120,14 +120,18 @@ JOB_ATTRS: dict[str, str] = {
 REPLICA_ATTRS = {"Name", "SentTime", "RunTime", "Host"}
 POOL_ATTRS: dict[str, str] = {
     "Name": "the pool's name in the pools file",
-    "Kind": "local, slurm, pbs, lsf, cobalt, flux, ec2 or static",
+    "Kind": "local, slurm, pbs, lsf, cobalt, flux, ec2, static or volunteer; in the simulator grid, cluster, cloud "
+            "or community",
     "Reliability": "unreliable, reliable or volunteer",
     "Level": "the pool's level in the grid execution hierarchy",
     "Cpus": "slots of each pilot",
     "Memory": "memory of each pilot in MB (0: unspecified)",
     "Walltime": "seconds a pilot may live",
     "PricePerCpuHour": "price of a CPU-hour",
+    "PricePerPilotHour": "price of an hour of a pilot's life, billed per started ChargingPeriod",
+    "ChargingPeriod": "seconds of a pilot's life billed at a time (the pools file's charging_period)",
     "MaxRunning": "most pilots running at once",
+    "Trusted": "true when its hosts' results count as a quorum alone (the pools file's trusted)",
     "Startup": "seconds a pilot takes from being asked for to taking work (the pools file's startup, else the kind's)",
     "(any other)": "the pool's own attributes from its [pools.NAME.attributes] table",
 }
