@@ -154,3 +154,13 @@ def test_the_simulation_docs_name_every_server_key():
     docs = (Path(__file__).resolve().parents[2] / "docs" / "simulation.md").read_text()
     section = docs.split("### `[server]`", 1)[1].split("###", 1)[0]
     assert [key for key in SERVER_KEYS if f"`{key}`" not in section] == []
+
+
+def test_the_log_level_takes_any_case():
+    """Found by the docs review of 2026-11-29: GRIDBOT_LOG_LEVEL=INFO, the way log levels are usually written,
+    was refused."""
+    assert CliRunner().invoke(cli, ["--log-level", "INFO", "access", "--help"]).exit_code == 0
+    assert CliRunner().invoke(cli, ["access", "--help"], env={"GRIDBOT_LOG_LEVEL": "Debug"}).exit_code == 0
+    for args, env in ((["--log-level", "loud"], {}), ([], {"GRIDBOT_LOG_LEVEL": "loud"})):
+        wrong = CliRunner().invoke(cli, [*args, "access", "--help"], env=env)
+        assert wrong.exit_code == 2 and "'loud' is not one of" in wrong.output, wrong.output

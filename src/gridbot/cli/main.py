@@ -123,8 +123,9 @@ def friendly(fn: F) -> F:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="gridbot")
-@click.option("--log-level", default=os.environ.get("GRIDBOT_LOG_LEVEL", "warning"),
-              type=click.Choice(["debug", "info", "warning", "error"]), help="How much the log says (stderr).")
+@click.option("--log-level", envvar="GRIDBOT_LOG_LEVEL", default="warning", show_envvar=True,
+              type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+              help="How much the log says (stderr).")
 def cli(log_level: str) -> None:
     """gridbot runs bags of tasks (parameter sweeps, one job per line) on every pool you can reach."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -335,7 +336,8 @@ def server(db: str, host: str, port: int, dispatch: DispatchConfig, max_jobs: in
               help="Stop after this many seconds, giving back what is held (0: never); pilots set it.")
 @click.option("--min-cpu", type=Finite(0, 1), default=0.0, show_default=True,
               help="Leave when a job uses less than this fraction of a CPU over --cpu-window (0: never).")
-@click.option("--cpu-window", type=Finite(1), default=600.0, show_default=True)
+@click.option("--cpu-window", type=Finite(1), default=600.0, show_default=True,
+              help="Seconds over which --min-cpu judges a job's CPU use.")
 @click.option("--exit-with-parent", is_flag=True, hidden=True)
 @click.option("--prefetch-seconds", type=Finite(0), default=0.0, show_default=True,
               help="Also hold enough instances for this many seconds of work, judged from the jobs run so far "
