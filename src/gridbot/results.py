@@ -66,13 +66,38 @@ class ResultsFolder:
                 theirs = {}
             if isinstance(theirs, dict) and all(theirs.get(k) == self.mark[k] for k in IDENTITY):
                 return
-            raise GridbotError(f"{self.root} holds the results of another bag ({_describe(theirs)}), not of bag "
+            twin = isinstance(theirs, dict) and all(theirs.get(k) == self.mark[k] for k in ("bag", "bag_id"))
+            other = "a bag of the same name and id from another store, or deleted and submitted again" if twin else \
+                "another bag"
+            raise GridbotError(f"{self.root} holds the results of {other} ({_describe(theirs)}), not of bag "
                                f"'{self.info.name}' (id {self.info.bag_id}, {_when(self.info.created_at)}); give "
                                "another folder, or --force to write these results over those")
         if any(self.root.iterdir()):
             what = "results of an unnamed bag (jobs.jsonl)" if (self.root / INDEX).exists() else "files"
             raise GridbotError(f"{self.root} is not empty (it holds {what}) and holds no results of bag "
                                f"'{self.info.name}'; give a new or empty folder, or --force to write into it")
+
+    @staticmethod
+    def refuse_for_a_new_bag(directory: str | Path, name: str, force: bool = False) -> None:
+        """Refuse (GridbotError) a folder that could not take a bag not yet submitted, before it is: anything in
+        it is another bag's or not results (unless forced). `gridbot run` asks this first, so a refused folder
+        leaves no bag behind in the store."""
+        root = Path(directory)
+        with _os_errors(root):
+            if root.exists() and not root.is_dir():
+                raise GridbotError(f"{root} is a file, not a folder; give a folder for the results")
+            if force or not root.is_dir() or not any(root.iterdir()):
+                return
+            if (root / MARKER).is_file():
+                try:
+                    theirs = json.loads((root / MARKER).read_text())
+                except (ValueError, UnicodeDecodeError):
+                    theirs = {}
+                raise GridbotError(f"{root} holds the results of another bag ({_describe(theirs)}), not of the new "
+                                   f"bag '{name}'; give another folder, or --force to write these results over those")
+            what = "results of an unnamed bag (jobs.jsonl)" if (root / INDEX).exists() else "files"
+            raise GridbotError(f"{root} is not empty (it holds {what}) and holds no results of bag '{name}'; give a "
+                               "new or empty folder, or --force to write into it")
 
     def write(self, results: Iterable[ResultInfo]) -> int:
         """Write each result's folder, then `jobs.jsonl` in one rename; return the number of jobs written."""

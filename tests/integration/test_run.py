@@ -64,6 +64,29 @@ def test_bad_spec_exits_2_and_stores_nothing(tmp_path):
     assert missing.returncode == 2 and "cannot read spec nope.toml" in missing.stderr
 
 
+def test_a_results_folder_that_is_taken_is_refused_before_the_bag_is_stored(tmp_path):
+    """Found by the walkthrough review of 2026-11-29: the run stored the bag, then refused the folder, and left
+    the bag active in the store."""
+    (tmp_path / "sweep.toml").write_text(SWEEP.replace("to = 40", "to = 3"))
+    (tmp_path / "factor.txt").write_text("7\n")
+    folder = tmp_path / "results" / "sweep"
+    folder.mkdir(parents=True)
+    (folder / "notes.txt").write_text("mine")
+    proc = gridbot("run", "sweep.toml", cwd=tmp_path)
+    assert proc.returncode == 2 and "results/sweep is not empty" in proc.stderr and "--force" in proc.stderr
+    stores = list((tmp_path / ".gridbot").rglob("*.db"))
+    for db in stores:
+        with sqlite3.connect(db) as conn:
+            assert conn.execute("SELECT count(*) FROM bags").fetchone() == (0,), "nothing stored"
+    (folder / ".gridbot-results.json").write_text('{"bag": "sweep", "bag_id": 1, "created_at": 1.0}')
+    (folder / "notes.txt").unlink()
+    proc = gridbot("run", "sweep.toml", cwd=tmp_path)
+    assert proc.returncode == 2 and "holds the results of another bag ('sweep', id 1" in proc.stderr
+    (folder / ".gridbot-results.json").unlink()
+    proc = gridbot("run", "sweep.toml", cwd=tmp_path)
+    assert proc.returncode == 0 and "bag sweep: completed" in proc.stdout, proc.stdout + proc.stderr
+
+
 def test_sweep_over_max_jobs_is_refused(tmp_path):
     (tmp_path / "big.toml").write_text('command = "true"\n[parameters]\na = { from = 1, to = 5000 }\n')
     proc = gridbot("run", "big.toml", "--max-jobs", "1000", cwd=tmp_path)

@@ -60,6 +60,8 @@ def run_here(spec: BagSpec, lines: Sequence[str] | None, inputs: dict[str, bytes
                 f"to run its failed jobs again with this one (done jobs keep their results): --retry-failed; "
                 f"else give this one another --name, or use another --db")
         results_dir = results_dir or Path("results") / spec.name
+        if existing is None:
+            ResultsFolder.refuse_for_a_new_bag(results_dir, spec.name, force)
         state = _state_dir(db)
         config = ServiceConfig(DispatchConfig(max_result_bytes=max_result_bytes), max_jobs=max_jobs, heartbeat=5.0)
         _others(store, spec.name)
