@@ -5,6 +5,7 @@ import itertools
 import threading
 import time
 
+import msgspec
 import pytest
 
 from gridbot.core.changes import (
@@ -832,3 +833,24 @@ def test_a_claim_check_that_comes_after_the_store_closed_takes_nothing_back(pg_u
         other.claim()
     finally:
         other.close()
+
+
+def test_a_failed_jobs_result_is_its_failure_not_the_replica_stopped_with_it(store):
+    """Found by the walkthrough review of 2026-11-29: jobs.jsonl gave `exit_code: null` to a job whose reason
+    said exit code 3, as the result showed the job's newest instance: the replica stopped when it failed."""
+    spec = msgspec.structs.replace(each_line_spec("one", max_failures=1),
+                                   policy={"ReplicationRequirements": "Tail && NumberOfReplicas < 2"})
+    row = store.create_bag(spec, ["exit 3"], {}, 1.0)
+    d, answer = drive(store, 1, 2.0)
+    (original,) = answer.assignments
+    other = HostInfo("h2", "host-2", "Linux-x86_64", 4, 1024, 8, "local")
+    store.apply(d.tick(2.5))  # in its tail: the tail strategy chooses a replica, sent to the other host
+    answer, changes = d.request_work(other, 1, [], 3.0)
+    store.apply(changes)
+    (replica,) = answer.assignments
+    assert replica.instance_id > original.instance_id
+    drive(store, 0, 4.0, [InstanceReport(original.instance_id, Outcome.FAILURE, 3, reason="exit code 3")], d)
+    (job,) = store.jobs(row.bag_id)
+    assert job.state is JobState.FAILED and len(store.instances_of(job.job_id)) == 2
+    (result,) = store.results(row.bag_id)
+    assert (result.instance.instance_id, result.instance.exit_code) == (original.instance_id, 3)

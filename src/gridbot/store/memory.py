@@ -41,6 +41,8 @@ from gridbot.store.base import (
     spec_hash,
 )
 
+FAILURES = (InstanceState.FAILED, InstanceState.OVERDUE)
+"""The instances that count as a job's failures: a failed job's result shows the newest of them."""
 
 @dataclass
 class _Inst:
@@ -332,9 +334,10 @@ class MemoryStore(Store):
                 continue
             iid = job.result_instance
             if iid is None and (mine := self.d.by_job.get(job.job_id)):
-                # a failed job shows its last failure: never a result no quorum accepted (a bag with `quorum`)
-                iid = next((i for i in reversed(mine) if self.d.instances[i].row.state is not InstanceState.DONE),
-                           None)
+                # a failed job shows its last failure, not a replica stopped when it failed for good, and never
+                # a result no quorum accepted (a bag with `quorum`)
+                kept = [i for i in reversed(mine) if self.d.instances[i].row.state is not InstanceState.DONE]
+                iid = next((i for i in kept if self.d.instances[i].row.state in FAILURES), kept[0] if kept else None)
             inst = self.d.instances[iid].row if iid is not None else None
             out.append(ResultRow(job, inst, dict(self.d.outputs.get(iid, {})) if iid is not None else {}))
             if len(out) >= limit:

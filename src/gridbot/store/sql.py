@@ -187,7 +187,8 @@ SQL = {
     "results": f"SELECT {', '.join('j.' + c.strip() for c in _JOB_COLS.split(','))}, "
                f"{', '.join('i.' + c.strip() for c in _INST_COLS.split(','))} FROM jobs j "
                "LEFT JOIN instances i ON i.id = COALESCE(j.result_instance, "
-               "(SELECT MAX(id) FROM instances WHERE job_id = j.id AND state != 'done')) "
+               "(SELECT id FROM instances WHERE job_id = j.id AND state != 'done' "
+               "ORDER BY CASE WHEN state IN ('failed', 'overdue') THEN 0 ELSE 1 END, id DESC LIMIT 1)) "
                "WHERE j.bag_id = ? AND j.id > ? AND j.state IN ('done', 'failed') ORDER BY j.id LIMIT ?",
     "outputs_of": "SELECT instance_id, name, data FROM outputs WHERE instance_id = ?",
     "input_file": "SELECT data FROM bag_inputs WHERE bag_id = ? AND name = ?",
