@@ -191,6 +191,19 @@ def test_a_revoked_worker_key_stops_its_hosts_at_their_next_exchange(cluster, tm
         assert c.bag("b").counts.done == 0 and c.bag("b").counts.running == 0
     again = cluster.start_worker("--slots", "1")
     assert again.wait(30) != 0, "a new worker with the revoked key cannot register"
+    assert "gridbot access rotate worker --pool local" in out.stdout
+    # found by the walkthrough review of 2026-11-29: no command gave the pool a key again, short of a restart
+    out = gridbot("access", "rotate", "worker", "--pool", "local", "--access-file", str(cluster.access))
+    assert out.returncode == 0 and "worker of pool local" in out.stdout, out.stdout + out.stderr
+    wrong = gridbot("access", "rotate", "worker", "--pool", "nope", "--access-file", str(cluster.access))
+    assert wrong.returncode != 0 and "the pools with worker keys: local" in wrong.stderr, wrong.stderr
+    time.sleep(1.2)  # the server re-reads its registry at most once a second
+    back = cluster.start_worker("--slots", "1")
+    (tmp_path / "c.toml").write_text('name = "c"\ncommand = "true"\n')
+    with cluster.client() as c:
+        c.submit_file(tmp_path / "c.toml")
+    assert cluster.wait_bag("c", timeout=60).counts.done == 1
+    back.stop()
 
 
 def test_rotation_gives_new_keys_and_refuses_the_old(cluster):

@@ -176,12 +176,17 @@ def rotate(role: str, pool: str | None, access_file: Path, keys_file: Path | Non
         grants.submitter = registry.add("submitter", name, now)
         changed.append(f"submitter {name}")
     if "worker" in roles:
-        for name in [p for p in grants.workers if pool in (None, p)]:
+        names = [p for p in grants.workers if pool in (None, p)]
+        if pool is not None and not names and any(k.role == "worker" and k.name == pool for k in registry.keys):
+            names = [pool]  # its key was revoked (`gridbot access revoke --pool`): this is how it gets a new one
+        for name in names:
             registry.revoke(role="worker", name=name)
             grants.workers[name] = registry.add("worker", name, now)
             changed.append(f"worker of pool {name}")
     if not changed:
-        raise AccessError("nothing to rotate: the access file has no such key")
+        known = sorted({k.name for k in registry.keys if k.role == "worker"})
+        raise AccessError("nothing to rotate: the access file has no such key" + (
+            f" (the pools with worker keys: {', '.join(known)})" if pool is not None and known else ""))
     _commit(registry_path, registry, access_path, grants, IN_PLACE_FIX)
     click.echo(f"rotated: {', '.join(changed)}; new keys in {access_path}")
 
@@ -211,3 +216,5 @@ def revoke(key_id: str | None, pool: str | None, access_file: Path, keys_file: P
         _write(access_path, kept, "the keys are revoked all the same (refused within a second); remove them from "
                                   "it by hand, or make it writable and run `gridbot access rotate`")
     click.echo(f"revoked {', '.join(f'{k.role} key {k.key_id} ({k.name})' for k in hit)}")
+    for name in sorted({k.name for k in hit if k.role == "worker"}):
+        click.echo(f"a new key for pool {name}: gridbot access rotate worker --pool {name}")
