@@ -227,7 +227,7 @@ class Overlay:
         key = self.access.access().workers.get(pool, "")
         if not key:
             raise PoolError(f"the access file {self.access.access_path} has no worker key for pool '{pool}'; "
-                            "restart the server to create one")
+                            f"make one with `gridbot access rotate worker --pool {pool}` (or restart the server)")
         return replace(self.request, key=key)
 
     def _act(self, submit: dict[str, int], cancel: dict[str, int], now: float) -> None:
