@@ -217,8 +217,7 @@ def as_dict(r: Report) -> dict[str, Any]:
         if p.chosen is not None else None,
         "frontier": [point(i) for i in p.distinct_frontier()],
         "statics": {name: {"tail_makespan": _finite(m), "cost": c,
-                           "dominated_by": len(dominating(est.tail_makespan[p.frontier], est.cost[p.frontier],
-                                                          (m, c)))}
+                           "dominated_by": _against(p, (m, c))[0], "dominates": _against(p, (m, c))[1]}
                     for name, (m, c) in r.statics.items()},
         "bests": {name: (point(i) if i is not None else None) for name, i in r.bests.items()},
     }
@@ -227,6 +226,15 @@ def as_dict(r: Report) -> dict[str, Any]:
 def _predicted(p: Planning) -> dict[str, Any]:
     m, c = p.prediction()
     return {"tail_makespan": _finite(m), "cost": c}
+
+
+def _against(p: Planning, point: tuple[float, float]) -> tuple[int, int]:
+    """How many of the frontier's distinct points dominate `point`, and how many it dominates (a static strategy
+    outside ExPERT's sampled space may beat it: the planner then says so rather than hide it)."""
+    front = p.distinct_frontier()
+    m, c = p.estimate.tail_makespan[front], p.estimate.cost[front]
+    beats = sum(1 for fm, fc in zip(m, c, strict=True) if len(dominating([point[0]], [point[1]], (fm, fc))))
+    return len(dominating(m, c, point)), beats
 
 
 def _finite(x: float) -> float | None:
@@ -267,13 +275,15 @@ def show(r: Report) -> None:
         table.add_row(p.describe(p.space[i]), render.duration(m), f"{c:.4g}",
                       ", ".join(n for k in tied for n in marks[k]))
     out(table)
-    est = p.estimate
     statics = render._table("STATIC", "TAIL MAKESPAN", "COST/TASK", "DOMINATED BY", right=("TAIL MAKESPAN",
                                                                                           "COST/TASK", "DOMINATED BY"))
+    points = len(p.distinct_frontier())
     for name, (m, c) in r.statics.items():
-        beaten = len(dominating(est.tail_makespan[p.frontier], est.cost[p.frontier], (m, c)))
+        beaten, beats = _against(p, (m, c))
         statics.add_row(name, render.duration(m) if math.isfinite(m) else "never", f"{c:.4g}",
-                        f"{beaten} frontier strategies" if beaten else "none: on or below the frontier")
+                        f"{beaten} of the frontier's {points} points" if beaten else
+                        f"none: it beats {beats} of the frontier's {points} points" if beats else
+                        "none: on the frontier")
     out(statics)
     if p.chosen is None:
         out(f"no strategy meets {p.utility.name}", soft_wrap=True)
@@ -289,6 +299,11 @@ def show(r: Report) -> None:
         out(f"best for {p.utility.name}: [bold]{p.describe(p.space[p.chosen])}[/] (T and D in units of T_ur = "
             f"{p.char.tur:.0f} s): tail {render.duration(m)} ± {render.duration(ms)}, cost {c:.4g} ± {cs:.2g} per "
             f"task{within}", soft_wrap=True)
+        ahead = [name for name, point in r.statics.items()
+                 if len(dominating([point[0]], [point[1]], p.point(p.chosen)))]
+        if ahead:
+            out(f"{', '.join(ahead)} beat{'s' if len(ahead) == 1 else ''} it here: a static strategy, outside "
+                "ExPERT's space of tail strategies (N, T, D, Mr), which `--apply` cannot choose", soft_wrap=True)
 
 
 def plot_format(path: Path) -> str:

@@ -1,0 +1,54 @@
+"""`gridbot plan --scenario` as a user reads it: the static strategies are placed against the frontier that the
+table shows (found by the walkthrough review of 2026-11-29: with every price 0, 33 strategies tied on one
+point, the table showed that point once, and each static was said to be "dominated by 33 frontier strategies",
+while CN1T0, faster than the point, was "on or below the frontier")."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from tests.integration.harness import gridbot
+
+FREE = """\
+[simulation]
+seed = 7
+
+[pools.osg]
+kind = "grid"
+size = 200
+queue_wait = { dist = "lognormal", mu = 6.0, sigma = 1.5 }
+preemption = 0.1
+
+[pools.technion]
+kind = "cluster"
+size = 60
+
+[bags.linkage]
+jobs = 5000
+runtime = { dist = "uniform", low = "10m", high = "15m" }
+instance_deadline = "3d"
+"""
+
+
+def test_the_statics_are_counted_against_the_frontiers_distinct_points(tmp_path: Path) -> None:
+    (tmp_path / "free.toml").write_text(FREE)
+    proc = gridbot("plan", "--scenario", "free.toml", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    points = len(plan["frontier"])
+    assert points >= 1
+    for name, s in plan["statics"].items():
+        assert 0 <= s["dominated_by"] <= points and 0 <= s["dominates"] <= points, (name, s)
+        assert not (s["dominated_by"] and s["dominates"]), (name, s)
+    text = gridbot("plan", "--scenario", "free.toml", cwd=tmp_path)
+    assert text.returncode == 0, text.stderr
+    counts = {int(n) for n in re.findall(r"of the frontier's (\d+) points", text.stdout)}
+    assert counts == {points}, text.stdout
+    chosen = next(f for f in plan["frontier"] if f["strategy"] == plan["chosen"]["strategy"])
+    ahead = [n for n, s in plan["statics"].items() if s["tail_makespan"] is not None and
+             s["tail_makespan"] <= chosen["tail_makespan"] and s["cost"] <= chosen["cost"] and
+             (s["tail_makespan"], s["cost"]) != (chosen["tail_makespan"], chosen["cost"])]
+    said = re.search(r"^(.*) beats? it here: a static strategy, outside ExPERT's space", text.stdout, re.M)
+    assert (said.group(1).split(", ") if said else []) == ahead, text.stdout
