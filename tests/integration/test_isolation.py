@@ -114,6 +114,34 @@ def test_the_base_environment_is_an_allow_list():
     assert env == {"PATH": "/bin", "HOME": "/h", "EXTRA": "1", "GRIDBOT_RUN": "tok"}
 
 
+def test_a_run_as_users_path_keeps_only_the_folders_it_can_search():
+    """Found by the walkthrough review of 2026-11-29: a root worker's PATH (/root/.cargo/bin first) went to jobs
+    run as nobody, so a missing command failed as "Permission denied", not "not found"."""
+    from gridbot.worker.isolation import SAFE_PATH, RunAs, searchable_path
+
+    nobody = RunAs("nobody", 65534, 65534, (), "/nonexistent")
+    import shutil
+    import tempfile
+
+    # not under pytest's base folder, which only root may search
+    tmp_path = Path(tempfile.mkdtemp(prefix="gridbot-path-"))
+    private, shared, group = tmp_path / "private", tmp_path / "shared" / "bin", tmp_path / "group"
+    for d in (private, shared, group):
+        d.mkdir(parents=True)
+    tmp_path.chmod(0o755)
+    private.chmod(0o700)
+    shared.parent.chmod(0o711)
+    os.chown(group, 0, 65534)
+    group.chmod(0o750)
+    path = f"{private}:{shared}:{group}:relative/bin:{tmp_path}/gone:/usr/bin"
+    assert searchable_path(path, nobody) == f"{shared}:{group}:/usr/bin"
+    assert searchable_path(str(private), nobody) == SAFE_PATH
+    env = job_environment((), "tok", nobody, {"PATH": path, "HOME": "/root"})
+    assert env["PATH"] == f"{shared}:{group}:/usr/bin" and env["HOME"] == "/nonexistent"
+    assert job_environment((), "tok", None, {"PATH": path})["PATH"] == path, "the worker's own user: as it is"
+    shutil.rmtree(tmp_path)
+
+
 def test_the_watchdog_outlives_signals_and_kills_marked_processes_at_end_of_file():
     """Ctrl-C or SIGTERM to the worker's group must not take the watchdog first; the end of its pipe does."""
     token = new_token()

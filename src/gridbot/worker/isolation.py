@@ -15,8 +15,10 @@ import os
 import pwd
 import resource
 import secrets
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from gridbot.errors import UsageError
 from gridbot.model.records import Limits
@@ -79,8 +81,44 @@ def job_environment(pass_env: Sequence[str], token: str, user: RunAs | None,
     env = {name: source[name] for name in (*ENV_ALLOWED, *pass_env) if name in source}
     if user is not None:
         env.update(HOME=user.home, USER=user.name, LOGNAME=user.name)
+        if "PATH" in env:
+            env["PATH"] = searchable_path(env["PATH"], user)
     env[RUN_VAR] = token
     return env
+
+
+SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
+"""A job's PATH when none of the worker's entries can be searched by the user it runs as."""
+
+
+def searchable_path(path: str, user: RunAs) -> str:
+    """`path` without the folders `user` cannot search (root's own, such as /root/.local/bin): there a missing
+    command would fail as "Permission denied" instead of "not found", and a command found further along the
+    PATH would be the wrong one for no visible reason. File modes only (no ACLs)."""
+    kept = [d for d in path.split(":") if d and _searchable(d, user)]
+    return ":".join(kept) or SAFE_PATH
+
+
+def _searchable(folder: str, user: RunAs) -> bool:
+    """Whether `user` may search `folder` and every folder above it, by their modes."""
+    groups = {user.gid, *user.groups}
+    here = Path(folder)
+    if not here.is_absolute():
+        return False
+    for part in (here, *here.parents):
+        try:
+            st = part.stat()
+        except OSError:
+            return False
+        if st.st_uid == user.uid:
+            bit = stat.S_IXUSR
+        elif st.st_gid in groups:
+            bit = stat.S_IXGRP
+        else:
+            bit = stat.S_IXOTH
+        if not st.st_mode & bit:
+            return False
+    return True
 
 
 def apply_limits(pid: int, limits: Limits) -> None:
