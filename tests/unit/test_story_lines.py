@@ -38,7 +38,7 @@ def test_a_replicated_job_reads_as_a_log_in_time_order():
         Event(1101, T0 + 657, "request", "a"), Event(1150, T0 + 660, "report", "b"),
         Event(1200, T0 + 900, "request", "a")])
     assert story_lines(story, T0) == [
-        "job 42 of bag sweep (index 41): done after 3 attempts, 1 failure",
+        "job 41 of bag sweep (id 42): done after 3 attempts, 1 failure",
         "command: run 41",
         "22:13:20  sent instance 101 to host node-a (pool slurm), due within 10m00s — request of node-a [event 812]",
         "22:23:20  instance 101 overdue — tick [event 1040]",
@@ -65,4 +65,4 @@ def test_a_story_without_events_still_shows_its_instances_and_dates_another_day(
         "2023-11-15 22:13:20  sent instance 2 to host node-a (pool slurm), due within 10m00s",
         "still running: instance 2 on host node-a",
     ]
-    assert story_lines(story, T0)[0] == "job 7 of bag old (index 0): running, 2 attempts, 0 failures so far"
+    assert story_lines(story, T0)[0] == "job 0 of bag old (id 7): running, 2 attempts, 0 failures so far"

@@ -54,7 +54,7 @@ def _summary(story: JobStory) -> list[str]:
     how = f"{j.state} after {counts}" if j.state in JOB_TERMINAL else f"{j.state}, {counts} so far"
     revision = f", revision {j.revision}" if j.revision > 1 else ""
     reason = f"; last failure: {cut(j.reason)}" if j.reason and j.state != JobState.DONE else ""
-    return [f"job {j.job_id} of bag {story.bag} (index {j.index}): {how}{revision}{reason}",
+    return [f"job {j.index} of bag {story.bag} (id {j.job_id}): {how}{revision}{reason}",
             f"command: {cut(j.command)}"]
 
 
