@@ -74,3 +74,16 @@ def test_the_planner_reads_queues_and_pilots_from_the_kind(kind, new_pilots):
     """`grid` is a simulated pool's kind, not in KINDS: it queues its pilots, as the simulator always had it."""
     spec = PoolSpec("p", kind, max_running=10, max_queued=3)
     assert pool_capacity(spec, 1, 2, (0, 4), True).new_pilots == new_pilots
+
+
+def test_gridbot_pools_shows_only_the_limits_that_apply_to_the_kind():
+    """Found by the walkthrough review of 2026-11-29: a local pool showed "1 run / 10 queue", though max_queued
+    does not apply to it (docs/pools.md)."""
+    from gridbot.cli.render import _limits
+    from gridbot.protocol import PoolInfo
+
+    def info(kind: str) -> PoolInfo:
+        return PoolInfo("p", kind, 0, 0, 0, 0, 0, 0, 0, 0.0, "", 4, 10)
+
+    assert [_limits(info(k)) for k in ("slurm", "ec2", "local", "static", "volunteer")] == [
+        "4 run / 10 queue", "4 run / 10 queue", "4 run", "-", "-"]

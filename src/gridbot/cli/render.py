@@ -23,6 +23,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from gridbot.model.pools import KINDS
 from gridbot.model.states import BagState, JobState
 from gridbot.protocol import BagInfo, CostInfo, HostInfoRow, JobInfo, JobLog, PoolInfo, QueueInfo
 
@@ -219,10 +220,19 @@ def cut(text: str, width: int = 300) -> str:
 def pools_table(pools: Sequence[PoolInfo]) -> Table:
     t = _table("POOL", "KIND", "QUEUED", "RUNNING", "ENDED", "LIMITS", "HOSTS", "JOBS DONE", "JOBS/S")
     for p in pools:
-        t.add_row(p.name, p.kind, str(p.pilots_queued), str(p.pilots_running), str(p.pilots_ended),
-                  f"{p.max_running} run / {p.max_queued} queue", str(p.hosts), f"{p.jobs_done:,}",
-                  f"{p.throughput:.2f}")
+        t.add_row(p.name, p.kind, str(p.pilots_queued), str(p.pilots_running), str(p.pilots_ended), _limits(p),
+                  str(p.hosts), f"{p.jobs_done:,}", f"{p.throughput:.2f}")
     return t
+
+
+def _limits(p: PoolInfo) -> str:
+    """The pool's limits on its pilots, those that apply to its kind: a local pool queues none, a static or
+    volunteer pool's hosts come by themselves."""
+    kind = KINDS.get(p.kind)
+    if kind is not None and not kind.pilots:
+        return "-"
+    return f"{p.max_running} run" if kind is not None and not kind.queue else \
+        f"{p.max_running} run / {p.max_queued} queue"
 
 
 def hosts_table(hosts: Sequence[HostInfoRow]) -> Table:
