@@ -158,6 +158,11 @@ def test_retry_of_a_cancelled_bag_is_refused_with_a_reason(cluster, tmp_path):
     proc = gridbot("retry", "q")
     assert proc.returncode == 2 and "was cancelled" in proc.stderr and "gridbot delete q" in proc.stderr
     no_traceback(proc)
+    # found by the walkthrough review of 2026-11-29: a cancelled bag's counts did not add up to its total
+    lines = gridbot("status").stdout.splitlines()
+    columns = next(x for x in lines if "CANCELLED" in x).split()
+    row = next(x for x in lines if x.split()[1:2] == ["q"]).split()
+    assert row[columns.index("CANCELLED")] == row[columns.index("TOTAL")] != "0", lines
 
 
 REVISED = """\

@@ -97,14 +97,16 @@ def _table(*columns: str, right: tuple[str, ...] = (), fold: bool = False) -> Ta
 
 def bags_table(bags: Sequence[BagInfo]) -> Table:
     """One line per bag with counts by state, like condor_q."""
-    columns = ("ID", "NAME", "STATE", "TOTAL", "QUEUED", "RUNNING", "DONE", "FAILED", "INSTANCES", "REPLICAS",
-               "WASTED", "AGE")
+    cancelled = any(b.counts.cancelled for b in bags)  # the column only where it says something
+    columns = ("ID", "NAME", "STATE", "TOTAL", "QUEUED", "RUNNING", "DONE", "FAILED",
+               *(("CANCELLED",) if cancelled else ()), "INSTANCES", "REPLICAS", "WASTED", "AGE")
     t = _table(*columns, right=tuple(c for c in columns if c not in ("NAME", "STATE")))
     for b in bags:
         c = b.counts
         name = b.name if b.revision <= 1 else f"{b.name} (revision {b.revision})"
         t.add_row(str(b.bag_id), name, b.state, f"{b.total:,}", f"{c.queued:,}", f"{c.running:,}", f"{c.done:,}",
-                  f"{c.failed:,}", f"{c.instances:,}", f"{c.replicas:,}", f"{c.wasted:,}", ago(b.created_at))
+                  f"{c.failed:,}", *((f"{c.cancelled:,}",) if cancelled else ()), f"{c.instances:,}",
+                  f"{c.replicas:,}", f"{c.wasted:,}", ago(b.created_at))
     return t
 
 
