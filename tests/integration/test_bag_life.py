@@ -238,10 +238,10 @@ def test_each_line_bags_take_max_failures_and_timeout(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert time.monotonic() - start < 18
     rows = {r["index"]: r for r in map(json.loads, (tmp_path / "results/cmds/jobs.jsonl").read_text().splitlines())}
-    assert rows[1]["state"] == "failed" and "failed 1 times; last: timed out after 1 s" in rows[1]["reason"]
+    assert rows[1]["state"] == "failed" and "failed 1 time; last: timed out after 1 s" in rows[1]["reason"]
     (tmp_path / "s.toml").write_text('command = "true"\n')
     bad = gridbot("run", "s.toml", "--max-failures", "2", cwd=tmp_path)
-    assert bad.returncode == 2 and "--max-failures go with --each-line" in bad.stderr
+    assert bad.returncode == 2 and "--max-failures goes with --each-line" in bad.stderr
     worse = gridbot("run", "--each-line", "cmds.txt", "--timeout", "soon", cwd=tmp_path)
     assert worse.returncode == 2 and "--timeout" in worse.stderr
     no_traceback(worse)

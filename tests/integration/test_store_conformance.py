@@ -341,7 +341,7 @@ def test_a_retry_reopens_an_ended_bag_and_queues_its_failed_jobs(store):
     assert (bag.counts.queued, bag.counts.failed, bag.counts.done) == (2, 0, 2)
     assert [b.bag_id for b in store.snapshot().bags] == [row.bag_id]
     again = [(j.index, j.state, j.failures, j.attempts, j.reason) for j in store.jobs(row.bag_id)]
-    assert again[1] == (1, JobState.QUEUED, 0, 1, "failed 1 times; last: exit code 3"), "the last reason is kept"
+    assert again[1] == (1, JobState.QUEUED, 0, 1, "failed 1 time; last: exit code 3"), "the last reason is kept"
     assert [j.index for j in store.queued_jobs(row.bag_id, 0, 10)] == [1, 3]
     _, answer = drive(store, 5, 6.0, d=d)
     assert sorted(a.index for a in answer.assignments) == [1, 3]
