@@ -623,3 +623,21 @@ def test_a_note_of_jobs_left_unplanned_says_why_without_a_deadline_or_budget():
     plan_at(sim, bag, 0.0)
     notes = sim.d.diagnostics(bag, 1.0)
     assert not any("cannot  (" in n for n in notes), notes
+
+
+def test_status_says_when_a_plans_projected_completion_has_passed():
+    """Found by the walkthrough review of 2026-11-29: a DBC bag's first status said "projected completion in
+    0.0s" while jobs were queued: the plan's projection had passed (made from other bags' turnarounds)."""
+    from gridbot.cli.render import money
+    from gridbot.core.changes import BagCounts
+    from gridbot.core.strategy import QosReport
+    from gridbot.protocol import BagInfo
+
+    def line(finish: float) -> str | None:
+        q = QosReport("cost-time", 1600.0, 5.0, 0.0, 0.0, 1.0, finish, {"local": 6}, 0, {}, {}, 1000.0)
+        info = BagInfo(1, "q", "active", 12, BagCounts(queued=6, running=2), 990.0, None, "h", budget=5.0,
+                       deadline_at=1600.0, qos=q)
+        return money(info, now=1004.0)
+
+    assert "projected completion in 6.0s" in (line(1010.0) or "")
+    assert "projected completion 3.0s ago, by the plan of 4.0s ago" in (line(1001.0) or "")

@@ -81,7 +81,8 @@ def each_line_settings(bag_spec: BagSpec, from_spec: bool, max_failures: int | N
     if from_spec:
         given = [o for o, v in (("--max-failures", max_failures), ("--timeout", timeout)) if v is not None]
         if given:
-            raise click.UsageError(f"{' and '.join(given)} {'goes' if len(given) == 1 else 'go'} with --each-line; a spec sets max_failures and "
+            verb = "goes" if len(given) == 1 else "go"
+            raise click.UsageError(f"{' and '.join(given)} {verb} with --each-line; a spec sets max_failures and "
                                    "timeout itself")
         return bag_spec
     if max_failures is not None:

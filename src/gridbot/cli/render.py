@@ -145,7 +145,10 @@ def money(bag: BagInfo, now: float | None = None) -> str | None:
         left = bag.deadline_at - now
         parts.append(f"deadline {'in ' + duration(left) if left > 0 else duration(-left) + ' ago'}")
     if q is not None and q.projected_finish is not None and bag.state == BagState.ACTIVE.value:
-        parts.append(f"projected completion in {duration(max(0.0, q.projected_finish - now))}")
+        left = q.projected_finish - now
+        # a plan's projection ages until the next plan: one already passed says when it was made, not "in 0 s"
+        parts.append(f"projected completion in {duration(left)}" if left > 0 else
+                     f"projected completion {duration(-left)} ago, by the plan of {duration(now - q.planned_at)} ago")
     if q is not None and q.unplanned:
         parts.append(f"{q.unplanned:,} jobs fit neither")
     where = f" ({q.strategy}: {', '.join(f'{p} {n:,}' for p, n in sorted(q.planned.items()))} planned)" if (

@@ -413,7 +413,8 @@ class Kernel:
         bag = self.s.bags[job.bag_id]
         spec = bag.spec
         if job.failures >= spec.max_failures:
-            self.finish_job(job, JobState.FAILED, f"failed {job.failures} time{'' if job.failures == 1 else 's'}; last: {reason}", now, changes)
+            times = "1 time" if job.failures == 1 else f"{job.failures} times"
+            self.finish_job(job, JobState.FAILED, f"failed {times}; last: {reason}", now, changes)
         elif spec.quorum > 1 and job.attempts >= spec.instance_cap() and not job.live:
             self.finish_job(job, JobState.FAILED, f"no quorum of {spec.quorum} after {job.attempts} instances "
                             f"(max_instances); last: {reason}", now, changes)
