@@ -627,7 +627,7 @@ def test_a_note_of_jobs_left_unplanned_says_why_without_a_deadline_or_budget():
 
 def test_status_says_when_a_plans_projected_completion_has_passed():
     """Found by the walkthrough review of 2026-11-29: a DBC bag's first status said "projected completion in
-    0.0s" while jobs were queued: the plan's projection had passed (made from other bags' turnarounds)."""
+    0.0s" while jobs were queued: a projection that passed before the next plan was shown as 0."""
     from gridbot.cli.render import money
     from gridbot.core.changes import BagCounts
     from gridbot.core.strategy import QosReport
