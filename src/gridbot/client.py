@@ -102,17 +102,19 @@ def load_spec_file(path: str | Path, name: str | None = None,
         spec = parse_spec(text, str(path), path.stem, max_jobs)
     if name:
         spec = _named(msgspec.structs.replace(spec, name=name), str(path))
-    try:
-        validate_policies(spec.policy, spec.instance_deadline)
-    except PolicyError as e:
-        lines = key_lines(text)
-        line = lines.get(("policy", e.policy)) or lines.get(("policy",))
-        raise SpecError(str(path), [Problem(f"policy {e.policy} = {e.text!r}: {e.problem}", line, e.hint)]) from None
+    problems, lines = [], key_lines(text)
+    for policy, written in spec.policy.items():  # one at a time, so that every wrong one is named at once
+        try:
+            validate_policies({policy: written}, spec.instance_deadline)
+        except PolicyError as e:
+            line = lines.get(("policy", e.policy)) or lines.get(("policy",))
+            problems.append(Problem(f"policy {e.policy} = {e.text!r}: {e.problem}", line, e.hint))
     try:
         registry.check_bag(spec)
     except StrategyError as e:
-        line = key_lines(text).get(("strategy",))
-        raise SpecError(str(path), [Problem(str(e), line, "see docs/architecture.md for the strategies")]) from None
+        problems.append(Problem(str(e), lines.get(("strategy",)), "see docs/architecture.md for the strategies"))
+    if problems:
+        raise SpecError(str(path), problems)
     inputs = {}
     for p in spec.inputs:
         f = path.parent / p

@@ -125,3 +125,18 @@ def test_the_per_bag_renderer_renders_every_job_as_render_did(text):
         env.update({f"GRIDBOT_PARAM_{k.upper()}": v for k, v in values.items()})
         expected = (spec.command.format_map(values), env, [o.format_map(values) for o in spec.outputs])
         assert fast(index, None) == expected, index
+
+
+def test_every_wrong_policy_and_the_strategy_are_named_at_once(tmp_path):
+    """Found by the walkthrough review of 2026-11-29: a spec with a typo in Rank, a broken
+    ReplicationRequirements and an unknown tail was refused one problem at a time, three submissions for three
+    fixes."""
+    from gridbot.client import load_spec_file
+
+    (tmp_path / "three.toml").write_text('command = "echo {i}"\n[parameters]\ni = [1, 2]\n[policy]\n'
+                                         'Rank = "Host.Sped"\nReplicationRequirements = "NumberOfReplicas <"\n'
+                                         '[strategy]\ntail = "expertt"\n')
+    with pytest.raises(SpecError) as e:
+        load_spec_file(tmp_path / "three.toml")
+    assert [(p.line, p.message.split(" = ")[0].split(";")[0]) for p in e.value.problems] == [
+        (5, "policy Rank"), (6, "policy ReplicationRequirements"), (7, "unknown tail strategy 'expertt' in [strategy]")]
