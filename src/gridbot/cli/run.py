@@ -25,7 +25,6 @@ from gridbot.pools.adapters import LocalAdapter
 from gridbot.pools.base import PilotRequest
 from gridbot.protocol import BagInfo
 from gridbot.results import ResultsFolder
-from gridbot.schedulers import registry
 from gridbot.security.access import ephemeral_keys
 from gridbot.server.app import EmbeddedServer, tune_gc
 from gridbot.server.service import Service, ServiceConfig
@@ -50,7 +49,6 @@ def run_here(spec: BagSpec, lines: Sequence[str] | None, inputs: dict[str, bytes
     With `retry_failed`, a stored bag of the same name has its failed jobs run again, under this spec as its
     next revision if the spec or inputs changed; `force` writes the results into a folder holding others;
     `console` prints the web console's URL (`console_url`)."""
-    spec = registry.placed(spec, hierarchy=False)  # as the embedded server (no queues) stores it, hash and all
     store = open_store(db)
     try:
         existing = store.bag(spec.name)

@@ -12,7 +12,7 @@ import msgspec
 
 from gridbot.core.strategy import BagStrategies
 from gridbot.model.hierarchy import QueueSpec
-from gridbot.model.spec import BagSpec, StrategyChoice, closest, with_qos_placement
+from gridbot.model.spec import BagSpec, StrategyChoice, closest
 from gridbot.schedulers.base import Placement, StrategyError, TailStrategy
 from gridbot.schedulers.economy import PLACEMENTS as DBC_PLACEMENTS
 from gridbot.schedulers.expert.tail import ExpertTail
@@ -112,12 +112,6 @@ def default_placement(spec: BagSpec, hierarchy: bool) -> BagSpec:
         return spec
     name = HierarchyPlacement.name if hierarchy else GridBotPlacement.name
     return msgspec.structs.replace(spec, strategy=msgspec.structs.replace(spec.strategy, placement=name))
-
-
-def placed(spec: BagSpec, hierarchy: bool) -> BagSpec:
-    """The spec as a server (with queues or not) stores it: its placement named (`with_qos_placement`, then
-    `default_placement`). Whoever compares a spec with a stored one (its hash) compares this."""
-    return default_placement(with_qos_placement(spec), hierarchy)
 
 
 def placement_name(choice: StrategyChoice) -> str:

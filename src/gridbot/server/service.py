@@ -531,7 +531,7 @@ class Service:
     def _placed(self, spec: BagSpec) -> BagSpec:
         """The placement a bag that names none gets: DBC's with a deadline or a budget, the hierarchy's on a
         server with queues."""
-        return registry.placed(spec, bool(self.config.queues))
+        return registry.default_placement(with_qos_placement(spec), bool(self.config.queues))
 
     def _check_work(self, spec: BagSpec, lines: Sequence[str] | None, inputs: dict[str, bytes]) -> int:
         """Refuse (BadRequest) a spec, lines and inputs that cannot make a bag here; return its jobs."""
