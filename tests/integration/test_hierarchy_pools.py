@@ -113,39 +113,3 @@ def test_an_underestimated_bag_moves_down_and_a_short_one_is_not_delayed(tmp_pat
         wait_pilots_gone(cluster)
     finally:
         cluster.stop()
-
-
-LOCAL_QUEUE = """\
-[pools.here]
-kind = "local"
-max_running = 1
-idle_timeout = 5
-min_cpu = 0
-allow_root = true          # the tests run as root
-
-[queues.top]
-level = 1
-pools = ["here"]
-queue_time_limit = "60s"
-exec_time_limit = "30s"
-max_cpus = 1
-"""
-
-
-def test_a_bag_that_names_gridbots_placement_keeps_it_on_a_server_with_queues(tmp_path):
-    """Found by the docs review of 2026-11-29: the server made a named `placement = "gridbot"` the hierarchy's
-    (the spec could not tell it named from left out) while the simulator kept it, so a simulated bag was placed
-    otherwise than the same bag on a server."""
-    cluster = start(tmp_path, pools=LOCAL_QUEUE)
-    try:
-        url = ["--server", cluster.url]
-        for name, strategy in (("unnamed", ""), ("named", '[strategy]\nplacement = "gridbot"\n')):
-            gridbot_json("submit", write(tmp_path, f"{name}.toml", f'name = "{name}"\ncommand = "true"\n{strategy}'
-                                         '[parameters]\ni = { from = 1, to = 3 }\n'), *url)
-        with cluster.client() as c:
-            assert c.bag("unnamed").level is not None, "no placement named: the hierarchy's, at a level"
-            assert c.bag("named").level is None, "GridBot's placement, named: no level"
-        for name in ("unnamed", "named"):
-            assert cluster.wait_bag(name, timeout=60).counts.done == 3
-    finally:
-        cluster.stop()

@@ -455,14 +455,7 @@ def test_a_spec_names_its_dbc_placement_and_keeps_it():
     assert (spec.strategy.placement, spec.budget, spec.bag_deadline, spec.bag_deadline_at) == (
         "cost", 600.0, 5400.0, None)
     assert spec.deadline_at(1000.0) == 6400.0
-    plain = parse_spec(BASE, "s", "s")
-    assert plain.strategy.placement == "", "no budget, no deadline: none named, so the server's default"
-    from gridbot.schedulers.registry import default_placement
-
-    assert default_placement(plain, hierarchy=False).strategy.placement == "gridbot"
-    assert default_placement(plain, hierarchy=True).strategy.placement == "hierarchy"
-    named = parse_spec(BASE + '[strategy]\nplacement = "gridbot"\n', "s", "s")
-    assert default_placement(named, hierarchy=True).strategy.placement == "gridbot", "named, it stays"
+    assert parse_spec(BASE, "s", "s").strategy.placement == "gridbot", "no budget, no deadline: GridBot's"
 
 
 def test_a_spec_with_an_absolute_deadline_has_it_on_the_epoch():

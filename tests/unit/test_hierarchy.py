@@ -306,12 +306,12 @@ def test_check_bag_takes_the_hierarchys_options():
     registry.check_bag(_spec("hierarchy", complexity=3600, beta=0.5, min_results=5, preempt=False), hierarchy=True)
 
 
-def test_default_placement_gives_the_hierarchy_only_where_there_are_queues_and_no_placement_is_named():
-    assert registry.default_placement(_spec(""), True).strategy.placement == "hierarchy"
-    assert registry.default_placement(_spec(""), False).strategy.placement == "gridbot"
-    for other in ("cost-time", "hierarchy", "gridbot"):  # a named gridbot stays (it once became hierarchy)
+def test_default_placement_switches_gridbot_to_the_hierarchy_only_where_there_are_queues():
+    assert registry.default_placement(_spec("gridbot"), True).strategy.placement == "hierarchy"
+    assert registry.default_placement(_spec("gridbot"), False).strategy.placement == "gridbot"
+    for other in ("cost-time", "hierarchy"):
         assert registry.default_placement(_spec(other), True).strategy.placement == other
-    spec = _spec("", complexity=10.0)
+    spec = _spec("gridbot", complexity=10.0)
     assert registry.default_placement(spec, True).strategy.options == {"complexity": 10.0}
 
 

@@ -34,7 +34,7 @@ def done(a, wall: float = 10.0) -> InstanceReport:
 # -- the spec and the registry ------------------------------------------------------------------------
 
 def test_a_spec_names_its_strategies_and_gridbots_are_the_default():
-    assert parse_spec(BASE, "s.toml", "s").strategy == StrategyChoice("gridbot", "", {}), "placement: none named"
+    assert parse_spec(BASE, "s.toml", "s").strategy == StrategyChoice("gridbot", "gridbot", {})
     spec = parse_spec(BASE + '[strategy]\ntail = "gridbot"\nplacement = "gridbot"\nratio = 0.5\n', "s.toml", "s")
     assert spec.strategy == StrategyChoice("gridbot", "gridbot", {"ratio": 0.5})
 

@@ -192,10 +192,8 @@ class StrategyChoice(msgspec.Struct, frozen=True):
 
     tail: str = "gridbot"
     """When the bag is in its tail and which running jobs get replicas (GridBot's Algorithm 2 by default)."""
-    placement: str = ""
-    """How much the bag wants a host, pilots per pool, jobs moved between pools; "": none named, so the server's
-    default (`gridbot.schedulers.registry.default_placement`: DBC's cost-time for a bag with a deadline or a
-    budget, the hierarchy's on a server with queues, else GridBot's Rank), resolved when the bag is submitted."""
+    placement: str = "gridbot"
+    """How much the bag wants a host, pilots per pool, jobs moved between pools (GridBot's Rank by default)."""
     options: dict[str, StrategyOption] = msgspec.field(default_factory=dict)
 
 
@@ -382,11 +380,10 @@ QOS_PLACEMENT = "cost-time"
 
 
 def with_qos_placement(spec: BagSpec) -> BagSpec:
-    """The spec, with placement `QOS_PLACEMENT` if it has a deadline or a budget and names no placement or
-    GridBot's (which counts no money, so would be refused): a user who gives a budget expects it kept without
-    knowing the strategies."""
+    """The spec, with placement `QOS_PLACEMENT` if it has a deadline or a budget and names GridBot's placement
+    (which counts no money): a user who gives a budget expects it kept without knowing the strategies."""
     qos = spec.budget is not None or spec.bag_deadline is not None or spec.bag_deadline_at is not None
-    if not qos or spec.strategy.placement not in ("", "gridbot"):
+    if not qos or spec.strategy.placement != "gridbot":
         return spec
     return msgspec.structs.replace(spec, strategy=msgspec.structs.replace(spec.strategy, placement=QOS_PLACEMENT))
 

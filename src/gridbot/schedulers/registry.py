@@ -43,9 +43,9 @@ def check_bag(spec: BagSpec, hierarchy: bool | None = None) -> None:
                             "in its pools file (docs/hierarchy.md), or choose another placement")
     qos = [k for k, v in (("bag_deadline", spec.bag_deadline), ("bag_deadline", spec.bag_deadline_at),
                           ("budget", spec.budget)) if v is not None]
-    if qos and not PLACEMENTS[placement_name(spec.strategy)].counts_money:
+    if qos and not PLACEMENTS[spec.strategy.placement].counts_money:
         takes = ", ".join(n for n, p in PLACEMENTS.items() if p.counts_money)
-        raise StrategyError(f"placement {placement_name(spec.strategy)!r} does not keep a bag's {qos[0]}: set "
+        raise StrategyError(f"placement {spec.strategy.placement!r} does not keep a bag's {qos[0]}: set "
                             f"[strategy] placement to one that does ({takes})")
 
 
@@ -53,7 +53,7 @@ def check(choice: StrategyChoice) -> None:
     """Refuse (StrategyError, naming the fix) a `[strategy]` table naming an unknown strategy, or options
     neither of its strategies takes, or an option of the wrong type."""
     tail = _lookup("tail", choice.tail, TAILS)
-    placement = _lookup("placement", placement_name(choice), PLACEMENTS)
+    placement = _lookup("placement", choice.placement, PLACEMENTS)
     known: dict[str, object] = {**tail.options, **placement.options}
     for key, value in choice.options.items():
         if key not in known:
@@ -63,7 +63,7 @@ def check(choice: StrategyChoice) -> None:
             if not hint and owners:
                 hint = f"it is an option of placement = {owners[0]!r}: name that placement in [strategy];"
             raise StrategyError(f"strategy option '{key}' is not an option of tail = {choice.tail!r} or placement = "
-                                f"{placement_name(choice)!r}: {hint + ' ' if hint else ''}they take {takes}")
+                                f"{choice.placement!r}: {hint + ' ' if hint else ''}they take {takes}")
         default = known[key]
         if not _same_type(value, default):
             raise StrategyError(f"strategy option '{key}' must be {type(default).__name__} like its default "
@@ -87,7 +87,7 @@ class Factory:
         choice = spec.strategy
         bag_seed = self.seed + (bag_id - 1) * 7919
         tail = _lookup("tail", choice.tail, TAILS)(bag_id, bag_seed, choice.options)
-        cls = _lookup("placement", placement_name(choice), PLACEMENTS)
+        cls = _lookup("placement", choice.placement, PLACEMENTS)
         if cls is HierarchyPlacement:
             placement: Placement = HierarchyPlacement(bag_id, bag_seed, choice.options, self.hierarchy)
         elif issubclass(cls, StatefulPlacement):
@@ -105,18 +105,11 @@ def factory(seed: int = 1, queues: Sequence[QueueSpec] = ()) -> Factory:
 
 
 def default_placement(spec: BagSpec, hierarchy: bool) -> BagSpec:
-    """The spec with its placement named: a bag that names none gets "hierarchy" where the server has queues
-    (on such a server every bag is served at its level unless it asks otherwise), else GridBot's. One that
-    names "gridbot" keeps it, queues or not."""
-    if spec.strategy.placement:
+    """The spec, with placement "hierarchy" where the server has queues and the bag names GridBot's default
+    placement: on such a server every bag is served at its level unless it asks otherwise."""
+    if not hierarchy or spec.strategy.placement != "gridbot":
         return spec
-    name = HierarchyPlacement.name if hierarchy else GridBotPlacement.name
-    return msgspec.structs.replace(spec, strategy=msgspec.structs.replace(spec.strategy, placement=name))
-
-
-def placement_name(choice: StrategyChoice) -> str:
-    """The placement `choice` names, GridBot's where it names none (a spec not yet through `default_placement`)."""
-    return choice.placement or GridBotPlacement.name
+    return msgspec.structs.replace(spec, strategy=msgspec.structs.replace(spec.strategy, placement="hierarchy"))
 
 
 S = TypeVar("S")

@@ -701,15 +701,14 @@ class Service:
         """Change an active bag's `[strategy]` while it runs: its strategies are made anew from the next
         decision on (what the old ones chose and not yet sent is dropped). Nothing changes if it is refused."""
         self.ready()
-        if row.state is not BagState.ACTIVE or row.bag_id not in self.dispatcher.view:
-            raise BadRequest(f"bag {row.name} is {row.state.value}, not running here: its strategy can change only "
-                             "while it runs")
-        spec = self._placed(msgspec.structs.replace(row.spec, strategy=choice))
-        choice = spec.strategy
         try:
             registry.check(choice)
         except StrategyError as e:
             raise BadRequest(str(e)) from None
+        if row.state is not BagState.ACTIVE or row.bag_id not in self.dispatcher.view:
+            raise BadRequest(f"bag {row.name} is {row.state.value}, not running here: its strategy can change only "
+                             "while it runs")
+        spec = msgspec.structs.replace(row.spec, strategy=choice)
         try:
             registry.check_bag(spec, bool(self.config.queues))
             # made once on trial (with a hierarchy of its own): a strategy that cannot start changes nothing

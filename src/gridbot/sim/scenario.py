@@ -605,7 +605,8 @@ class _Reader:
             choice = parse_strategy(table, f"bag '{name}'")
             has_queues = self.has_queues
             spec = with_qos_placement(msgspec.structs.replace(qos or BagSpec(name=name), strategy=choice))
-            spec = registry.default_placement(spec, has_queues)  # (a placement named stays, as on a server)
+            if not (isinstance(table, dict) and "placement" in table):  # (a placement named stays: gridbot too)
+                spec = registry.default_placement(spec, has_queues)
             registry.check_bag(spec, has_queues)
             choice = spec.strategy
         except (SpecError, StrategyError) as e:
