@@ -250,7 +250,8 @@ def test_a_scenario_with_queues_parses_and_its_bags_are_placed_by_the_hierarchy(
     assert by_name["short"].strategy.placement == "hierarchy", "GridBot's default becomes the hierarchy"
     assert by_name["other"].strategy.placement == "hierarchy"
     assert by_name["other"].strategy.options == {"complexity": 60}
-    assert by_name["plain"].strategy.placement == "gridbot", "a placement the scenario names stays"
+    assert by_name["plain"].strategy.placement == "hierarchy", "a named gridbot too, as on a server (the spec " \
+        "cannot tell it from left out)"
 
 
 def test_a_scenario_without_queues_keeps_gridbots_placement_and_refuses_the_hierarchys():
@@ -1131,8 +1132,8 @@ def test_bags_replayed_from_a_log_are_placed_by_the_hierarchy_and_can_be_given_a
     assert len(sc.bags) == 3
     assert {(b.strategy.placement, b.strategy.options["complexity"]) for b in sc.bags} == {("hierarchy", 120)}
     plain = parse_scenario(head + '[swf_bags.nasa]\nswf = "NASA-iPSC"\ncount = 2\n'
-                           '[swf_bags.nasa.strategy]\nplacement = "gridbot"\n', "sc.toml")
-    assert {b.strategy.placement for b in plain.bags} == {"gridbot"}
+                           '[swf_bags.nasa.strategy]\nplacement = "naive"\n', "sc.toml")
+    assert {b.strategy.placement for b in plain.bags} == {"naive"}
     r = simulate(parse_scenario(head + '[swf_bags.nasa]\nswf = "NASA-iPSC"\ncount = 3\nmax_jobs = 4\n', "sc.toml"))
     done = [b for b in r.bags if b.state == "completed"]
     assert done and all(b.level is not None and b.level["queue"] in ("q1", "q2") for b in done)

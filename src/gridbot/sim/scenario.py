@@ -605,8 +605,7 @@ class _Reader:
             choice = parse_strategy(table, f"bag '{name}'")
             has_queues = self.has_queues
             spec = with_qos_placement(msgspec.structs.replace(qos or BagSpec(name=name), strategy=choice))
-            if not (isinstance(table, dict) and "placement" in table):  # (a placement named stays: gridbot too)
-                spec = registry.default_placement(spec, has_queues)
+            spec = registry.default_placement(spec, has_queues)  # as the server does: a named gridbot too
             registry.check_bag(spec, has_queues)
             choice = spec.strategy
         except (SpecError, StrategyError) as e:
