@@ -121,3 +121,23 @@ def test_a_pools_startup_is_in_its_ad_else_its_kinds():
         assert 'write startup = "90s" (0: no wait)' in str(e.value)
     with pytest.raises(SpecError, match="attribute 'Startup' of pool 'mine' is the pool's own ad attribute"):
         parse_pools('[pools.mine]\nkind = "local"\n[pools.mine.attributes]\nStartup = 1\n', "p.toml")
+
+
+def test_a_batch_pilot_without_walltime_asks_no_limit_and_kinds_that_need_one_refuse_0(tmp_path):
+    """Found by the review of 2026-11-29: `walltime = 0` on a Slurm pool made PSI/J's typed constructor refuse
+    every pilot (duration None); LSF's, Cobalt's and Flux's executors need a duration, so 0 is refused there."""
+    from gridbot.pools.adapters import BatchAdapter
+    from gridbot.pools.base import PilotRequest
+
+    (none, four) = parse_pools('[pools.a]\nkind = "slurm"\npartition = "p"\nwalltime = 0\n'
+                               '[pools.b]\nkind = "slurm"\npartition = "p"\nwalltime = "4h"\n', "pools.toml")
+    for spec, want in ((none, None), (four, 4 * 3600.0)):
+        adapter = BatchAdapter(spec, tmp_path)
+        sent = []
+        adapter.executor.submit = lambda job, sent=sent: (sent.append(job), setattr(job, "_native_id", "1"))
+        adapter.submit(1, PilotRequest("http://s:1"))
+        duration = sent[0].spec.attributes.duration
+        assert (duration.total_seconds() if duration is not None else None) == want
+    for kind in ("lsf", "cobalt", "flux"):
+        with pytest.raises(SpecError, match=f"cannot be 0 for kind '{kind}'"):
+            parse_pools(f'[pools.a]\nkind = "{kind}"\npartition = "p"\nwalltime = 0\n', "pools.toml")

@@ -46,7 +46,7 @@ COMMON_KEYS = ("kind", "max_running", "max_queued", "cpus", "memory_mb", "wallti
                "price_per_pilot_hour",
                "charging_period", "reliability", "level", "attributes", "idle_timeout", "min_cpu", "cpu_window",
                "run_as", "allow_root", "monitor_interval", "trusted", "jobs_per_pilot", "startup")
-DURATIONS = {"walltime": " (0: none of ours; a Slurm pilot gets the partition's default time limit)",
+DURATIONS = {"walltime": " (0: none of ours; a Slurm or PBS pilot gets its queue's default time limit)",
              "charging_period": "", "idle_timeout": " (0: never)", "cpu_window": "",
              "monitor_interval": " (0: never)"}
 """The pools file's durations, each with what 0 means where 0 is allowed (as PoolSpec reads it), else ""."""
@@ -73,6 +73,9 @@ class PoolKind:
     """gridbot submits its pilots (a `static` pool's hosts come by themselves)."""
     check: Callable[[str, Mapping[str, Any]], list[tuple[str, str]]] | None = None
     """The kind's own rule over a pool's table (pool name, table): a (message, hint) for each problem."""
+    walltime_optional: bool = True
+    """`walltime = 0` (no limit of ours) may be given: its batch system has a default limit, or none is needed
+    (PSI/J's executors for LSF, Cobalt and Flux need a duration)."""
     startup: float = 0.0
     """Typical seconds from the overlay asking for a pilot to the pilot taking work, when the pools file does not
     say (`startup`): ExPERT's estimate adds it to an instance sent to a reliable pool, whose pilots the tail asks
@@ -93,19 +96,20 @@ def _runs_jobs_as_someone(name: str, table: Mapping[str, Any]) -> list[tuple[str
                    'add run_as = "USER" (a user of the image, e.g. "ec2-user") or allow_root = true')]
 
 
-def _batch(queues: str) -> PoolKind:
+def _batch(queues: str, walltime_optional: bool = True) -> PoolKind:
     """A batch system reached through psij-python (its executor has the kind's name), one queue a pool."""
     return PoolKind("gridbot.pools.adapters:BatchAdapter", ("partition", "account", "work_dir"),
-                    (("partition", f'add partition = "NAME" ({queues})'),), startup=60.0)
+                    (("partition", f'add partition = "NAME" ({queues})'),), startup=60.0,
+                    walltime_optional=walltime_optional)
 
 
 KINDS: dict[str, PoolKind] = {
     "local": PoolKind("gridbot.pools.adapters:LocalAdapter", queue=False, startup=5.0),
     "slurm": _batch("see `sinfo`"),
     "pbs": _batch("see `qstat -Q`"),
-    "lsf": _batch("see `bqueues`"),
-    "cobalt": _batch("the Cobalt queue"),
-    "flux": _batch("the Flux queue"),
+    "lsf": _batch("see `bqueues`", walltime_optional=False),
+    "cobalt": _batch("the Cobalt queue", walltime_optional=False),
+    "flux": _batch("the Flux queue", walltime_optional=False),
     "ec2": PoolKind("gridbot.pools.adapters:EC2Adapter",
                     ("region", "instance_type", "image", "spot", "subnet", "security_group", "key_name",
                      "endpoint_url", "install"),
@@ -318,6 +322,10 @@ def _pool(name: str, table: object, fail: Any) -> PoolSpec | None:
     if values.get("cpu_window", CPU_WINDOW_MIN) < CPU_WINDOW_MIN:
         fail((*path, "cpu_window"), f"'cpu_window' of pool '{name}' must be at least {CPU_WINDOW_MIN:g} s, not "
              f"{values['cpu_window']:g}: a pilot judges its job's CPU over whole seconds", 'write cpu_window = "10m"')
+        ok = False
+    if values.get("walltime") == 0.0 and not rules.walltime_optional:
+        fail((*path, "walltime"), f"'walltime' of pool '{name}' cannot be 0 for kind '{kind}': its batch system is "
+             "asked for a limit", 'write walltime = "4h"')
         ok = False
     for key in ("price_per_cpu_hour", "price_per_pilot_hour"):
         if key in table:

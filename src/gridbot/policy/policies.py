@@ -126,7 +126,7 @@ POOL_ATTRS: dict[str, str] = {
     "Level": "the pool's level in the grid execution hierarchy",
     "Cpus": "slots of each pilot",
     "Memory": "memory of each pilot in MB (0: unspecified)",
-    "Walltime": "seconds a pilot may live",
+    "Walltime": "seconds a pilot may live (0: no limit of gridbot's; the batch queue's own, if any)",
     "PricePerCpuHour": "price of a CPU-hour",
     "PricePerPilotHour": "price of an hour of a pilot's life, billed per started ChargingPeriod",
     "ChargingPeriod": "seconds of a pilot's life billed at a time (the pools file's charging_period)",

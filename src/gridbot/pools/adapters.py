@@ -193,9 +193,10 @@ class BatchAdapter(PoolAdapter):
         psij = self.psij
         ids = []
         for _ in range(n):
-            # walltime 0: no --time of ours, so the partition's default limit (PSI/J's default would be 10 min)
             attrs = psij.JobAttributes(queue_name=str(self.spec.options["partition"]),
-                                       duration=timedelta(seconds=self.spec.walltime) if self.spec.walltime else None)
+                                       duration=timedelta(seconds=self.spec.walltime or 1))
+            if not self.spec.walltime:  # no limit of ours: the queue's default, not PSI/J's 10 minutes
+                attrs.duration = None  # (the constructor's type check takes no None; Slurm and PBS do)
             if "account" in self.spec.options:
                 attrs.account = str(self.spec.options["account"])
             args = [*pilot.worker_args(self.spec), "--workdir", str(self.workdir / "work"), "--name",
