@@ -93,8 +93,10 @@ class ResultsFolder:
                     theirs = json.loads((root / MARKER).read_text())
                 except (ValueError, UnicodeDecodeError):
                     theirs = {}
-                raise GridbotError(f"{root} holds the results of another bag ({_describe(theirs)}), not of the new "
-                                   f"bag '{name}'; give another folder, or --force to write these results over those")
+                same = isinstance(theirs, dict) and theirs.get("bag") == name
+                other = "an earlier bag of that name, from another store or deleted since" if same else "another bag"
+                raise GridbotError(f"{root} holds the results of {other} ({_describe(theirs)}), not of the new bag "
+                                   f"'{name}'; give another folder, or --force to write these results over those")
             what = "results of an unnamed bag (jobs.jsonl)" if (root / INDEX).exists() else "files"
             raise GridbotError(f"{root} is not empty (it holds {what}) and holds no results of bag '{name}'; give a "
                                "new or empty folder, or --force to write into it")

@@ -81,7 +81,8 @@ def test_a_results_folder_that_is_taken_is_refused_before_the_bag_is_stored(tmp_
     (folder / ".gridbot-results.json").write_text('{"bag": "sweep", "bag_id": 1, "created_at": 1.0}')
     (folder / "notes.txt").unlink()
     proc = gridbot("run", "sweep.toml", cwd=tmp_path)
-    assert proc.returncode == 2 and "holds the results of another bag ('sweep', id 1" in proc.stderr
+    assert proc.returncode == 2 and "holds the results of an earlier bag of that name, from another store or " \
+        "deleted since ('sweep', id 1" in " ".join(proc.stderr.split())
     (folder / ".gridbot-results.json").unlink()
     proc = gridbot("run", "sweep.toml", cwd=tmp_path)
     assert proc.returncode == 0 and "bag sweep: completed" in proc.stdout, proc.stdout + proc.stderr

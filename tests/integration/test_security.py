@@ -218,6 +218,17 @@ def test_rotation_gives_new_keys_and_refuses_the_old(cluster):
     assert _call(cluster.url, "GET", "/v1/bags", new.submitter)[0] == 200
     shown = gridbot_json("access", "show", "--access-file", str(cluster.access))
     assert sum(1 for k in shown if k["role"] == "submitter" and k["revoked"]) == 1
+    # a review of 2026-11-29: the access file's submitter key revoked by id could not be made again
+    key_id = new.submitter.split(".")[1]
+    out = gridbot("access", "revoke", key_id, "--access-file", str(cluster.access))
+    assert out.returncode == 0 and "gridbot access rotate submitter" in out.stdout, out.stdout + out.stderr
+    assert read_access(cluster.access).submitter == ""
+    out = gridbot("access", "rotate", "submitter", "--access-file", str(cluster.access))
+    assert out.returncode == 0, out.stderr
+    again = read_access(cluster.access).submitter
+    time.sleep(1.2)
+    assert _call(cluster.url, "GET", "/v1/bags", again)[0] == 200
+    assert _call(cluster.url, "GET", "/v1/bags", new.submitter)[0] == 401
 
 
 def test_a_server_without_keys_may_listen_on_loopback_only(tmp_path):

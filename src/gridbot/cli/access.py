@@ -21,6 +21,7 @@ from gridbot.security.keys import (
     AccessError,
     Registry,
     Role,
+    default_user,
     load_registry,
     save_registry,
     write_private,
@@ -165,14 +166,16 @@ def rotate(role: str, pool: str | None, access_file: Path, keys_file: Path | Non
     now = time.time()
     roles: list[Role] = ["admin", "submitter", "worker"] if role == "all" else [role]  # type: ignore[list-item]
     changed = []
-    if "admin" in roles and grants.admin:
-        registry.revoke(key_id=grants.admin.split(".")[1])
+    if "admin" in roles and (grants.admin or role == "admin"):  # named alone: one revoked is made again
+        if grants.admin:
+            registry.revoke(key_id=grants.admin.split(".")[1])
         grants.admin = registry.add("admin", ADMIN_NAME, now)
         changed.append("admin")
-    if "submitter" in roles and grants.submitter:
-        old = grants.submitter.split(".")[1]
-        name = next((k.name for k in registry.keys if k.key_id == old), "default")
-        registry.revoke(key_id=old)
+    if "submitter" in roles and (grants.submitter or role == "submitter"):
+        old = grants.submitter.split(".")[1] if grants.submitter else ""
+        name = next((k.name for k in registry.keys if k.key_id == old), "") or default_user()
+        if old:
+            registry.revoke(key_id=old)
         grants.submitter = registry.add("submitter", name, now)
         changed.append(f"submitter {name}")
     if "worker" in roles:
@@ -218,3 +221,6 @@ def revoke(key_id: str | None, pool: str | None, access_file: Path, keys_file: P
     click.echo(f"revoked {', '.join(f'{k.role} key {k.key_id} ({k.name})' for k in hit)}")
     for name in sorted({k.name for k in hit if k.role == "worker"}):
         click.echo(f"a new key for pool {name}: gridbot access rotate worker --pool {name}")
+    for field in ("admin", "submitter"):
+        if getattr(grants, field) and not getattr(kept, field):
+            click.echo(f"the access file's {field} key was among them; a new one: gridbot access rotate {field}")

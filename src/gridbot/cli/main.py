@@ -286,8 +286,9 @@ def server(db: str, host: str, port: int, dispatch: DispatchConfig, max_jobs: in
         serve_volunteers(srv, [p for p in pool_specs if p.kind == "volunteer"], state_dir.resolve(), host,
                          access_path)
         accounts = accounts_path(access_path, state_dir.resolve())
-        click.echo(f"volunteer accounts: {accounts} (`gridbot volunteers add NAME --volunteers-file {accounts}`; "
-                   "beside the access file, --access-file finds it too)", err=True)
+        beside = "; beside the access file, --access-file finds it too" if access_path is not None else ""
+        click.echo(f"volunteer accounts: {accounts} (`gridbot volunteers add NAME --volunteers-file {accounts}`"
+                   f"{beside})", err=True)
     scheme = "https" if security.ssl is not None else "http"
     click.echo(f"gridbot server on {scheme}://{host}:{port} with {db}", err=True)
     if security.access is not None and security.access.access_path is not None:
