@@ -472,7 +472,7 @@ def test_delays_are_half_a_tick_and_the_pools_startup_until_the_tail_measured_it
             PoolFacts("cluster", True, startup=30.0))
     assert delays(Observed(0.0, (), (), (), 4, cold, 25.0, tick=1.0)) == Delays(
         0.5, 0.5, 30.0, 0, "instances sent 0.5 s after their timer (half a tick), 0.5 s on the reliable pools (half "
-        "a tick), whose pilots start in 30.0 s (the pools file; 0 slots up)")  # the fastest reliable pool to start
+        "a tick), whose pilots start in 30.0 s (Pool.Startup; 0 slots up)")  # the fastest reliable pool to start
     warm = (cold[0], PoolFacts("cloud", True, slots=1, startup=120.0))
     assert delays(Observed(0.0, (), (), (), 4, warm, 25.0, tick=1.0))[:4] == (0.5, 0.5, 120.0, 1)
     # measured: medians (an instance that waited for a machine is no typical lag); a start less the warm lag

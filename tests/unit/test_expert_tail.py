@@ -327,7 +327,7 @@ def test_the_tail_measures_how_late_its_instances_are_sent_and_plans_with_what_i
     setup = first.setup
     assert (setup.dispatch_delay, setup.reliable_delay, setup.reliable_startup, setup.reliable_up) == (50, 50, 30, 0)
     assert ("instances sent 50.0 s after their timer (half a tick), 50.0 s on the reliable pools (half a tick), "
-            "whose pilots start in 30.0 s (the pools file; 0 slots up)") in first.source
+            "whose pilots start in 30.0 s (Pool.Startup; 0 slots up)") in first.source
     # the stuck tasks' replicas were chosen at T_tail with grid slots idle, and taken a second later
     stuck = sorted(j.job_id for j in sim.d.view.running_jobs(bag) if sim.d.view.instances(j.job_id)[0].host_id in BAD)
     assert stuck and [a.job_id for h in GRID[:2] for a in sim.ask(h, 1, t + 1)] == stuck

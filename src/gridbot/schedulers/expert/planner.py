@@ -309,7 +309,7 @@ def delays(obs: Observed) -> Delays:
     return Delays(lag, reliable_lag, startup, up, (
         f"instances sent {lag:.1f} s after their timer ({how(obs.dispatch_lags, 'half a tick')}), "
         f"{reliable_lag:.1f} s on the reliable pools ({how(obs.reliable_lags, 'half a tick')}), whose pilots start "
-        f"in {startup:.1f} s ({how(obs.startup_lags, 'the pools file')}; {up} slot{'' if up == 1 else 's'} up)"))
+        f"in {startup:.1f} s ({how(obs.startup_lags, 'Pool.Startup')}; {up} slot{'' if up == 1 else 's'} up)"))
 
 
 def unreliable_size(obs: Observed) -> int:
