@@ -266,3 +266,23 @@ def test_local_pilots_outlive_a_clean_stop_and_a_restarted_server_counts_them(tm
         assert not [pid for pid in pids if alive(pid)], "--cancel-pilots-on-exit stops them"
     finally:
         cluster.stop()
+
+
+def test_a_pool_whose_pilots_cannot_start_backs_off_and_says_why(tmp_path):
+    """Found by the walkthrough of 2026-11-29: a local pool without run_as or allow_root, on a server run as
+    root, had every pilot exit at once and was sent two more every 3 s, forever, with no error anywhere."""
+    cluster = start(tmp_path, '[pools.here]\nkind = "local"\nmax_running = 2\nmax_queued = 0\n')
+    try:
+        gridbot_json("submit", write(tmp_path, "b.toml", BAG.format(n=5)), "--server", cluster.url)
+        pools = wait_pools(cluster, lambda p: "pilots in a row failed" in p["here"].error, "the pool's error", 30)
+        error = pools["here"].error
+        assert "--run-as" in error and "here-" in error, error  # the last line of the pilot's own log
+        submitted = pools["here"].pilots_submitted
+        time.sleep(8)  # the overlay steps every 3 s; the pool's next pilot waits 15 s
+        with cluster.client() as c:
+            here = next(p for p in c.pools() if p.name == "here")
+        assert here.pilots_submitted == submitted, (submitted, here)
+        status = gridbot("status", "--server", cluster.url).stdout
+        assert "pilots in a row failed" in " ".join(status.split()), status
+    finally:
+        cluster.stop()

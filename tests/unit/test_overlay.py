@@ -134,6 +134,37 @@ def test_the_servers_overlay_cancels_its_newest_queued_pilots(tmp_path):
     assert adapter.cancelled == ["4", "3"]
 
 
+def test_pilots_that_fail_in_a_row_hold_the_pools_next_back_and_say_why(tmp_path):
+    """Found by the walkthrough of 2026-11-29: a local pool whose every pilot exits at once (no run_as for a root
+    server) was sent two new ones every 3 s, forever, and `gridbot pools` showed no error."""
+    from gridbot.model.pools import PoolSpec
+    from gridbot.model.states import PilotState
+    from gridbot.server.overlay import BACKOFF_BASE, FAILED_PILOTS, Overlay, _Pool
+    from gridbot.store.base import PilotRow
+    from gridbot.store.memory import MemoryStore
+
+    class Adapter:
+        def why_failed(self, pilot):
+            return f"exit code 2; {pilot} said: give --run-as USER"
+
+    service = SimpleNamespace(dispatcher=SimpleNamespace(pool_ads={}), store=MemoryStore())
+    overlay = Overlay(service, [], "http://server", tmp_path)
+    pool = _Pool(PoolSpec("p", "local"), Adapter())
+    pool.pilots = {str(i): PilotRow("p", str(i), PilotState.RUNNING, 0.0) for i in range(6)}
+    overlay.pools["p"] = pool
+    for i in range(FAILED_PILOTS - 1):
+        overlay._observe(pool, {str(i): PilotState.FAILED}, 10.0 + i)
+    assert (pool.error, pool.backoff_until) == ("", 0.0), "a pilot or two may fail"
+    overlay._observe(pool, {"2": PilotState.FAILED}, 20.0)
+    assert pool.backoff_until == 20.0 + BACKOFF_BASE
+    assert pool.error == (f"{FAILED_PILOTS} pilots in a row failed: the last, exit code 2; 2 said: give --run-as "
+                          f"USER (next pilot in {BACKOFF_BASE:.0f} s)")
+    overlay._observe(pool, {"3": PilotState.FAILED}, 40.0)
+    assert pool.backoff_until == 40.0 + 2 * BACKOFF_BASE, "the wait doubles"
+    overlay._observe(pool, {"4": PilotState.COMPLETED}, 50.0)
+    assert (pool.error, pool.failed_in_a_row) == ("", 0), "a pilot that ended well clears it"
+
+
 class _HeldView:
     """Just what `bag_demands` reads of a DispatchView: one bag of 4-slot jobs, two pools, one held back."""
 

@@ -33,6 +33,7 @@ class LocalAdapter(PoolAdapter):
         self.workdir = workdir
         self.extra_args = list(extra_args)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.logs: dict[str, Path] = {}
         self.attached: dict[str, int] = {}
         """Workers started by an earlier run of the server: their pids."""
         self.cancelled: set[str] = set()
@@ -46,15 +47,33 @@ class LocalAdapter(PoolAdapter):
         logs.mkdir(parents=True, exist_ok=True)
         ids = []
         for _ in range(n):
-            with open(logs / f"{self.spec.name}-{len(self.procs)}.log", "ab") as log:
+            path = logs / f"{self.spec.name}-{len(self.procs)}.log"
+            with open(path, "ab") as log:
                 proc = subprocess.Popen([pilot.python, *pilot.worker_args(self.spec), "--workdir",
                                          str(self.workdir / "work"), "--name", f"{self.spec.name}-pilot",
                                          *self.extra_args],
                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
                                         env={**_without_keys(os.environ), **pilot.env})
             self.procs[f"local-{proc.pid}"] = proc
+            self.logs[f"local-{proc.pid}"] = path
             ids.append(f"local-{proc.pid}")
         return ids
+
+    def why_failed(self, pilot: str) -> str:
+        """The last line its worker wrote (its log), with its exit code."""
+        proc, path = self.procs.get(pilot), self.logs.get(pilot)
+        code = f"exit code {proc.returncode}" if proc is not None and proc.returncode is not None else ""
+        lines: list[str] = []
+        if path is not None:
+            try:
+                with open(path, "rb") as f:
+                    f.seek(0, os.SEEK_END)
+                    f.seek(max(0, f.tell() - 4096))
+                    lines = [x.strip() for x in f.read().decode(errors="replace").splitlines() if x.strip()]
+            except OSError:
+                pass
+        last = lines[-1][:300] if lines else ""
+        return "; ".join(x for x in (code, last and f"its log ({path}) ends: {last}") if x)
 
     def status(self, ids: Sequence[str]) -> dict[str, PilotState]:
         out = {}
@@ -246,6 +265,12 @@ class BatchAdapter(PoolAdapter):
             message = str(job.status.message or "")
             return PilotState.COMPLETED if "TimeLimit" in message or "TIMEOUT" in message else PilotState.FAILED
         return PilotState.COMPLETED
+
+    def why_failed(self, pilot: str) -> str:
+        """The batch system's word on the pilot's job, and where its output went."""
+        job = self.jobs.get(pilot)
+        message = str(job.status.message or "").strip()[:300] if job is not None else ""
+        return "; ".join(x for x in (message, f"its output: {self.workdir / 'pilot.err'}") if x)
 
     def cancel(self, ids: Sequence[str]) -> None:
         for pilot in ids:

@@ -105,6 +105,10 @@ class PoolAdapter(ABC):
     def close(self) -> None:  # noqa: B027 - optional
         """Release what the adapter holds (threads, connections); the pilots go on."""
 
+    def why_failed(self, pilot: str) -> str:
+        """What the pool knows of why pilot `pilot` failed, in a line ("": nothing), for the pool's error."""
+        return ""
+
     def monitor(self, now: float) -> PoolMonitor | None:
         """What the pool's own monitoring says of it now (free CPUs, jobs waiting), for stateful selection; None:
         the pool has none (gridbot then counts it from its own records). Raise PoolError if it fails."""

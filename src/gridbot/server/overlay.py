@@ -43,6 +43,9 @@ from gridbot.store.base import PilotRow, StoreError
 
 log = logging.getLogger("gridbot.overlay")
 BACKOFF_BASE, BACKOFF_CAP = 15.0, 900.0
+FAILED_PILOTS = 3
+"""Pilots of a pool that fail in a row (none ended well between them) before the pool's next is held back: a
+pilot that cannot start (a pool without run_as, a wrong Python) would otherwise be sent again every step."""
 
 
 @dataclass
@@ -56,6 +59,10 @@ class _Pool:
     submitted: int = 0
     failures: int = 0
     backoff_until: float = 0.0
+    failed_in_a_row: int = 0
+    """Its pilots that failed since one last ended well (`FAILED_PILOTS`)."""
+    pilot_error: bool = False
+    """`error` is about failing pilots (cleared when one ends well), not about submitting."""
     monitor_at: float = 0.0
     """When its monitoring is read next."""
     reading: PoolMonitor | None = None
@@ -192,6 +199,29 @@ class Overlay:
         self._changed[(row.pool, row.native_id)] = moved
         if state in PILOT_TERMINAL:
             pool.ended += 1
+        if state is PilotState.FAILED:
+            self._failed(pool, row.native_id, now)
+        elif state is PilotState.COMPLETED and row.state is PilotState.RUNNING:
+            pool.failed_in_a_row = 0
+            if pool.pilot_error:
+                pool.error, pool.pilot_error = "", False
+
+    def _failed(self, pool: _Pool, pilot: str, now: float) -> None:
+        """A pilot failed: after `FAILED_PILOTS` in a row, the pool's next waits (doubling), and says why."""
+        pool.failed_in_a_row += 1
+        k = pool.failed_in_a_row
+        if k < FAILED_PILOTS or pool.adapter is None:
+            return
+        try:
+            why = pool.adapter.why_failed(pilot)
+        except Exception as e:  # one pool's trouble is never the others'
+            why = f"(its reason could not be read: {e})"
+        delay = min(BACKOFF_CAP, BACKOFF_BASE * 2.0 ** min(k - FAILED_PILOTS, 16))
+        pool.backoff_until = max(pool.backoff_until, now + delay)
+        pool.error = (f"{k} pilots in a row failed{': the last, ' + why if why else ''} (next pilot in "
+                      f"{delay:.0f} s)")
+        pool.pilot_error = True
+        log.error("pool %s: %s", pool.spec.name, pool.error)
 
     def _save(self) -> None:
         """Give the store the pilots submitted and moved since it last took them (kept for the next try if it
@@ -245,7 +275,9 @@ class Overlay:
                 pool.error = f"{e} (next try in {delay:.0f} s)"
                 log.error("pool %s: %s", name, pool.error)
                 continue
-            pool.failures, pool.error = 0, ""
+            pool.failures = 0
+            if not pool.pilot_error:  # a pilot that fails again keeps saying why, submitted or not
+                pool.error = ""
             pool.submitted += len(ids)
             for i in ids:
                 pool.pilots[i] = PilotRow(name, i, PilotState.QUEUED, now)
