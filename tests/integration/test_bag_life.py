@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gridbot.client import ApiError, Client, load_spec_file
+from gridbot.client import ApiError, Client
 from tests.integration.harness import Cluster, gridbot, gridbot_json
 
 FLAKY = 'name = "{name}"\ncommand = "test -f {flag} || echo broken {{i}} >&2; test -f {flag} || exit 3; ' \
@@ -218,9 +218,10 @@ def test_a_revision_shows_each_job_with_the_command_it_ran_and_brings_its_inputs
         assert c.wait("cmd", poll=0.2, timeout=60).counts.failed == 2
         spec.write_text('command = "echo new {i} $(cat v.txt) > o"\n' + head)
         (tmp_path / "v.txt").write_text("two\n")
-        new_spec, inputs = load_spec_file(spec)
-        answer = c.revise(new_spec, None, inputs)
-        assert (answer.requeued, answer.bag.revision, answer.bag.state) == (2, 2, "active")
+        # the command line (the second walkthrough of 2026-11-29: only the API could revise a server's bag)
+        proc = gridbot("retry", "cmd", "--spec", str(spec))
+        assert proc.returncode == 0 and "bag cmd: revision 2; 2 failed job(s) queued again" in proc.stdout, \
+            proc.stdout + proc.stderr
         final = c.wait("cmd", poll=0.2, timeout=60)
         assert (final.state, final.revision, final.counts.done) == ("completed", 2, 4)
         assert [(j.revision, j.command) for j in c.jobs("cmd")] == [
@@ -228,6 +229,22 @@ def test_a_revision_shows_each_job_with_the_command_it_ran_and_brings_its_inputs
             (1, "test $((2 % 2)) = 0 || exit 3; cat v.txt > o"), (2, "echo new 3 $(cat v.txt) > o")]
         assert [r.outputs["o"] for r in c.results("cmd")] == [b"one\n", b"new 1 two\n", b"one\n", b"new 3 two\n"]
     assert "cmd (revision 2)" in gridbot("status").stdout
+
+
+def test_retry_each_line_revises_a_servers_bag_and_keeps_its_budget(cluster, tmp_path):
+    cluster.start_server()
+    cluster.start_worker("--slots", "2")
+    (tmp_path / "cmds.txt").write_text("true\nexit 3\n")
+    gridbot("submit", "--each-line", str(tmp_path / "cmds.txt"), "--name", "el", "--max-failures", "1",
+            "--budget", "5", check=True)
+    assert cluster.wait_bag("el", timeout=60).counts.failed == 1
+    (tmp_path / "fixed.txt").write_text("true\ntrue\n")
+    both = gridbot("retry", "el", "--each-line", str(tmp_path / "fixed.txt"), "--jobs", "1")
+    assert both.returncode == 2 and "not both" in both.stderr
+    proc = gridbot("retry", "el", "--each-line", str(tmp_path / "fixed.txt"))
+    assert proc.returncode == 0 and "revision 2; 1 failed job(s) queued again" in proc.stdout, proc.stderr
+    final = cluster.wait_bag("el", timeout=60)
+    assert (final.state, final.revision, final.budget) == ("completed", 2, 5.0), final
 
 
 def test_each_line_bags_take_max_failures_and_timeout(tmp_path):

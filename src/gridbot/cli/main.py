@@ -775,25 +775,54 @@ def wait(bags: tuple[str, ...], timeout: str | None, server: str | None, access:
 @click.argument("bag")
 @click.option("--failed", "all_failed", is_flag=True, help="Every failed job (what is done without --jobs).")
 @click.option("--jobs", "indices", metavar="LIST", help="Only the failed jobs at these indices: 3,7-9.")
+@click.option("--spec", "spec_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="First make this changed spec (command, inputs, policies) the bag's next revision: every job not "
+                   "done runs it.")
+@click.option("--each-line", type=click.Path(dir_okay=False, path_type=Path),
+              help="The same for an each-line bag: its changed commands, one per line.")
 @server_option
 @access_option
 @admin_option
 @json_option
 @friendly
-def retry(bag: str, all_failed: bool, indices: str | None, server: str | None, access: Path | None, admin: bool,
-          as_json: bool) -> None:
+def retry(bag: str, all_failed: bool, indices: str | None, spec_file: Path | None, each_line: Path | None,
+          server: str | None, access: Path | None, admin: bool, as_json: bool) -> None:
     """Run failed jobs of a bag again, their failure counts reset; an ended bag becomes active again.
 
-    Done jobs keep their results. To change the command or inputs first, run the changed spec with
-    `gridbot run SPEC --retry-failed` (a new revision of the bag).
+    Done jobs keep their results. To change the command or inputs first, give the changed spec (--spec, or
+    --each-line): it becomes the bag's next revision, with as many jobs, and its deadline and budget stay
+    unless it sets its own. On your own machine, `gridbot run SPEC --retry-failed` does the same.
     """
     if all_failed and indices is not None:
         raise click.UsageError("give --failed (every failed job) or --jobs LIST, not both")
+    if spec_file is not None and each_line is not None:
+        raise click.UsageError("give --spec FILE or --each-line FILE, not both")
+    revised = spec_file is not None or each_line is not None
+    if revised and indices is not None:
+        raise click.UsageError("a revision queues every job not done: give --jobs LIST or --spec/--each-line, "
+                               "not both")
     chosen = render.parse_indices(indices) if indices is not None else None
     with Client(server, access=access, admin=admin) as client:
-        answer = client.retry(bag, chosen)
+        if revised:
+            lines: list[str] | None = None
+            inputs: dict[str, bytes] = {}
+            if spec_file is not None:
+                new, inputs = load_spec_file(spec_file, bag)
+            else:
+                assert each_line is not None
+                new, lines = load_lines_file(each_line, bag)
+            info = client.bag(bag)
+            if new.budget is None and new.bag_deadline is None and new.bag_deadline_at is None:
+                new = msgspec.structs.replace(new, budget=info.budget, bag_deadline_at=info.deadline_at)
+            new = msgspec.structs.replace(new, name=info.name)
+            answer = client.revise(new, lines, inputs)
+        else:
+            answer = client.retry(bag, chosen)
     if as_json:
         render.print_json(answer)
+    elif revised:
+        click.echo(f"bag {answer.bag.name}: revision {answer.bag.revision}; {answer.requeued:,} failed job(s) queued "
+                   f"again; it is {answer.bag.state}")
     elif not answer.requeued:
         click.echo(f"bag {answer.bag.name} has no failed jobs: nothing to retry (it is {answer.bag.state})")
     else:
