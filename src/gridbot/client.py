@@ -112,7 +112,11 @@ def load_spec_file(path: str | Path, name: str | None = None,
     try:
         registry.check_bag(spec)
     except StrategyError as e:
-        problems.append(Problem(str(e), lines.get(("strategy",)), "see docs/architecture.md for the strategies"))
+        # GridBot's placement, named or not, is the hierarchy's on a server with queues: its options are for
+        # that server to judge (one without queues refuses them, naming the fix)
+        hierarchy = registry.default_placement(spec, True)
+        if hierarchy is spec or not _passes(hierarchy):
+            problems.append(Problem(str(e), lines.get(("strategy",)), "see docs/architecture.md for the strategies"))
     if problems:
         raise SpecError(str(path), problems)
     inputs = {}
@@ -124,6 +128,14 @@ def load_spec_file(path: str | Path, name: str | None = None,
             raise GridbotError(f"{path}: input file '{p}' cannot be read ({e.strerror}): "
                                f"inputs are relative to the spec's folder, {path.parent}") from e
     return spec, inputs
+
+
+def _passes(spec: BagSpec) -> bool:
+    try:
+        registry.check_bag(spec)
+    except StrategyError:
+        return False
+    return True
 
 
 def with_policies(spec: BagSpec, assignments: Sequence[str]) -> BagSpec:

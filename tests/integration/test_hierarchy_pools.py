@@ -113,3 +113,46 @@ def test_an_underestimated_bag_moves_down_and_a_short_one_is_not_delayed(tmp_pat
         wait_pilots_gone(cluster)
     finally:
         cluster.stop()
+
+
+LOCAL_QUEUE = """\
+[pools.here]
+kind = "local"
+max_running = 1
+idle_timeout = 5
+min_cpu = 0
+allow_root = true          # the tests run as root
+
+[queues.top]
+level = 1
+pools = ["here"]
+queue_time_limit = "60s"
+exec_time_limit = "30s"
+max_cpus = 1
+"""
+
+
+def test_a_bag_that_names_no_placement_may_give_the_hierarchys_options_to_a_server_with_queues(tmp_path):
+    """Found by the second walkthrough of 2026-11-29: `[strategy] complexity = 10` (docs/hierarchy.md) was refused
+    by `gridbot submit` itself, as an option of GridBot's placement, before any server could place the bag."""
+    cluster = start(tmp_path, pools=LOCAL_QUEUE)
+    try:
+        spec = write(tmp_path, "c.toml", 'name = "c"\ncommand = "true"\n[strategy]\ncomplexity = 10\n'
+                                         '[parameters]\ni = { from = 1, to = 3 }\n')
+        gridbot_json("submit", spec, "--server", cluster.url)
+        deadline, level = time.monotonic() + 20, None
+        while level is None and time.monotonic() < deadline:  # a bag takes its level at the next tick
+            with cluster.client() as c:
+                level = c.bag("c").level
+            time.sleep(0.3)
+        assert level is not None and level.queue == "top" and level.complexity == 10.0, level
+        assert cluster.wait_bag("c", timeout=60).counts.done == 3
+    finally:
+        cluster.stop()
+    (tmp_path / "flat").mkdir()
+    flat = start(tmp_path / "flat", pools='[pools.here]\nkind = "local"\nallow_root = true\n')
+    try:
+        proc = gridbot("submit", spec, "--server", flat.url)
+        assert proc.returncode == 2 and "complexity" in proc.stderr and "hierarchy" in proc.stderr, proc.stderr
+    finally:
+        flat.stop()
