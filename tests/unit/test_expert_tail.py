@@ -364,3 +364,14 @@ def test_an_instance_sent_and_ended_between_two_looks_leaves_no_timer_to_measure
     assert again.instance_id in tail.seen and stuck[0] not in tail.unmeasured
     others = [a for a in taken if a.job_id in stuck[1:]]
     assert others and tail.lags == ([4.0] * len(others), [], [])  # the other stuck tasks' replicas, 4 s late
+
+
+def test_a_cpu_hour_price_is_paid_by_the_second_and_a_pilot_hour_price_by_its_period():
+    """The second walkthrough of 2026-11-29: ExPERT rounded every reliable instance of a pool priced per CPU hour up
+    to the pool's charging_period (an hour by default), which applies to pilot-hour prices only, so its plan said
+    20 for a tail the ledger billed 0.2."""
+    from gridbot.schedulers.expert.planner import pool_price
+
+    assert pool_price(10.0, 0.0, 2, 3600.0) == (10.0, None)
+    assert pool_price(None, None, 1, 3600.0) == (None, None)
+    assert pool_price(1.0, 0.68, 2, 3600.0) == (1.34, 3600.0), "the instance's hour shared by its 2 slots"

@@ -29,6 +29,7 @@ from gridbot.schedulers.expert.planner import (
     offline,
     plan,
     plan_with,
+    pool_price,
     statics,
 )
 from gridbot.schedulers.expert.tail import ExpertTail
@@ -155,7 +156,9 @@ def for_scenario(path: Path, bag_name: str | None, name: str | None, budget: flo
     bag = bags[0]
     reliable = {p.name for p in sc.pools if p.name in sc.dispatch.reliable_pools
                 or (not sc.dispatch.reliable_pools and p.spec.reliability == "reliable")}
-    facts = tuple(PoolFacts(p.name, p.name in reliable, p.spec.price_per_cpu_hour, p.spec.charging_period,
+    facts = tuple(PoolFacts(p.name, p.name in reliable,
+                            *pool_price(p.spec.price_per_cpu_hour, p.spec.price_per_pilot_hour, p.spec.cpus,
+                                        p.spec.charging_period),
                             p.max_size * p.spec.cpus, p.max_size * p.spec.cpus, p.queue_wait.mean) for p in sc.pools)
     chosen = settings(bag.strategy, chosen_utility(name, budget, deadline))
     observed = Observed(0.0, (), (), (), bag.jobs, facts, bag.instance_deadline, tick=sc.tick)

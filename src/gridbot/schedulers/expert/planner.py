@@ -192,6 +192,16 @@ def reliable_pools(pools: Sequence[PoolFacts]) -> frozenset[str]:
     return frozenset(p.name for p in pools if p.reliable)
 
 
+def pool_price(per_cpu_hour: float | None, per_pilot_hour: float | None, cpus: int,
+               charging_period: float | None) -> tuple[float | None, float | None]:
+    """A pool's price per CPU hour and the period it charges by, as the planner needs them: a CPU-hour price is
+    paid by the second of wall time (gridbot's ledger), so it has no period; a pilot-hour price is paid per
+    started `charging_period` and shared by the pilot's `cpus` slots (a cloud instance's bill)."""
+    if per_pilot_hour is not None and per_pilot_hour > 0:
+        return (per_cpu_hour or 0.0) + per_pilot_hour / max(1, cpus), charging_period
+    return per_cpu_hour, None
+
+
 def prices(pools: Sequence[PoolFacts], settings: Settings) -> Prices:
     """C_ur: the unreliable pools' price per CPU hour weighted by their slots; C_r and the charging period:
     the cheapest reliable pool's. An option wins over the pools file; what neither says is the paper's

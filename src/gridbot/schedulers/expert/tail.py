@@ -47,7 +47,7 @@ from gridbot.model.states import JobState
 from gridbot.schedulers.base import StrategyError, TailStrategy
 from gridbot.schedulers.expert.characterize import CharacterizationError, InstanceRecord
 from gridbot.schedulers.expert.frontier import ExpressionError, utility
-from gridbot.schedulers.expert.planner import Observed, Planning, PoolFacts, Settings, parse_pin, plan
+from gridbot.schedulers.expert.planner import Observed, Planning, PoolFacts, Settings, parse_pin, plan, pool_price
 from gridbot.schedulers.expert.strategy import NTDMr, StrategyValueError
 
 HOLD = frozenset({"(ExPERT: waiting for a reliable machine)"})
@@ -514,8 +514,9 @@ def observe(view: DispatchView, bag: BagView, now: float, reliable: frozenset[st
         ad = view.pool_ad(name) or {}
         live = pools.get(name)
         capacity = _int(ad.get("MaxRunning")) * max(1, _int(ad.get("Cpus")))
-        facts.append(PoolFacts(name, name in reliable, _float(ad.get("PricePerCpuHour")),
-                               _float(ad.get("ChargingPeriod")), live.slots if live else 0, capacity,
+        price, period = pool_price(_float(ad.get("PricePerCpuHour")), _float(ad.get("PricePerPilotHour")),
+                                   max(1, _int(ad.get("Cpus"))), _float(ad.get("ChargingPeriod")))
+        facts.append(PoolFacts(name, name in reliable, price, period, live.slots if live else 0, capacity,
                                _float(ad.get("Startup")) or 0.0))
     records = tuple(InstanceRecord(e.sent_at, e.ended_at, e.success, e.pool in reliable) for e in bag.history)
     out, ages, deadlines = [], [], []
