@@ -75,6 +75,15 @@ def test_a_bad_scenario_is_refused_with_its_problems_and_exit_code_2(tmp_path):
     assert "Traceback" not in unwritable.stderr
     missing = gridbot("simulate", "nope.toml", cwd=tmp_path)
     assert missing.returncode == 2 and "cannot read scenario nope.toml" in missing.stderr
+    # the second walkthrough of 2026-11-29: an empty [bags] simulated its pools to the horizon and exit 0; with no
+    # unreliable pool, `gridbot plan` invented one, with a size and a price
+    pools = '[pools.c]\nkind = "cluster"\nsize = 4\n'
+    (tmp_path / "empty.toml").write_text(pools + "[bags]\n")
+    (tmp_path / "reliable.toml").write_text(pools + '[bags.b]\njobs = 5\nruntime = "1m"\n')
+    for args, words in ((("simulate", "empty.toml"), "has no bag to run"), (("plan", "--scenario", "empty.toml"),
+                        "has no bag to run"), (("plan", "--scenario", "reliable.toml"), "has no unreliable pool")):
+        proc = gridbot(*args, cwd=tmp_path)
+        assert proc.returncode == 2 and words in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
 def test_warnings_of_a_scenario_are_printed_before_the_run(tmp_path, capsys):

@@ -140,22 +140,19 @@ def for_scenario(path: Path, bag_name: str | None, name: str | None, budget: flo
     """A scenario's bag before it runs: an offline characterization from its runtime distribution and its
     pools' model (success = no failure, no black hole, no preemption during the run), or from a `previous`
     run, for the whole bag."""
-    from gridbot.sim.scenario import parse_scenario
+    from gridbot.cli.simulate import load_scenario
 
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise GridbotError(f"cannot read scenario {path}: {e.strerror}") from e
-    except UnicodeDecodeError:
-        raise GridbotError(f"{path} is not a text file; a scenario is TOML in UTF-8 (see docs/simulation.md)") \
-            from None
-    sc = parse_scenario(text, str(path))
+    sc = load_scenario(path)
     bags = [b for b in sc.bags if bag_name is None or b.name == bag_name]
     if not bags:
         raise GridbotError(f"scenario {path} has no bag {bag_name!r}; its bags: {', '.join(b.name for b in sc.bags)}")
     bag = bags[0]
     reliable = {p.name for p in sc.pools if p.name in sc.dispatch.reliable_pools
                 or (not sc.dispatch.reliable_pools and p.spec.reliability == "reliable")}
+    if len(reliable) == len(sc.pools):  # the estimate would invent an unreliable pool, its size and its price
+        raise GridbotError(f"scenario {path} has no unreliable pool (reliable: {', '.join(sorted(reliable))}): "
+                           "ExPERT plans the tail of a bag sent to unreliable pools, reliable ones backing them; "
+                           'mark a pool reliability = "unreliable" (a grid, volunteers)')
     facts = tuple(PoolFacts(p.name, p.name in reliable,
                             *pool_price(p.spec.price_per_cpu_hour, p.spec.price_per_pilot_hour, p.spec.cpus,
                                         p.spec.charging_period),

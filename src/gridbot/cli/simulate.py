@@ -24,7 +24,11 @@ def load_scenario(path: Path) -> Scenario:
         raise GridbotError(f"cannot read scenario {path}: {e.strerror or e}") from None
     except UnicodeDecodeError:
         raise GridbotError(f"{path} is not a text file; a scenario is TOML (see docs/simulation.md)") from None
-    return parse_scenario(text, str(path))
+    sc = parse_scenario(text, str(path))
+    if not sc.bags:  # it would simulate its pools to the horizon for nothing, and say nothing
+        raise GridbotError(f"scenario {path} has no bag to run: its [bags] table is empty, or its [swf_bags] replay "
+                           "no job (look at their skip, count and filters); add [bags.NAME] with jobs and runtime")
+    return sc
 
 
 def _hours(seconds: float | None) -> str:
