@@ -52,3 +52,16 @@ def test_the_statics_are_counted_against_the_frontiers_distinct_points(tmp_path:
              (s["tail_makespan"], s["cost"]) != (chosen["tail_makespan"], chosen["cost"])]
     said = re.search(r"^(.*) beats? it here: a static strategy, outside ExPERT's space", text.stdout, re.M)
     assert (said.group(1).split(", ") if said else []) == ahead, text.stdout
+
+
+def test_a_bound_no_strategy_keeps_is_said_with_what_is_possible_and_exit_1(tmp_path: Path) -> None:
+    """The second walkthrough of 2026-11-29: `--deadline 1m` printed "no strategy meets cheapest within 60 s" and
+    exited 0."""
+    (tmp_path / "free.toml").write_text(FREE)
+    proc = gridbot("plan", "--scenario", "free.toml", "--deadline", "1m", cwd=tmp_path)
+    text = " ".join(proc.stdout.split())
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "no strategy keeps to 'cheapest within 60 s': the fastest tail estimated takes" in text
+    assert "give a looser --deadline or --budget" in text
+    as_json = gridbot("plan", "--scenario", "free.toml", "--deadline", "1m", "--json", cwd=tmp_path)
+    assert as_json.returncode == 1 and json.loads(as_json.stdout)["chosen"] is None

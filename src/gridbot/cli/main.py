@@ -690,18 +690,22 @@ def plan(bag: str | None, scenario: Path | None, utility: str | None, budget: fl
             report = planning.for_bag(given, utility, budget, seconds, previous)
             if plot_file is not None:  # before --apply: a plot that cannot be written leaves the bag as it was
                 planning.write_plot(report, plot_file)
-            if apply_it:
+            if apply_it and report.planning.chosen is not None:  # (else nothing to apply: said below, exit 1)
                 text = planning.settings(given.strategy, planning.chosen_utility(utility, budget, seconds)).utility
                 chosen = planning.apply_choice(given.strategy, text)
                 client.set_strategy(bag, chosen)
     if as_json:
         render.print_json(planning.as_dict(report))
-        return
-    planning.show(report)
-    if plot_file is not None:
-        click.echo(f"wrote {plot_file}")
-    if scenario is None and apply_it:
-        click.echo(f'bag {bag}: tail = "expert" with utility = {chosen.options["utility"]!r} from now on')
+    else:
+        planning.show(report)
+        if plot_file is not None:
+            click.echo(f"wrote {plot_file}")
+        if scenario is None and apply_it and report.planning.chosen is not None:
+            click.echo(f'bag {bag}: tail = "expert" with utility = {chosen.options["utility"]!r} from now on')
+        elif apply_it:
+            click.echo(f"bag {bag}: nothing applied, its strategy is as it was")
+    if report.planning.chosen is None:
+        sys.exit(1)  # no strategy keeps the bound asked for (said above)
 
 
 @cli.command()

@@ -286,7 +286,14 @@ def show(r: Report) -> None:
                         "none: on the frontier")
     out(statics)
     if p.chosen is None:
-        out(f"no strategy meets {p.utility.name}", soft_wrap=True)
+        front = [p.point(i) for i in p.distinct_frontier()]
+        if front:
+            fast, cheap = min(front), min(front, key=lambda x: (x[1], x[0]))
+            out(f"no strategy keeps to '{p.utility.name}': the fastest tail estimated takes "
+                f"{render.duration(fast[0])} at {fast[1]:.4g} per task, the cheapest costs {cheap[1]:.4g} per task "
+                f"in {render.duration(cheap[0])}; give a looser --deadline or --budget", soft_wrap=True)
+        else:
+            out(f"no strategy keeps to '{p.utility.name}': none of those sampled ends its tail", soft_wrap=True)
     else:
         m, c = p.prediction()
         ms, cs = p.error

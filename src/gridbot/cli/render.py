@@ -167,7 +167,7 @@ def level(bag: BagInfo) -> str | None:
     if lv.ended:
         text += f"; ended: {lv.ended}"
     for at, src, dst, why in lv.migrations:
-        text += f"\n  {ago(at)}: {src} -> {dst or 'end'}: {why}"
+        text += f"\n  {ago(at)} ago: {src} -> {dst or 'end'}: {why}"
     return text
 
 

@@ -101,7 +101,8 @@ def render(data: ReportData) -> str:
                [[j.index, j.attempts, j.reason or "", j.command] for j in data.failed]) if data.failed else "",
         _cost(data.cost),
         _table("Policies in force", ["policy", "expression"], [[k, v] for k, v in sorted(data.policies.items())]),
-        _table(f"Busiest hosts ({data.hosts.total:,} known, {data.hosts.black_holes:,} black holes)",
+        _table(f"Busiest hosts of the server, all bags counted ({data.hosts.total:,} known, "
+               f"{data.hosts.black_holes:,} black holes)",
                ["host", "name", "pool", "done", "failed", "error rate", "black hole", "turnaround"],
                [[h.host_id, h.name, h.pool, f"{h.done:,}", f"{h.failed:,}", f"{h.error_rate:.1%}",
                  "yes" if h.black_hole else "", _dur(h.turnaround) if h.turnaround is not None else ""]
@@ -227,7 +228,7 @@ def _cost(cost: CostInfo | None) -> str:
             for b in cost.pools]
     budget = f" of a budget of {cost.budget:,.2f}" if cost.budget is not None else ""
     return _table(f"Cost: {cost.spent:,.2f}{budget}",
-                  ["pool", "instances", "run time", "CPU-hours", "pilots", "total"], rows)
+                  ["pool", "instances", "run time", "CPU charge", "pilots", "total"], rows)
 
 
 def _bin_label(edges: Sequence[float], k: int) -> str:
