@@ -65,3 +65,15 @@ def test_a_bound_no_strategy_keeps_is_said_with_what_is_possible_and_exit_1(tmp_
     assert "give a looser --deadline or --budget" in text
     as_json = gridbot("plan", "--scenario", "free.toml", "--deadline", "1m", "--json", cwd=tmp_path)
     assert as_json.returncode == 1 and json.loads(as_json.stdout)["chosen"] is None
+
+
+def test_a_choice_whose_whole_tail_estimate_breaks_the_bound_says_so(tmp_path: Path) -> None:
+    """The second walkthrough of 2026-11-29: `--deadline 40m` chose on the sampled estimate (37m34s) and printed
+    the whole tail's (44m42s) without a word on the deadline it broke."""
+    (tmp_path / "free.toml").write_text(FREE)
+    for bound in ("30m", "45m"):
+        text = gridbot("plan", "--scenario", "free.toml", "--deadline", bound, cwd=tmp_path).stdout
+        plan = json.loads(gridbot("plan", "--scenario", "free.toml", "--deadline", bound, "--json",
+                                  cwd=tmp_path).stdout)
+        over = plan["chosen"]["tail_makespan"] > {"30m": 1800, "45m": 2700}[bound]
+        assert over == ("on the whole tail its estimate is outside" in " ".join(text.split())), (bound, text)

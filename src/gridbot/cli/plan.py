@@ -306,6 +306,13 @@ def show(r: Report) -> None:
         out(f"best for {p.utility.name}: [bold]{p.describe(p.space[p.chosen])}[/] (T and D in units of T_ur = "
             f"{p.char.tur:.0f} s): tail {render.duration(m)} ± {render.duration(ms)}, cost {c:.4g} ± {cs:.2g} per "
             f"task{within}", soft_wrap=True)
+        import numpy as np
+
+        if not math.isfinite(float(np.asarray(p.utility.score(np.array([m]), np.array([c]))).ravel()[0])):
+            sm, sc = p.point(p.chosen)
+            out(f"on the whole tail its estimate is outside '{p.utility.name}', which the sampled estimate "
+                f"({render.duration(sm)}, {sc:.4g} per task) kept: the bound is at the edge of what these pools "
+                "can do", soft_wrap=True)
         ahead = [name for name, point in r.statics.items()
                  if len(dominating([point[0]], [point[1]], p.point(p.chosen)))]
         if ahead:
