@@ -108,9 +108,13 @@ def test_bags_keep_their_deadline_and_budget_on_priced_local_pools(tmp_path):
             status = gridbot("status", "--server", cluster.url)
             assert "bag poor: spent" in status.stdout and "of 0.06" in status.stdout, status.stdout
 
-            # raising the budget lets it go on
+            # a budget below what is spent is said to stop it (the second walkthrough of 2026-11-29: accepted
+            # without a word); raising the budget lets it go on
+            lower = gridbot("qos", "poor", "--budget", "0.01", "--server", cluster.url)
+            assert lower.returncode == 0 and "all of the budget: it starts no more jobs" in lower.stdout, lower.stdout
             raised = gridbot("qos", "poor", "--budget", "10", "--server", cluster.url)
-            assert raised.returncode == 0, raised.stderr
+            assert raised.returncode == 0 and "of 10.00; its placement plans with them" in raised.stdout, raised.stdout
+            assert "fit neither" not in raised.stdout, "the plan before the change is not shown as the new one"
             assert c.wait("poor", poll=0.3, timeout=120).state == "completed"
 
             # time optimization takes every pool the budget pays for, the pilot-priced one included

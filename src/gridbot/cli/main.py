@@ -494,8 +494,13 @@ def qos(bag: str, deadline: str | None, budget: str | None, server: str | None, 
         info = client.set_qos(bag, change)
     if as_json:
         render.print_json(info)
-    else:
-        click.echo(render.money(info) or f"bag {info.name}: no deadline, no budget")
+        return
+    # the placement plans again at its next decision: the plan in this answer is the one before the change
+    line = render.money(msgspec.structs.replace(info, qos=None))
+    click.echo(f"{line}; its placement plans with them from its next decision" if line else
+               f"bag {info.name}: no deadline, no budget")
+    if info.budget is not None and info.spent >= info.budget:
+        click.echo(f"bag {info.name} has spent {info.spent:,.2f} already, all of the budget: it starts no more jobs")
 
 
 @cli.command()
