@@ -106,7 +106,7 @@ class QueueInfo(msgspec.Struct, frozen=True):
     exec_time_limit: float
     max_cpus: int
     performance: float
-    """P as used: given, or the pools' `Speed`, else 1."""
+    """P as used: given, or the pools' `Speed`, else as measured from the bags that ran there and elsewhere, else 1."""
     max_bags: int | None
     policies: list[str]
     at_lowest: str
