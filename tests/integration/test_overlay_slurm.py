@@ -274,7 +274,8 @@ def test_a_pool_whose_pilots_cannot_start_backs_off_and_says_why(tmp_path):
     cluster = start(tmp_path, '[pools.here]\nkind = "local"\nmax_running = 2\nmax_queued = 0\n')
     try:
         gridbot_json("submit", write(tmp_path, "b.toml", BAG.format(n=5)), "--server", cluster.url)
-        pools = wait_pools(cluster, lambda p: "pilots in a row failed" in p["here"].error, "the pool's error", 30)
+        pools = wait_pools(cluster, lambda p: "pilots in a row ended without taking work" in p["here"].error,
+                           "the pool's error", 30)
         error = pools["here"].error
         assert "--run-as" in error and "here-" in error, error  # the last line of the pilot's own log
         submitted = pools["here"].pilots_submitted
@@ -283,6 +284,6 @@ def test_a_pool_whose_pilots_cannot_start_backs_off_and_says_why(tmp_path):
             here = next(p for p in c.pools() if p.name == "here")
         assert here.pilots_submitted == submitted, (submitted, here)
         status = gridbot("status", "--server", cluster.url).stdout
-        assert "pilots in a row failed" in " ".join(status.split()), status
+        assert "pilots in a row ended without taking work" in " ".join(status.split()), status
     finally:
         cluster.stop()

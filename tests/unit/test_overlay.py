@@ -4,6 +4,7 @@ import itertools
 import random
 from types import SimpleNamespace
 
+from gridbot.pools.base import PoolError
 from gridbot.schedulers.overlay import BagDemand, PoolCapacity, bag_demands, max_flow, plan
 
 
@@ -134,9 +135,11 @@ def test_the_servers_overlay_cancels_its_newest_queued_pilots(tmp_path):
     assert adapter.cancelled == ["4", "3"]
 
 
-def test_pilots_that_fail_in_a_row_hold_the_pools_next_back_and_say_why(tmp_path):
+def test_pilots_that_end_without_taking_work_hold_the_pools_next_back_and_say_why(tmp_path):
     """Found by the walkthrough of 2026-11-29: a local pool whose every pilot exits at once (no run_as for a root
-    server) was sent two new ones every 3 s, forever, and `gridbot pools` showed no error."""
+    server) was sent two new ones every 3 s, forever, and `gridbot pools` showed no error. Only pilots whose
+    pool had no host heard from since they began count (a review: preempted pilots, or pilots refused after a
+    key rotation, once held a healthy pool back), and the wait doubles once a step, however many ended in it."""
     from gridbot.model.pools import PoolSpec
     from gridbot.model.states import PilotState
     from gridbot.server.overlay import BACKOFF_BASE, FAILED_PILOTS, Overlay, _Pool
@@ -150,19 +153,29 @@ def test_pilots_that_fail_in_a_row_hold_the_pools_next_back_and_say_why(tmp_path
     service = SimpleNamespace(dispatcher=SimpleNamespace(pool_ads={}), store=MemoryStore())
     overlay = Overlay(service, [], "http://server", tmp_path)
     pool = _Pool(PoolSpec("p", "local"), Adapter())
-    pool.pilots = {str(i): PilotRow("p", str(i), PilotState.RUNNING, 0.0) for i in range(6)}
+    pool.pilots = {str(i): PilotRow("p", str(i), PilotState.RUNNING, 0.0, 1.0) for i in range(12)}
     overlay.pools["p"] = pool
-    for i in range(FAILED_PILOTS - 1):
-        overlay._observe(pool, {str(i): PilotState.FAILED}, 10.0 + i)
-    assert (pool.error, pool.backoff_until) == ("", 0.0), "a pilot or two may fail"
-    overlay._observe(pool, {"2": PilotState.FAILED}, 20.0)
-    assert pool.backoff_until == 20.0 + BACKOFF_BASE
-    assert pool.error == (f"{FAILED_PILOTS} pilots in a row failed: the last, exit code 2; 2 said: give --run-as "
-                          f"USER (next pilot in {BACKOFF_BASE:.0f} s)")
-    overlay._observe(pool, {"3": PilotState.FAILED}, 40.0)
+
+    def step(now, ended, seen=None, state=PilotState.FAILED):
+        overlay._observe(pool, {i: state for i in ended}, now, seen)
+        overlay._starting(pool, now, seen)
+
+    step(10.0, ["0"], seen=5.0)  # its host was heard from after it began (at 1.0): it ran, then failed
+    assert pool.failed_in_a_row == 0
+    step(11.0, ["1", "2"])
+    assert (pool.error, pool.backoff_until) == ("", 0.0), "a pilot or two may end so"
+    step(20.0, ["3", "4", "5", "6"], state=PilotState.COMPLETED)  # an EC2 instance whose install failed ends well
+    assert pool.backoff_until == 20.0 + BACKOFF_BASE, "once a step, however many ended in it"
+    assert pool.error == (f"{FAILED_PILOTS + 3} pilots in a row ended without taking work: the last, exit code 2; 6 "
+                          f"said: give --run-as USER (next pilot in {BACKOFF_BASE:.0f} s)")
+    step(40.0, ["7"])
     assert pool.backoff_until == 40.0 + 2 * BACKOFF_BASE, "the wait doubles"
-    overlay._observe(pool, {"4": PilotState.COMPLETED}, 50.0)
-    assert (pool.error, pool.failed_in_a_row) == ("", 0), "a pilot that ended well clears it"
+    step(41.0, [])
+    assert pool.backoff_until == 40.0 + 2 * BACKOFF_BASE, "not in a step where none ended"
+    step(50.0, [], seen=45.0)
+    assert (pool.error, pool.failed_in_a_row, pool.failed_level) == ("", 0, 0), "a host heard from clears it"
+    overlay._observe(pool, PoolError("squeue failed"), 51.0)
+    assert (pool.error, pool.pilot_error) == ("squeue failed", False)
 
 
 class _HeldView:

@@ -44,8 +44,10 @@ from gridbot.store.base import PilotRow, StoreError
 log = logging.getLogger("gridbot.overlay")
 BACKOFF_BASE, BACKOFF_CAP = 15.0, 900.0
 FAILED_PILOTS = 3
-"""Pilots of a pool that fail in a row (none ended well between them) before the pool's next is held back: a
-pilot that cannot start (a pool without run_as, a wrong Python) would otherwise be sent again every step."""
+"""Pilots of a pool that end, one after another, with no host of the pool heard from since they began, before
+the pool's next is held back: a pilot that cannot start (a pool without run_as, a wrong Python, an EC2 image
+whose install fails) would otherwise be sent again at every step. A pilot whose host was heard from (it ran,
+was refused by the bags, was preempted, had its key rotated) does not count."""
 
 
 @dataclass
@@ -60,9 +62,14 @@ class _Pool:
     failures: int = 0
     backoff_until: float = 0.0
     failed_in_a_row: int = 0
-    """Its pilots that failed since one last ended well (`FAILED_PILOTS`)."""
+    """Its pilots that ended without a host of the pool heard from since they began (`FAILED_PILOTS`)."""
+    failed_level: int = 0
+    """How many steps have held the pool back for them: its wait doubles with each."""
+    failed_at: float = 0.0
+    """When the last of them was seen to end."""
+    last_failed: str = ""
     pilot_error: bool = False
-    """`error` is about failing pilots (cleared when one ends well), not about submitting."""
+    """`error` is about pilots that cannot start (cleared once a host of the pool is heard from)."""
     monitor_at: float = 0.0
     """When its monitoring is read next."""
     reading: PoolMonitor | None = None
@@ -111,8 +118,11 @@ class Overlay:
         live = {name: [i for i, r in p.pilots.items() if r.state not in PILOT_TERMINAL]
                 for name, p in self.pools.items()}
         states = await loop.run_in_executor(None, self._poll, live, now)
+        seen = self._seen()
         for name, result in states.items():
-            self._observe(self.pools[name], result, now)
+            self._observe(self.pools[name], result, now, seen.get(name))
+        for name, pool in self.pools.items():
+            self._starting(pool, now, seen.get(name))
         due = [p for p in self.pools.values() if p.adapter is not None and p.spec.monitor_interval > 0
                and now >= p.monitor_at]
         if due:
@@ -176,9 +186,12 @@ class Overlay:
                 log.info("pool %s: took up %d pilots of the server's last run", name, len(pool.pilots))
         self._restored = True
 
-    def _observe(self, pool: _Pool, result: dict[str, PilotState] | PoolError, now: float) -> None:
+    def _observe(self, pool: _Pool, result: dict[str, PilotState] | PoolError, now: float,
+                 seen: float | None = None) -> None:
+        """The pilots' states as the pool reports them; `seen`: when a host of the pool was last heard from
+        (None: never), which tells a pilot that ended without ever taking work from one that did."""
         if isinstance(result, PoolError):
-            pool.error = str(result)
+            pool.error, pool.pilot_error = str(result), False
             return
         for pilot, state in result.items():
             row = pool.pilots.get(pilot)
@@ -188,6 +201,39 @@ class Overlay:
                 log.debug("pool %s: pilot %s is %s again; still counted %s", pool.spec.name, pilot, state, row.state)
                 continue
             self._move(pool, row, state, now)
+            began = row.started_at if row.started_at is not None else row.submitted_at
+            if state in (PilotState.FAILED, PilotState.COMPLETED) and (seen is None or seen < began):
+                pool.failed_in_a_row += 1
+                pool.failed_at, pool.last_failed = now, pilot
+
+    def _starting(self, pool: _Pool, now: float, seen: float | None) -> None:
+        """Once in a step: a pool whose pilots keep ending without a host heard from waits before its next, one
+        doubling a step however many ended in it; a host of the pool heard from since ends that."""
+        if pool.failed_in_a_row and seen is not None and seen >= pool.failed_at:
+            pool.failed_in_a_row = pool.failed_level = 0
+            if pool.pilot_error:
+                pool.error, pool.pilot_error = "", False
+            return
+        if pool.failed_in_a_row < FAILED_PILOTS or pool.failed_at != now or pool.adapter is None:
+            return
+        try:
+            why = pool.adapter.why_failed(pool.last_failed)
+        except Exception as e:  # one pool's trouble is never the others'
+            why = f"(its reason could not be read: {e})"
+        delay = min(BACKOFF_CAP, BACKOFF_BASE * 2.0 ** min(pool.failed_level, 16))
+        pool.failed_level += 1
+        pool.backoff_until = max(pool.backoff_until, now + delay)
+        pool.error = (f"{pool.failed_in_a_row} pilots in a row ended without taking work"
+                      f"{': the last, ' + why if why else ''} (next pilot in {delay:.0f} s)")
+        pool.pilot_error = True
+        log.error("pool %s: %s", pool.spec.name, pool.error)
+
+    def _seen(self) -> dict[str, float]:
+        """When a host of each pool was last heard from."""
+        out: dict[str, float] = {}
+        for h in self.service.dispatcher.view.known_hosts():
+            out[h.pool] = max(out.get(h.pool, h.last_seen), h.last_seen)
+        return out
 
     def _move(self, pool: _Pool, row: PilotRow, state: PilotState, now: float) -> None:
         """The one way a pilot changes state: along PILOT_TRANSITIONS, recorded for the store."""
@@ -199,29 +245,6 @@ class Overlay:
         self._changed[(row.pool, row.native_id)] = moved
         if state in PILOT_TERMINAL:
             pool.ended += 1
-        if state is PilotState.FAILED:
-            self._failed(pool, row.native_id, now)
-        elif state is PilotState.COMPLETED and row.state is PilotState.RUNNING:
-            pool.failed_in_a_row = 0
-            if pool.pilot_error:
-                pool.error, pool.pilot_error = "", False
-
-    def _failed(self, pool: _Pool, pilot: str, now: float) -> None:
-        """A pilot failed: after `FAILED_PILOTS` in a row, the pool's next waits (doubling), and says why."""
-        pool.failed_in_a_row += 1
-        k = pool.failed_in_a_row
-        if k < FAILED_PILOTS or pool.adapter is None:
-            return
-        try:
-            why = pool.adapter.why_failed(pilot)
-        except Exception as e:  # one pool's trouble is never the others'
-            why = f"(its reason could not be read: {e})"
-        delay = min(BACKOFF_CAP, BACKOFF_BASE * 2.0 ** min(k - FAILED_PILOTS, 16))
-        pool.backoff_until = max(pool.backoff_until, now + delay)
-        pool.error = (f"{k} pilots in a row failed{': the last, ' + why if why else ''} (next pilot in "
-                      f"{delay:.0f} s)")
-        pool.pilot_error = True
-        log.error("pool %s: %s", pool.spec.name, pool.error)
 
     def _save(self) -> None:
         """Give the store the pilots submitted and moved since it last took them (kept for the next try if it
@@ -272,7 +295,7 @@ class Overlay:
                 pool.failures += 1
                 delay = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (pool.failures - 1))
                 pool.backoff_until = now + delay
-                pool.error = f"{e} (next try in {delay:.0f} s)"
+                pool.error, pool.pilot_error = f"{e} (next try in {delay:.0f} s)", False
                 log.error("pool %s: %s", name, pool.error)
                 continue
             pool.failures = 0
@@ -292,7 +315,7 @@ class Overlay:
                     pool.adapter.cancel(queued)
                     log.info("pool %s: cancelled %d queued pilots (demand dropped)", name, len(queued))
                 except Exception as e:  # one pool's trouble is never the others'
-                    pool.error = f"cancel failed: {e}"
+                    pool.error, pool.pilot_error = f"cancel failed: {e}", False
         self._save()
 
     def _pool_hosts(self) -> dict[str, tuple[int, int]]:
