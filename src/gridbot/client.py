@@ -333,6 +333,10 @@ class Client:
     def hosts(self) -> list[HostInfoRow]:
         return self._request("GET", "/v1/hosts", None, list[HostInfoRow])  # type: ignore[no-any-return]
 
+    def spec(self, ref: str | int) -> BagSpec:
+        """The bag's spec as stored (its latest revision)."""
+        return self._request("GET", f"/v1/bags/{_q(ref)}/spec", None, BagSpec)  # type: ignore[no-any-return]
+
     def policy(self, ref: str | int) -> dict[str, str]:
         """The bag's policies as they apply (what was written, and the defaults)."""
         return self._request("GET", f"/v1/bags/{_q(ref)}/policy", None, dict[str, str])  # type: ignore[no-any-return]

@@ -241,10 +241,18 @@ def test_retry_each_line_revises_a_servers_bag_and_keeps_its_budget(cluster, tmp
     (tmp_path / "fixed.txt").write_text("true\ntrue\n")
     both = gridbot("retry", "el", "--each-line", str(tmp_path / "fixed.txt"), "--jobs", "1")
     assert both.returncode == 2 and "not both" in both.stderr
-    proc = gridbot("retry", "el", "--each-line", str(tmp_path / "fixed.txt"))
+    bag_id = str(cluster.wait_bag("el", timeout=5).bag_id)  # by id too (a review: its id became the spec's name)
+    proc = gridbot("retry", bag_id, "--each-line", str(tmp_path / "fixed.txt"))
     assert proc.returncode == 0 and "revision 2; 1 failed job(s) queued again" in proc.stdout, proc.stderr
     final = cluster.wait_bag("el", timeout=60)
     assert (final.state, final.revision, final.budget) == ("completed", 2, 5.0), final
+    with cluster.client() as c:
+        kept = c.spec("el")
+    assert (kept.max_failures, kept.budget, kept.strategy.placement) == (1, 5.0, "cost-time"), "every setting kept"
+    wrong = gridbot("retry", "el", "--spec", str(tmp_path / "fixed.txt"))
+    assert wrong.returncode == 2 and "Traceback" not in wrong.stderr, wrong.stderr
+    same = gridbot("retry", "el", "--each-line", str(tmp_path / "fixed.txt"))
+    assert same.returncode == 0 and "the same spec as its own, so no revision" in same.stdout, same.stdout
 
 
 def test_each_line_bags_take_max_failures_and_timeout(tmp_path):

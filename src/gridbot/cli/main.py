@@ -798,37 +798,47 @@ def retry(bag: str, all_failed: bool, indices: str | None, spec_file: Path | Non
           server: str | None, access: Path | None, admin: bool, as_json: bool) -> None:
     """Run failed jobs of a bag again, their failure counts reset; an ended bag becomes active again.
 
-    Done jobs keep their results. To change the command or inputs first, give the changed spec (--spec, or
-    --each-line): it becomes the bag's next revision, with as many jobs, and its deadline and budget stay
-    unless it sets its own. On your own machine, `gridbot run SPEC --retry-failed` does the same.
+    Done jobs keep their results. To change the command or inputs first, give the changed spec (--spec): it
+    becomes the bag's next revision, with as many jobs, and the bag's deadline and budget stay unless it sets
+    its own; or, for an each-line bag, its changed lines (--each-line), with every setting kept. On your own
+    machine, `gridbot run SPEC --retry-failed` makes the revision from the spec as it is.
     """
     if all_failed and indices is not None:
         raise click.UsageError("give --failed (every failed job) or --jobs LIST, not both")
     if spec_file is not None and each_line is not None:
         raise click.UsageError("give --spec FILE or --each-line FILE, not both")
-    revised = spec_file is not None or each_line is not None
+    revised, before = spec_file is not None or each_line is not None, 0
     if revised and indices is not None:
         raise click.UsageError("a revision queues every job not done: give --jobs LIST or --spec/--each-line, "
                                "not both")
     chosen = render.parse_indices(indices) if indices is not None else None
     with Client(server, access=access, admin=admin) as client:
         if revised:
+            stored, before = client.spec(bag), client.bag(bag).revision
             lines: list[str] | None = None
             inputs: dict[str, bytes] = {}
             if spec_file is not None:
-                new, inputs = load_spec_file(spec_file, bag)
+                new, inputs = load_spec_file(spec_file)
+                new = msgspec.structs.replace(new, name=stored.name)
+                if new.budget is None:
+                    new = msgspec.structs.replace(new, budget=stored.budget)
+                if new.bag_deadline is None and new.bag_deadline_at is None:
+                    new = msgspec.structs.replace(new, bag_deadline=stored.bag_deadline,
+                                                  bag_deadline_at=stored.bag_deadline_at)
             else:
                 assert each_line is not None
-                new, lines = load_lines_file(each_line, bag)
-            info = client.bag(bag)
-            if new.budget is None and new.bag_deadline is None and new.bag_deadline_at is None:
-                new = msgspec.structs.replace(new, budget=info.budget, bag_deadline_at=info.deadline_at)
-            new = msgspec.structs.replace(new, name=info.name)
+                if not stored.each_line:
+                    raise click.UsageError(f"bag {stored.name} is made from a spec, not from lines: give --spec FILE")
+                _, lines = load_lines_file(each_line, stored.name)
+                new = stored  # the same settings (max_failures, timeout, policies, strategy, limits), new lines
             answer = client.revise(new, lines, inputs)
         else:
             answer = client.retry(bag, chosen)
     if as_json:
         render.print_json(answer)
+    elif revised and answer.bag.revision == before:
+        click.echo(f"bag {answer.bag.name}: the same spec as its own, so no revision; {answer.requeued:,} failed "
+                   f"job(s) queued again; it is {answer.bag.state} (a deadline or budget changes with gridbot qos)")
     elif revised:
         click.echo(f"bag {answer.bag.name}: revision {answer.bag.revision}; {answer.requeued:,} failed job(s) queued "
                    f"again; it is {answer.bag.state}")

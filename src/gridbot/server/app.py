@@ -167,6 +167,7 @@ PERMISSIONS: dict[tuple[str, str], frozenset[Role]] = {
     ("GET", "/v1/bags/{bag}/logs/{job}"): USERS,
     ("GET", "/v1/bags/{bag}/story/{job}"): USERS,
     ("GET", "/v1/bags/{bag}/policy"): USERS,
+    ("GET", "/v1/bags/{bag}/spec"): USERS,
     ("POST", "/v1/bags/{bag}/policy"): USERS,
     ("POST", "/v1/bags/{bag}/strategy"): USERS,
     ("POST", "/v1/bags/{bag}/qos"): USERS,
@@ -339,6 +340,7 @@ class Server:
             web.get("/v1/bags/{bag}/logs/{job}", self.logs),
             web.get("/v1/bags/{bag}/story/{job}", self.story),
             web.get("/v1/bags/{bag}/policy", self.get_policy),
+            web.get("/v1/bags/{bag}/spec", self.get_spec),
             web.post("/v1/bags/{bag}/policy", self.set_policy),
             web.post("/v1/bags/{bag}/strategy", self.set_strategy),
             web.post("/v1/bags/{bag}/qos", self.set_qos),
@@ -597,6 +599,10 @@ class Server:
 
     async def get_policy(self, request: web.Request) -> web.Response:
         return _reply(request, self.service.policies(self._bag(request)))
+
+    async def get_spec(self, request: web.Request) -> web.Response:
+        """The bag's spec as stored (its latest revision): what `gridbot retry --each-line` revises."""
+        return _reply(request, self._bag(request).spec)
 
     async def set_policy(self, request: web.Request) -> web.Response:
         change = _decode(_policy_decoder, await request.read())
