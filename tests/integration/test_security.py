@@ -223,8 +223,10 @@ def test_rotation_gives_new_keys_and_refuses_the_old(cluster):
     out = gridbot("access", "revoke", key_id, "--access-file", str(cluster.access))
     assert out.returncode == 0 and "gridbot access rotate submitter" in out.stdout, out.stdout + out.stderr
     assert read_access(cluster.access).submitter == ""
-    out = gridbot("access", "rotate", "submitter", "--access-file", str(cluster.access))
-    assert out.returncode == 0, out.stderr
+    owner = next(k["name"] for k in shown if k["role"] == "submitter")
+    someone = {"USER": "someone", "LOGNAME": "someone", "LNAME": "someone", "USERNAME": "someone"}
+    out = gridbot("access", "rotate", "submitter", "--access-file", str(cluster.access), env=someone)
+    assert out.returncode == 0 and f"submitter {owner}" in out.stdout, out.stdout + out.stderr  # not "someone"
     again = read_access(cluster.access).submitter
     time.sleep(1.2)
     assert _call(cluster.url, "GET", "/v1/bags", again)[0] == 200

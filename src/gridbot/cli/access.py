@@ -173,7 +173,11 @@ def rotate(role: str, pool: str | None, access_file: Path, keys_file: Path | Non
         changed.append("admin")
     if "submitter" in roles and (grants.submitter or role == "submitter"):
         old = grants.submitter.split(".")[1] if grants.submitter else ""
-        name = next((k.name for k in registry.keys if k.key_id == old), "") or default_user()
+        # the access file's own submitter, revoked by id: the newest submitter whose every key is revoked (its
+        # bags are owned by that name), not whoever runs this command
+        orphaned = [k.name for k in registry.keys if k.role == "submitter" and not registry.live("submitter", k.name)]
+        name = next((k.name for k in registry.keys if k.key_id == old), "") or \
+            (orphaned[-1] if orphaned else default_user())
         if old:
             registry.revoke(key_id=old)
         grants.submitter = registry.add("submitter", name, now)

@@ -500,7 +500,8 @@ def qos(bag: str, deadline: str | None, budget: str | None, server: str | None, 
     click.echo(f"{line}; its placement plans with them from its next decision" if line else
                f"bag {info.name}: no deadline, no budget")
     if info.budget is not None and info.spent >= info.budget:
-        click.echo(f"bag {info.name} has spent {info.spent:,.2f} already, all of the budget: it starts no more jobs")
+        click.echo(f"bag {info.name} has spent {info.spent:,.2f} already, all of the budget: it starts no more jobs "
+                   "on pools that cost money")
 
 
 @cli.command()

@@ -61,7 +61,9 @@ def check(choice: StrategyChoice) -> None:
             hint = closest(key, list(known))
             owners = [n for n, p in PLACEMENTS.items() if key in p.options]
             if not hint and owners:
-                hint = f"it is an option of placement = {owners[0]!r}: name that placement in [strategy];"
+                needs = " (which needs a server with queues)" if owners[0] == HierarchyPlacement.name else ""
+                hint = f"it is an option of placement = {owners[0]!r}{needs}: name that placement in [strategy], or " \
+                       "remove it;"
             raise StrategyError(f"strategy option '{key}' is not an option of tail = {choice.tail!r} or placement = "
                                 f"{choice.placement!r}: {hint + ' ' if hint else ''}they take {takes}")
         default = known[key]
