@@ -51,7 +51,7 @@ def stories(tmp_path_factory):
 def test_the_story_shows_each_instance_with_its_host_and_outcome(stories):
     text, story = stories["flaky"]
     lines = text.splitlines()
-    assert re.fullmatch(r"job \d+ of bag flaky \(index 0\): done after 2 attempts, 1 failure", lines[0]), text
+    assert re.fullmatch(r"job 0 of bag flaky \(id \d+\): done after 2 attempts, 1 failure", lines[0]), text
     first, second = story["instances"]
     assert [first["state"], second["state"]] == ["failed", "done"] and story["result_instance"] == second["instance_id"]
     assert first["host_name"].endswith("/w0") and first["pool"] == "local" and not first["replica"]
