@@ -105,7 +105,7 @@ def load_spec_file(path: str | Path, name: str | None = None,
     problems, lines = [], key_lines(text)
     for policy, written in spec.policy.items():  # one at a time, so that every wrong one is named at once
         try:
-            validate_policies({policy: written}, spec.instance_deadline)
+            validate_policies({policy: written}, spec.instance_deadline, bag_name=spec.name)
         except PolicyError as e:
             line = lines.get(("policy", e.policy)) or lines.get(("policy",))
             problems.append(Problem(f"policy {e.policy} = {e.text!r}: {e.problem}", line, e.hint))
@@ -147,7 +147,7 @@ def with_policies(spec: BagSpec, assignments: Sequence[str]) -> BagSpec:
             raise GridbotError(f"--policy {item!r} is not NAME=EXPRESSION; e.g. --policy 'Rank=Host.NumCpus'")
         written[name.strip()] = text.strip()
     try:
-        validate_policies(written, spec.instance_deadline)
+        validate_policies(written, spec.instance_deadline, bag_name=spec.name)
     except PolicyError as e:
         raise GridbotError(f"--policy: {e}") from None
     return msgspec.structs.replace(spec, policy=written)

@@ -164,3 +164,21 @@ def test_one_slow_evaluation_on_a_busy_server_does_not_refuse_a_policy():
 def test_a_policy_slow_every_time_is_refused():
     with pytest.raises(PolicyError, match="took over 2 ms to evaluate, each of 3 times"):
         compile_policies({"Rank": "Host.Slots"}, 3600.0, _clock([0.5] * 100))
+
+
+def test_a_policy_that_backtracks_on_its_own_bags_name_is_refused_and_regexps_are_capped():
+    """The security review of 2026-11-29: a bag named 'aaaa...a-' with `regexp("^(a|a)*$", Bag.Name)` a hundred
+    times passed the trial (tried on a bag named 'sweep') and then held the server's loop 7.5 s at every work
+    request. The trial now uses the bag's own name, and a policy may call at most MAX_REGEX_CALLS of them."""
+    import time
+
+    from gridbot.policy.policies import MAX_REGEX_CALLS, PolicyError, regex_calls, validate_policies
+
+    clause = 'regexp("^(a|a)*$", Bag.Name)'
+    assert regex_calls(f'{clause} && RegExp("x", Host.Name) && "regexp(" == "y"') == 2, "calls, not strings"
+    with pytest.raises(PolicyError, match="took over"):
+        validate_policies({"JobRequirements": clause}, 86400, time.perf_counter, "a" * 20 + "-")
+    validate_policies({"JobRequirements": clause}, 86400, time.perf_counter, "sweep")  # harmless on other names
+    many = " || ".join([clause] * (MAX_REGEX_CALLS + 1))
+    with pytest.raises(PolicyError, match=f"over the limit of {MAX_REGEX_CALLS}"):
+        validate_policies({"JobRequirements": many}, 86400, time.perf_counter, "sweep")

@@ -238,17 +238,31 @@ def _in(rest: list[str], known: Mapping[str, str] | set[str], prefix: str) -> tu
     return None
 
 
-def representative_context() -> ClassAd:
-    """A composite ad with typical values of every attribute, for trial evaluations."""
+REGEX_FUNCTIONS = frozenset({"regexp", "regexps", "regexpmember", "stringlistregexpmember", "replace", "replaceall"})
+MAX_REGEX_CALLS = 4
+"""Regular-expression calls one policy may make: each is bounded by PCRE's match limit (about 0.1 s of a
+catastrophic pattern), but a policy of a hundred of them held the server's loop for seconds at every work
+request (the security review of 2026-11-29)."""
+
+
+def regex_calls(text: str) -> int:
+    """How many regular-expression functions `text` calls."""
+    bare = _STRING.sub('""', text)
+    return sum(1 for m in _REF.finditer(bare) if m.group(2) and m.group(1).lower() in REGEX_FUNCTIONS)
+
+
+def representative_context(bag_name: str = "sweep") -> ClassAd:
+    """A composite ad with typical values of every attribute, for trial evaluations; the bag's own name where
+    it is known (an expression over it, such as a regexp, is then tried on what it will meet)."""
     host = {"Name": "node01.example/worker", "HostId": "0123456789abcdef0123", "Pool": "local",
             "Platform": "Linux-x86_64", "NumCpus": 8, "Slots": 8, "Prefetch": 0, "Memory": 16384, "RunningJobs": 4,
             "JobsDone": 120, "JobsFailed": 3, "ErrorRate": 0.025, "JobsToday": 40, "RecentGoodCpuTime": 3600.0,
             "AvgTurnaround": 300.0, "BlackHole": False, "Reliable": False, "InvalidRate": 0.0, "ValidStreak": 0,
             "Speed": 0.0}
-    bag = {"Name": "sweep", "Tail": False, "JobsTotal": 1000, "JobsLeft": 600, "JobsDone": 400, "JobsFailed": 0,
+    bag = {"Name": bag_name, "Tail": False, "JobsTotal": 1000, "JobsLeft": 600, "JobsDone": 400, "JobsFailed": 0,
            "JobsRunning": 100, "JobsQueued": 500, "Replicas": 0, "ElapsedTime": 3600.0, "MeanRunTime": 600.0}
-    replica = {"Name": "sweep.42.1", "SentTime": 0.0, "RunTime": 120.0, "Host": host}
-    job = {"Name": "sweep.42", "Index": 42, "NumberOfReplicas": 1, "Failures": 0, "Cpus": 1, "Memory": 0,
+    replica = {"Name": f"{bag_name}.42.1", "SentTime": 0.0, "RunTime": 120.0, "Host": host}
+    job = {"Name": f"{bag_name}.42", "Index": 42, "NumberOfReplicas": 1, "Failures": 0, "Cpus": 1, "Memory": 0,
            "Replica1": replica}
     pool = {"Name": "cluster", "Kind": "slurm", "Reliability": "reliable", "Level": 1, "Cpus": 4, "Memory": 8192,
             "Walltime": 14400.0, "PricePerCpuHour": 0.0, "MaxRunning": 20}
@@ -266,7 +280,7 @@ class PolicySet:
 
 
 def compile_policies(written: Mapping[str, str], default_deadline: float,
-                     timer: Callable[[], float] | None = None) -> PolicySet:
+                     timer: Callable[[], float] | None = None, bag_name: str = "sweep") -> PolicySet:
     """Validate and compile a bag's policies, filling in defaults; raise PolicyError on the first bad one.
 
     `timer` (seconds, monotonic) bounds each trial evaluation; the caller owns the clock.
@@ -278,7 +292,7 @@ def compile_policies(written: Mapping[str, str], default_deadline: float,
         if name not in POLICIES:
             parse(name, written[name])
     exprs = {}
-    ctx = representative_context()
+    ctx = representative_context(bag_name)
     for name, text in texts.items():
         expr = parse(name, text)
         check_references(name, text)
@@ -290,12 +304,16 @@ def compile_policies(written: Mapping[str, str], default_deadline: float,
 
 
 def validate_policies(written: Mapping[str, str], default_deadline: float,
-                      timer: Callable[[], float] | None = None) -> PolicySet:
+                      timer: Callable[[], float] | None = None, bag_name: str = "sweep") -> PolicySet:
     """`compile_policies` for policies a person just wrote (a spec submitted, `gridbot policy`), which also
     refuses what is wrong whatever the host: a constant Concurrency below 1, under which no host may hold
     an instance of the bag (issue 12: `Concurrency = -5` was accepted, and stalled every bag of the server).
     Stored policies are compiled without this, so a bag stored before the check still loads."""
-    policies = compile_policies(written, default_deadline, timer)
+    for name, text in written.items():
+        if regex_calls(text) > MAX_REGEX_CALLS:
+            raise PolicyError(name, text, f"calls regular-expression functions {regex_calls(text)} times, over the "
+                              f"limit of {MAX_REGEX_CALLS}", "join the patterns into one, or compare strings with ==")
+    policies = compile_policies(written, default_deadline, timer, bag_name)
     text = policies.texts["Concurrency"]
     if not references(text):
         value = policies.exprs["Concurrency"].eval(representative_context())

@@ -5,7 +5,16 @@
 
 from __future__ import annotations
 
-from gridbot.policy.policies import BAG_ATTRS, HOST_ATTRS, JOB_ATTRS, POLICIES, POOL_ATTRS, QUEUE_ATTRS, REPLICA_ATTRS
+from gridbot.policy.policies import (
+    BAG_ATTRS,
+    HOST_ATTRS,
+    JOB_ATTRS,
+    MAX_REGEX_CALLS,
+    POLICIES,
+    POOL_ATTRS,
+    QUEUE_ATTRS,
+    REPLICA_ATTRS,
+)
 
 
 def _table(rows: dict[str, str], prefix: str) -> list[str]:
@@ -26,6 +35,11 @@ def markdown() -> str:
         "and `gridbot submit`, or change one while the bag runs with `gridbot policy BAG NAME 'EXPRESSION'`.",
         "A policy that evaluates to UNDEFINED or ERROR at run time counts as no match and is reported by",
         "`gridbot status`.",
+        "",
+        "A policy is evaluated on every work request, so each is tried when written: on a typical host, with the",
+        "bag's own name, it must evaluate within 2 ms, and it may call regular-expression functions (`regexp`,",
+        "`regexps`, `regexpMember`, `stringListRegexpMember`, `replace`, `replaceAll`) at most "
+        f"{MAX_REGEX_CALLS} times.",
         "",
         "## Policies",
         "",

@@ -574,7 +574,7 @@ class Service:
         """Validate policies someone wrote with a trial evaluation bounded in time, as the command line does;
         BadRequest names the bad one."""
         try:
-            return validate_policies(written, spec.instance_deadline, time.perf_counter)
+            return validate_policies(written, spec.instance_deadline, time.perf_counter, spec.name)
         except PolicyError as e:
             raise BadRequest(str(e)) from None
 
