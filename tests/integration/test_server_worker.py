@@ -8,6 +8,7 @@ import pytest
 
 from gridbot.client import ApiError, Client
 from gridbot.errors import ServerUnavailable
+from gridbot.security.access import read_access
 from tests.integration.harness import Cluster, admin_url, gridbot, gridbot_json, server_backends, terminate_backends
 
 
@@ -203,6 +204,24 @@ def test_server_refuses_a_body_over_its_request_limit(cluster):
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(req, timeout=30)
     assert err.value.code == 413 and "over the limit of 34,603,008 bytes" in json.loads(err.value.read())["error"]
+    # the security review of 2026-11-29: without a Content-Length (chunked), or gzip'd, a body went up to the
+    # application's 257 MiB; a registration, with a worker key, too
+    import gzip
+    import http.client
+
+    host, port = cluster.url.removeprefix("http://").split(":")
+    for path, key, body, headers in (
+            ("/v1/exchange", credential, iter([b"x" * (1 << 20)] * 40), {}),
+            ("/v1/exchange", credential, gzip.compress(b"x" * (40 << 20)), {"Content-Encoding": "gzip"}),
+            ("/v1/register", read_access(cluster.access).workers["local"], iter([b"x" * (1 << 20)] * 2), {})):
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        chunked = not isinstance(body, bytes)
+        conn.request("POST", path, body=body, encode_chunked=chunked,
+                     headers={"Content-Type": "application/msgpack", "Authorization": f"Bearer {key}",
+                              **({"Transfer-Encoding": "chunked"} if chunked else {}), **headers})
+        answer = conn.getresponse()
+        assert answer.status == 413 and "over the limit" in json.loads(answer.read())["error"], (path, answer.status)
+        conn.close()
 
 
 def test_garbage_requests_get_400_not_a_crash(cluster):

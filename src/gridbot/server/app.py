@@ -66,6 +66,29 @@ _qos_decoder = msgspec.json.Decoder(QosChange)
 T = TypeVar("T")
 
 
+class TooLarge(GridbotError):
+    """A request body over its route's limit (413)."""
+
+
+SMALL_BODY = 1 << 20
+"""The limit of a request that carries no files or results: a registration, a policy, strategy or qos change."""
+
+
+async def _read(request: web.Request, limit: int, what: str) -> bytes:
+    """The request's body, refused (TooLarge) past `limit` bytes as received: a chunked or compressed body has
+    no Content-Length to check first, and aiohttp's own limit is the application's, sized for submissions (the
+    security review of 2026-11-29: a chunked exchange could bring 257 MiB, 2 GB once decoded)."""
+    if (request.content_length or 0) > limit:
+        raise TooLarge(f"{what} of {request.content_length:,} bytes is over the limit of {limit:,} bytes")
+    chunks, size = [], 0
+    async for chunk in request.content.iter_chunked(1 << 16):
+        size += len(chunk)
+        if size > limit:
+            raise TooLarge(f"{what} of over {limit:,} bytes is over the limit")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def _decode(decoder: msgspec.msgpack.Decoder[T] | msgspec.json.Decoder[T], body: bytes) -> T:
     """A request body as its message type, or BadRequest saying what is wrong with it (issue 12).
 
@@ -262,6 +285,8 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _error(request, 409, str(e), "exists")
     except Conflict as e:
         return _error(request, 409, str(e), "conflict")
+    except TooLarge as e:
+        return _error(request, 413, str(e), "too_large")
     except BadRequest as e:  # (a body the decoder refuses is one, in `_decode`; msgspec's errors elsewhere are ours)
         return _error(request, 400, f"bad request: {e}", "bad_request")
     except (RequestPayloadError, HttpProcessingError) as e:  # a body aiohttp cannot read: a bad gzip, a cut chunk
@@ -432,10 +457,8 @@ class Server:
 
     async def exchange(self, request: web.Request) -> web.Response:
         limit = 2 * self.service.config.dispatch.max_result_bytes + (1 << 20)
-        if (request.content_length or 0) > limit:
-            return _error(request, 413, f"an exchange of {request.content_length:,} bytes is over the limit of "
-                          f"{limit:,} bytes (twice the server's --max-result-size, plus 1 MiB)", "too_large")
-        req = _decode(_exchange_decoder, await request.read())
+        req = _decode(_exchange_decoder, await _read(
+            request, limit, "an exchange (its limit: twice the server's --max-result-size, plus 1 MiB)"))
         principal: Principal = request[PRINCIPAL]
         if principal is not LOCAL:
             if req.host.host_id != principal.host_id:
@@ -535,7 +558,7 @@ class Server:
 
     async def register(self, request: web.Request) -> web.Response:
         """A host joins with its pool's worker key and gets its id and credential from the server."""
-        req = _decode(_register_decoder, await request.read())
+        req = _decode(_register_decoder, await _read(request, SMALL_BODY, "a registration"))
         principal: Principal = request[PRINCIPAL]
         if self.access is None:
             return _error(request, 400, "this server runs without keys (--no-auth): workers need no registration",
@@ -605,7 +628,7 @@ class Server:
         return _reply(request, self._bag(request).spec)
 
     async def set_policy(self, request: web.Request) -> web.Response:
-        change = _decode(_policy_decoder, await request.read())
+        change = _decode(_policy_decoder, await _read(request, SMALL_BODY, "a policy change"))
         info = self.service.set_policy(self._bag(request), change.name, change.text)
         self._new_work()
         return _reply(request, info)
@@ -613,7 +636,7 @@ class Server:
     async def set_strategy(self, request: web.Request) -> web.Response:
         """Change a running bag's `[strategy]` (tail, placement and their options), as a policy is changed."""
         row = self._bag(request)  # another owner's bag is a 404 whatever the body
-        choice = _decode(_strategy_decoder, await request.read())
+        choice = _decode(_strategy_decoder, await _read(request, SMALL_BODY, "a strategy change"))
         info = self.service.set_strategy(row, choice)
         self._new_work()
         return _reply(request, info)
@@ -621,7 +644,7 @@ class Server:
     async def set_qos(self, request: web.Request) -> web.Response:
         """Change a running bag's deadline or budget (`gridbot qos`)."""
         row = self._bag(request)
-        change = _decode(_qos_decoder, await request.read())
+        change = _decode(_qos_decoder, await _read(request, SMALL_BODY, "a deadline or budget change"))
         info = self.service.set_qos(row, change)
         self._new_work()
         return _reply(request, info)
