@@ -351,3 +351,18 @@ def test_cleaning_from_what_was_seen_looks_again_at_anything_it_did_not_see(tmp_
     out.chmod(0)
     assert executor.clean_dir(jobdir, (out.lstat(), err.lstat())) is True
     assert [p.name for p in jobdir.iterdir()] == [executor.STDERR]
+
+
+def test_an_output_name_that_leads_out_of_the_jobs_folder_is_not_read(tmp_path):
+    """The security review of 2026-11-29: an output filled from parameters (`{a}{b}{c}`) can become
+    `.././etc/shadow`, which the spec's check, trying each value beside the others' first, let through; the
+    worker read it (as root under --run-as), and the job's failure told whether the file existed."""
+    from gridbot.worker.executor import _collect
+
+    (tmp_path / "secret").write_text("root only")
+    job = tmp_path / "job"
+    job.mkdir()
+    outputs, problem = _collect(job, ["../secret"], 1 << 20, follow=False)
+    assert outputs == {} and "is not a name inside the job's folder" in problem
+    outputs, problem = _collect(job, [".././secret"], 1 << 20)
+    assert outputs == {} and "is not a name inside the job's folder" in problem

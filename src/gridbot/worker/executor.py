@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 
 from gridbot.model.records import Assignment, InstanceReport, Limits, Outcome
+from gridbot.model.spec import output_name_problem
 from gridbot.worker.isolation import RUN_VAR, RunAs, apply_limits
 
 TAIL_BYTES = 64 * 1024
@@ -826,6 +827,8 @@ def _collect(jobdir: Path, names: list[str], limit: int, follow: bool = True) ->
     outputs: dict[str, bytes] = {}
     total = 0
     for name in names:
+        if problem := output_name_problem(name):  # a name filled from parameters that leads out of the folder
+            return {}, f"expected output '{name[:200]}' is not a name inside the job's folder: {problem}"
         try:
             fd = _open_inside(jobdir, name, follow)
         except OSError:
