@@ -278,6 +278,8 @@ def test_a_pool_whose_pilots_cannot_start_backs_off_and_says_why(tmp_path):
                            "the pool's error", 30)
         error = pools["here"].error
         assert "--run-as" in error and "here-" in error, error  # the last line of the pilot's own log
+        # the security review of 2026-11-29: its jobs would run as the server's user, who reads the admin key
+        assert "warning: pool 'here' runs its jobs as this server's own user" in cluster.server.log
         submitted = pools["here"].pilots_submitted
         time.sleep(8)  # the overlay steps every 3 s; the pool's next pilot waits 15 s
         with cluster.client() as c:

@@ -122,6 +122,10 @@ def friendly(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+SERVERS_OWN_USER = ("local", "slurm", "pbs", "lsf", "cobalt", "flux")
+"""Pool kinds whose pilots start as the server's own user, on its machine or its cluster (and its files)."""
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="gridbot")
 @click.option("--log-level", envvar="GRIDBOT_LOG_LEVEL", default="warning", show_envvar=True,
@@ -295,6 +299,11 @@ def server(db: str, host: str, port: int, dispatch: DispatchConfig, max_jobs: in
         made = "made" if security.access.created else "in"
         click.echo(f"keys: {made} {security.access.access_path} (mode 0600; `gridbot access` hands out "
                    "smaller ones)", err=True)
+        for spec in pool_specs:
+            if spec.kind in SERVERS_OWN_USER and not spec.run_as:
+                click.echo(f"warning: pool '{spec.name}' runs its jobs as this server's own user, who can read "
+                           f"{security.access.access_path} (the admin key): if others submit to this server, give "
+                           'the pool run_as = "USER" (docs/security.md)', err=True)
     if service.lost is not None:  # taken while the server started, before a signal could stop it
         store.close()
         raise GridbotError(f"the server stopped: {service.lost}")
