@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -294,7 +295,8 @@ def server(db: str, host: str, port: int, dispatch: DispatchConfig, max_jobs: in
         click.echo(f"volunteer accounts: {accounts} (`gridbot volunteers add NAME --volunteers-file {accounts}`"
                    f"{beside})", err=True)
     scheme = "https" if security.ssl is not None else "http"
-    click.echo(f"gridbot server on {scheme}://{host}:{port} with {db}", err=True)
+    shown = re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", db)  # a PostgreSQL URL's password is not for the log
+    click.echo(f"gridbot server on {scheme}://{host}:{port} with {shown}", err=True)
     if security.access is not None and security.access.access_path is not None:
         made = "made" if security.access.created else "in"
         click.echo(f"keys: {made} {security.access.access_path} (mode 0600; `gridbot access` hands out "
