@@ -95,7 +95,8 @@ def test_report_refuses_an_out_it_cannot_write_naming_it(cluster, tmp_path):
 
 
 def test_plan_refuses_a_plot_it_cannot_write_naming_it(tmp_path):
-    path = scenario(tmp_path)
+    path = scenario(tmp_path)  # with a grid: ExPERT plans a tail sent to unreliable pools
+    path.write_text(SCENARIO.replace("[bags.sweep]", '[pools.grid]\nkind = "grid"\nsize = 10\n\n[bags.sweep]'))
     (tmp_path / "afile").write_text("")
     refused(gridbot("plan", "--scenario", str(path), "--plot", "/proc/x.png"),
             "cannot write the plot /proc/x.png", "/proc does not exist or takes no files", "give --plot a file")
