@@ -66,3 +66,13 @@ def test_a_story_without_events_still_shows_its_instances_and_dates_another_day(
         "still running: instance 2 on host node-a",
     ]
     assert story_lines(story, T0)[0] == "job 0 of bag old (id 7): running, 2 attempts, 0 failures so far"
+
+
+def test_a_jobs_output_cannot_drive_the_terminal_it_is_shown_in():
+    """The security review of 2026-11-29: `gridbot logs` wrote a host's stdout tail as it came, escape sequences
+    included (a volunteer's host chooses what its jobs print)."""
+    from gridbot.cli.render import terminal_safe
+
+    assert terminal_safe("ok\tyes\n\x1b[2J\x07 bell \r over \x9b c1") == \
+        "ok\tyes\n\\x1b[2J\\x07 bell \\x0d over \\x9b c1"
+    assert terminal_safe("plain text, ünïcode ✓\n") == "plain text, ünïcode ✓\n"

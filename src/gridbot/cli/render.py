@@ -342,5 +342,15 @@ def job_log(log: JobLog) -> None:
     for name, tail in (("stdout", kept_one.stdout_tail), ("stderr", kept_one.stderr_tail)):
         console.print(f"[bold]--- {name} of instance {kept_one.instance_id}[/]" + (" (empty)" if not tail else ""))
         if tail:
-            sys.stdout.write(tail if tail.endswith("\n") else tail + "\n")
+            shown = terminal_safe(tail) if sys.stdout.isatty() else tail  # a file or a pipe gets it as it was
+            sys.stdout.write(shown if shown.endswith("\n") else shown + "\n")
             sys.stdout.flush()
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def terminal_safe(text: str) -> str:
+    """`text` with its control characters but newlines and tabs shown as `\\xNN`: a job's output (a volunteer's
+    host's, say) could otherwise move the cursor, retitle the window or hide lines of the terminal it is shown in."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
