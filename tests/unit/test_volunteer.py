@@ -156,6 +156,12 @@ def test_accounts_authenticate_until_revoked(tmp_path):
     assert new and hosts.resolve(account, first.hostid, "cpid1", "p", 0.0) == (first, False)
     assert hosts.resolve(account, 0, "cpid1", "p", 0.0)[0] == first  # re-attached: found by its CPID
     assert Hosts(tmp_path / "hosts.json").resolve(account, 0, "cpid2", "p", 0.0)[0].hostid == first.hostid + 1
+    # the security review of 2026-11-29: a client renaming itself at every request rewrote the file at each
+    saved = []
+    hosts._save = lambda: saved.append(first.name)  # type: ignore[method-assign]
+    for n in range(50):
+        hosts.note(first, f"name{n}", 2, 1e9)
+    assert saved == ["name0"] and first.name == "name49", "noted in memory, written at most every NOTE_EVERY s"
     accounts.revoke("alice")
     save_accounts(path, accounts)
     book.refresh(force=True)

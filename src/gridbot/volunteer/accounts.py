@@ -159,6 +159,10 @@ class HostTable(msgspec.Struct):
     next_id: int = 1
 
 
+NOTE_EVERY = 10.0
+"""Seconds between two rewrites of the hosts file for what clients say of themselves (`Hosts.note`)."""
+
+
 class Hosts:
     """BOINC host ids, kept in the server's state folder (written when a host is new)."""
 
@@ -169,6 +173,7 @@ class Hosts:
         except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
             raise AccountError(f"cannot read the volunteer hosts {path}: {e}") from e
         self._by_id = {h.hostid: h for h in self.table.hosts}
+        self._noted_at = -NOTE_EVERY
 
     def resolve(self, account: Account, hostid: int, cpid: str, pool: str, now: float) -> tuple[VolunteerHost, bool]:
         """The host a request comes from, and whether it is new (its id must then go in the reply).
@@ -194,11 +199,17 @@ class Hosts:
         return host, True
 
     def note(self, host: VolunteerHost, name: str, ncpus: int, fpops: float) -> None:
-        """Keep what the client says of itself, rewriting the file only when that changed (by 5% for speed)."""
+        """Keep what the client says of itself, rewriting the file when that changed (by 5% for speed), at most
+        every NOTE_EVERY seconds: a client that changed its name at every request made the server rewrite and
+        fsync the file at each (the security review of 2026-11-29). What is noted in between is written with
+        the next change after that, or with a new host."""
         if host.name == name and host.ncpus == ncpus and abs(host.fpops - fpops) <= 0.05 * fpops:
             return
         host.name, host.ncpus, host.fpops = name, ncpus, fpops
-        self._save()
+        now = time.monotonic()
+        if now - self._noted_at >= NOTE_EVERY:
+            self._noted_at = now
+            self._save()
 
     def _save(self) -> None:
         write_private(self.path, msgspec.json.encode(self.table))
