@@ -13,7 +13,7 @@ import time
 from tests.integration.harness import gridbot, gridbot_json
 from tests.integration.test_overlay_slurm import start, wait_pilots_gone, write
 
-POOLS = """\
+HERE = """\
 [pools.here]
 kind = "local"
 max_running = 1
@@ -21,6 +21,8 @@ idle_timeout = 5
 min_cpu = 0
 allow_root = true          # the tests run as root
 
+"""
+FAST = """\
 [pools.fast]
 kind = "slurm"
 partition = "fast"
@@ -31,13 +33,16 @@ idle_timeout = 5
 min_cpu = 0
 allow_root = true
 
+"""
+TOP = """\
 [queues.top]
 level = 1
 pools = ["here"]
 queue_time_limit = "60s"
 exec_time_limit = "30s"
 max_cpus = 1
-
+"""
+BIG = """\
 [queues.big]
 level = 2
 pools = ["fast"]
@@ -45,6 +50,8 @@ queue_time_limit = "30m"
 exec_time_limit = "30m"
 max_cpus = 2
 """
+POOLS = HERE + FAST + TOP + "\n" + BIG
+"""The two levels: the local pool under queue top, the Slurm partition under queue big."""
 
 
 def test_an_underestimated_bag_moves_down_and_a_short_one_is_not_delayed(tmp_path, slurm):
@@ -115,21 +122,8 @@ def test_an_underestimated_bag_moves_down_and_a_short_one_is_not_delayed(tmp_pat
         cluster.stop()
 
 
-LOCAL_QUEUE = """\
-[pools.here]
-kind = "local"
-max_running = 1
-idle_timeout = 5
-min_cpu = 0
-allow_root = true          # the tests run as root
-
-[queues.top]
-level = 1
-pools = ["here"]
-queue_time_limit = "60s"
-exec_time_limit = "30s"
-max_cpus = 1
-"""
+LOCAL_QUEUE = HERE + TOP
+"""Level 1 alone: the local pool under queue top."""
 
 
 def test_a_bag_that_names_no_placement_may_give_the_hierarchys_options_to_a_server_with_queues(tmp_path):
