@@ -141,6 +141,11 @@ def test_a_bag_that_names_no_placement_may_give_the_hierarchys_options_to_a_serv
             time.sleep(0.3)
         assert level is not None and level.queue == "top" and level.complexity == 10.0, level
         assert cluster.wait_bag("c", timeout=60).counts.done == 3
+        with cluster.client() as c:
+            (top,) = c.levels()
+        # (a queue's work is its bags' remaining work: none once its last bag is done, although the hierarchy
+        # steps only while some bag of it runs)
+        assert top.name == "top" and top.bags == [] and top.work == 0.0 and top.running == 0, top
     finally:
         cluster.stop()
     (tmp_path / "flat").mkdir()

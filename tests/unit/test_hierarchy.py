@@ -789,6 +789,26 @@ def test_a_bag_left_to_run_at_the_lowest_level_still_counts_in_its_queues_work()
     assert hier(sim).load["low"] == pytest.approx(where(sim, a, 501.0).complexity)
 
 
+def test_a_queue_whose_bags_ended_between_steps_is_not_overloaded_by_their_work():
+    """Found on 2026-11-29: the hierarchy steps only while one of its bags runs, so Q kept the work of the bags
+    that ended since, and the next bag to arrive at the idle queue was moved on for an overload of no one's work
+    (`gridbot levels` showed that work too)."""
+    sim = make(q("q1", 1, ("s",), 600.0, 300.0, 2, policies=frozenset({"overload"})), Q2)
+    a, b = hbag(sim, "a", 1, complexity=700), hbag(sim, "b", 1, complexity=700)
+    sim.tick(0.0)
+    assert hier(sim).load["q1"] == 1400.0 > 1200.0  # (C_q = 600 s x 2 CPUs)
+    assert ask_pool(sim, "s", 0.0) == {a: 1, b: 1}
+    for h in HOSTS["s"][:2]:
+        finish(sim, h, 10.0, wall=10.0)
+    assert sim.store.bag(a).state is BagState.COMPLETED and sim.store.bag(b).state is BagState.COMPLETED
+    view = sim.d.view
+    assert hier(sim).work(view, Q1) == 0.0
+    c = hbag(sim, "c", 1, complexity=100)
+    sim.tick(20.0)
+    assert (where(sim, c, 20.0).queue, moves(sim, c, 20.0)) == ("q1", [])
+    assert hier(sim).load["q1"] == 100.0
+
+
 # -- switching policies off ---------------------------------------------------------------------------------
 
 def _all_but(policy: str) -> frozenset[str]:

@@ -75,6 +75,8 @@ class _Bag:
     """Its estimator runs (a companion bag the server made): it waits, up to `estimate_share` of its queue's
     Te, for the upper bound (ProcessNewTask's step 2)."""
     estimate_share: float = 0.1
+    counted: float = 0.0
+    """Its work as its queue's load Q counts it, taken off when it leaves the queue."""
 
 
 class Hierarchy:
@@ -221,7 +223,8 @@ class Hierarchy:
             self.move(view, b, q, "complexity mismatch", f"its work {c:,.0f} CPU-s is over C_e {ce:,.0f} of "
                       f"queue {q.name}", now)
             return
-        self.load[q.name] += c or 0.0  # (until the next step counts the queue's work again)
+        b.counted = c or 0.0
+        self.load[q.name] += b.counted  # (until the next step counts the queue's work again)
 
     # -- EnforceQueueLimits (Figure 2) ------------------------------------------------------------
 
@@ -251,7 +254,8 @@ class Hierarchy:
             violated = self.violation(view, b, q, c, work, tq, te, alone)
             if violated is not None and self.move(view, b, q, *violated, now):
                 continue
-            work += c or 0.0  # (a bag kept, or left to run at the lowest level, is the queue's work)
+            b.counted = c or 0.0
+            work += b.counted  # (a bag kept, or left to run at the lowest level, is the queue's work)
         self.load[q.name] = work
 
     def violation(self, view: DispatchView, b: _Bag, q: QueueSpec, c: float | None, ahead: float, tq: float,
@@ -300,7 +304,6 @@ class Hierarchy:
                 if there < SHARE_MARGIN * here:  # (its arrival there adds its work to that queue's load)
                     self._relocate(view, b, q, best, "load sharing", f"it would end in {there:,.0f} s in queue "
                                    f"{best.name} against {here:,.0f} s here", now)
-                    self.load[q.name] = max(0.0, self.load[q.name] - c)
                 else:
                     ahead += c
 
@@ -328,8 +331,7 @@ class Hierarchy:
             if q.at_lowest == "terminate" or policy in ("overload", "complexity mismatch"):
                 b.ended = f"{policy} at the lowest level: {why}"
                 b.migrations.append((now, q.name, "", b.ended))
-                if b.bag_id in self.order[q.name]:  # (it leaves the queue now: its placement ends it next)
-                    self.order[q.name].remove(b.bag_id)
+                self._leave(b, q.name)  # (it leaves the queue now: its placement ends it next)
                 return True
             return False
         self._relocate(view, b, q, target, policy, why, now)
@@ -337,8 +339,7 @@ class Hierarchy:
 
     def _relocate(self, view: DispatchView, b: _Bag, q: QueueSpec, target: QueueSpec, policy: str, why: str,
                   now: float) -> None:
-        if b.bag_id in self.order[q.name]:
-            self.order[q.name].remove(b.bag_id)
+        self._leave(b, q.name)
         b.migrations.append((now, q.name, target.name, f"{policy}: {why}"))
         b.moved_at = now
         self.arrive(view, b, target, now)
@@ -365,8 +366,22 @@ class Hierarchy:
 
     def _drop(self, bag_id: int) -> None:
         b = self.bags.pop(bag_id)
-        if b.queue and bag_id in self.order.get(b.queue, []):
-            self.order[b.queue].remove(bag_id)
+        self._leave(b, b.queue)
+
+    def _leave(self, b: _Bag, queue: str) -> None:
+        """The bag leaves `queue`, and its work the queue's load (a new bag must not find an idle queue
+        overloaded by the work of bags that left since the last step)."""
+        order = self.order.get(queue)
+        if order is None or b.bag_id not in order:
+            return
+        order.remove(b.bag_id)
+        self.load[queue] = max(0.0, self.load[queue] - b.counted) if order else 0.0
+        b.counted = 0.0
+
+    def work(self, view: DispatchView, q: QueueSpec) -> float:
+        """Q: the work of the queue's bags as of the last step, without those that ended since (the hierarchy
+        steps only while one of its bags runs)."""
+        return sum(self.bags[i].counted for i in self.order[q.name] if view.bag(i) is not None)
 
     def report(self, bag_id: int, now: float) -> LevelReport | None:
         """Where the hierarchy holds a bag (also just after it ended, until the next step forgets it)."""

@@ -621,7 +621,7 @@ class Service:
             names = [b.name if i in mine else "(another owner's)" for i, b in held]
             running = sum(b.on_pool(p)[1] for _, b in held for p in q.pools)
             out.append(QueueInfo(q.name, q.level, list(q.pools), q.queue_time_limit, q.exec_time_limit, q.max_cpus,
-                                 h.speed(view, q), q.max_bags, sorted(q.policies), q.at_lowest, h.load[q.name],
+                                 h.speed(view, q), q.max_bags, sorted(q.policies), q.at_lowest, h.work(view, q),
                                  h.phi(view, q, q.queue_time_limit, 1.0), h.phi(view, q, q.exec_time_limit, 1.0),
                                  names, running))
         return out
