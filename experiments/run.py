@@ -313,18 +313,29 @@ ENQUEUED = "replicas enqueued after the unsent jobs"
 behind the jobs still unsent when it was made (gridbot's own order), where the paper's setting sends it first."""
 
 
+MIXED = "replicas mixed in"
+"""GridBot's scheduler as BOINC's scans its buffer, from a random slot (sched_array.cpp): a host gets a replica
+with the chance that a slot holds one (`replicas_mixed`)."""
+
+
 def enqueued(setting: str) -> str:
     """The setting with its replicas sent after the bag's unsent jobs."""
     return f"{setting}, {ENQUEUED}"
+
+
+def mixed(setting: str) -> str:
+    """The setting with its replicas drawn among the bag's unsent jobs."""
+    return f"{setting}, {MIXED}"
 
 
 ABLATION_SETTINGS: dict[str, dict[str, object]] = {
     **{setting: {**GRIDBOT_REPLICAS, **DEADLINE_ONLY} for setting in REPLICATION_EDITS},
     **{tail_setting(k): {**GRIDBOT_REPLICAS, **DEADLINE_ONLY, "replicate_below": _tail_from(k),
                          "tail_threshold": _tail_from(k)} for k in TAIL_FROM}}
-ABLATION_SETTINGS.update({enqueued(s): {**v, "replicas_first": False} for s, v in (
-    ("GridBot as in the paper", {**GRIDBOT_REPLICAS, **DEADLINE_ONLY}),
-    (tail_setting(TAIL_FROM[0]), ABLATION_SETTINGS[tail_setting(TAIL_FROM[0])]))})
+for _s, _v in (("GridBot as in the paper", {**GRIDBOT_REPLICAS, **DEADLINE_ONLY}),
+               (tail_setting(TAIL_FROM[0]), ABLATION_SETTINGS[tail_setting(TAIL_FROM[0])])):
+    ABLATION_SETTINGS[enqueued(_s)] = {**_v, "replicas_first": False}
+    ABLATION_SETTINGS[mixed(_s)] = {**_v, "replicas_first": False, "replicas_mixed": True}
 """The ablations' server settings (GridBot as in the paper, or with its tail from more unsent jobs), after the
 replication experiment's own in the table's columns."""
 
@@ -580,14 +591,17 @@ EXPERIMENTS = {
     "replication_order": Experiment(
         "replication_order", "Replication x scheduling with replicas enqueued behind the unsent jobs (an ablation "
         "of the section 7 table)",
-        _replication_ablation(("GridBot as in the paper", enqueued("GridBot as in the paper"),
-                               tail_setting(TAIL_FROM[0]), enqueued(tail_setting(TAIL_FROM[0]))), REPLICATED_ARMS),
+        _replication_ablation(tuple(way(s) for s in ("GridBot as in the paper", tail_setting(TAIL_FROM[0]))
+                                    for way in (str, enqueued, mixed)), REPLICATED_ARMS),
         "Paper: Restrictive/Restrictive **3.2 h** (11% replicas, 7% waste), Permissive/Permissive 4.1 h (58, 30), "
         "Permissive/Restrictive 4.2 h (73, 57). Algorithm 2 creates a replica \"and enqueue[s]\" it; the paper's "
         "setting of the replication table sends replicas before the unsent jobs (its reading of \"replicas of the "
         "same job compete for resources\"). Here they wait behind the jobs unsent when they were made, as in a "
-        "queue kept in the order of creation (gridbot's own order), with the tail from 1 and 2 buffers' worth of "
-        "unsent jobs, the server as in the paper otherwise.",
+        "queue kept in the order of creation (gridbot's own order), or are drawn among them: GridBot's buffer was "
+        "BOINC's shared-memory array, which BOINC's scheduler scans from a random slot (sched/sched_array.cpp, "
+        "`rnd_off`), and in the tail the replicas sat in it among the unsent jobs, so a host got a replica with "
+        "the chance that a slot held one (`replicas_mixed`). The tail from 1 and 2 buffers' worth of unsent "
+        "jobs, the server as in the paper otherwise.",
         replication_table, seeds=4, base="replication"),
     "replication_community": Experiment(
         "replication_community", "Replication with several bags and the community grid (Figure 9)",

@@ -122,6 +122,8 @@ def test_the_help_lists_the_dispatcher_options_apart():
     (["--backoff-max", "0"], "0.0 is not in the range x>0"),
     (["--max-result-size", "lots"], "'lots' is not a size"),
     (["--failover-after", "2"], "--failover-after needs at least one --reliable-pool"),
+    (["--replicas-first", "--replicas-mixed"], "--replicas-first sends replicas before the queued jobs and "
+                                               "--replicas-mixed mixes them in: give one"),
 ])
 def test_a_wrong_option_is_refused_with_exit_2(monkeypatch, tmp_path, args, words):
     monkeypatch.chdir(tmp_path)
@@ -148,6 +150,13 @@ def test_a_wrong_server_key_is_named_with_its_line_and_fix(line, words, hint):
         parse_scenario(f"[server]\n{line}\n{POOLS}", "s.toml")
     [problem] = e.value.problems
     assert problem.line == 2 and words in problem.message and hint in problem.hint, problem
+
+
+def test_replicas_first_and_mixed_are_refused_together_in_a_scenario():
+    with pytest.raises(SpecError) as e:
+        parse_scenario(f"[server]\nreplicas_first = true\nreplicas_mixed = true\n{POOLS}", "s.toml")
+    [problem] = e.value.problems
+    assert problem.line == 3 and "give one" in problem.message and "remove one" in problem.hint, problem
 
 
 def test_the_simulation_docs_name_every_server_key():

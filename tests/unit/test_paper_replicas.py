@@ -1,7 +1,7 @@
-"""The two ways GridBot's BOINC server handled replicas, which gridbot does differently by default and
-keeps as options for reproducing the paper (issue 14, experiments/replication): replicas sent before the
-jobs not yet run (`replicas_first`), and replicas left to run after the job's first result, their results
-discarded (`let_replicas_finish`)."""
+"""The ways GridBot's BOINC server handled replicas, which gridbot does differently by default and keeps as
+options for reproducing the paper (issue 14, experiments/replication): replicas sent before the jobs not yet
+run (`replicas_first`) or drawn among them (`replicas_mixed`), and replicas left to run after the job's first
+result, their results discarded (`let_replicas_finish`)."""
 
 from gridbot.model.records import HostInfo, InstanceReport, Outcome
 from tests.unit.core_harness import CoreSim
@@ -25,6 +25,25 @@ def test_replicas_wait_for_the_queued_jobs_unless_replicas_first():
         sim.tick(2)  # 2 queued, below 10: the running job gets a replica
         got = sim.ask(host("b"), 1, 3)[0]
         assert (got.job_id == running.job_id) is first
+
+
+def test_mixed_replicas_are_drawn_among_the_queued_jobs_in_proportion():
+    """`replicas_mixed`: with as many replicas waiting as jobs queued, about half of what hosts get are replicas
+    (all of it with `replicas_first`, none without either), and every job still runs."""
+    got = {}
+    for order in ("after", "first", "mixed"):
+        sim = CoreSim(replicate_below=1000, replica_queue=1000, replicas_first=order == "first",
+                      replicas_mixed=order == "mixed")
+        bag = sim.bag("b", 120, PERMISSIVE)
+        running = {sim.ask(host(f"r{i}"), 1, 1)[0].job_id for i in range(60)}
+        sim.tick(2)  # 60 queued, below 1000: each running job gets a replica
+        sent = [sim.ask(host(f"n{i}"), 1, 3)[0].job_id for i in range(40)]
+        got[order] = sum(1 for j in sent if j in running)
+        for i in range(40, 200):
+            sim.ask(host(f"n{i}"), 1, 4)
+        assert sim.store.bag(bag).counts.queued == 0
+    assert (got["after"], got["first"]) == (0, 40)
+    assert 12 <= got["mixed"] <= 28, got
 
 
 def test_a_replica_is_cancelled_after_the_first_result_unless_let_finish():

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import click
 
 from gridbot.cli import render
-from gridbot.core.config import DispatchConfig, Knob, knobs
+from gridbot.core.config import DispatchConfig, Knob, knob_conflict, knobs
 
 
 class Finite(click.FloatRange):
@@ -74,6 +74,9 @@ def dispatch_options(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         values = {k.name: kwargs.pop(k.name) for k in exposed}
+        if (conflict := knob_conflict(values)) is not None:
+            raise click.UsageError(conflict.replace("replicas_first", "--replicas-first").replace(
+                "replicas_mixed", "--replicas-mixed"))
         return fn(*args, dispatch=DispatchConfig(**values), **kwargs)
 
     out: Callable[..., Any] = wrapper

@@ -97,6 +97,8 @@ def assign(k: Kernel, host: HostRecord, want: int, now: float, changes: Changes)
         bound = concurrency if room is None else min(concurrency, slots.busy + room * need)
         if (s.config.replicas_first or bag.spec.quorum > 1) and bag.replicas:  # a quorum's copies go first
             _replicas(k, bag, host, ad, slots, bound, now, changes, out)
+        elif s.config.replicas_mixed and bag.replicas:
+            _replicas(k, bag, host, ad, slots, _mixed(k, bag, slots, bound), now, changes, out)
         if bag.failover and host.info.pool in s.config.reliable_pools:
             _queue(k, bag.failover, bag, host, slots, bound, now, deadline, changes, out)
         if bag.retry:
@@ -297,6 +299,18 @@ def _replicas(k: Kernel, bag: BagRecord, host: HostRecord, ad: HostAd, slots: Ro
         out.append(k.send(bag, job, host, now, changes, seconds, replica=True))
         slots.take(bag.spec.cpus)
     bag.replicas = keep
+
+
+def _mixed(k: Kernel, bag: BagRecord, slots: Room, bound: int) -> int:
+    """The bound under which replicas go before the bag's jobs with `replicas_mixed`: of the instances the
+    host may still take, each is a replica with the chance that a slot drawn at random from the waiting
+    replicas and the bag's jobs in the buffer holds one (the rest go to the jobs, then to replicas if none)."""
+    need = bag.spec.cpus
+    free = max(0, min((slots.want - slots.taken) // need, (bound - slots.busy) // need))
+    waiting = len(bag.replicas)
+    share = waiting / (waiting + len(bag.window.buffer) + len(bag.retry))
+    drawn = sum(1 for _ in range(free) if k.rng.random() < share)
+    return slots.busy + drawn * need
 
 
 def _same_account(k: Kernel, job: Job, host: HostRecord) -> bool:

@@ -94,6 +94,13 @@ class DispatchConfig:
     """Replicas chosen for a bag are sent after its queued jobs, so they never delay a first instance; with
     this they go first, competing with the jobs not yet run, as in GridBot once its replicas were queued
     (SC'09 section 7; experiments/replication shows what that costs)."""
+    replicas_mixed: bool = field(default=False, metadata=_knob(
+        "flag", "Send a bag's replicas and queued jobs mixed, in proportion to how many of each wait, not the "
+        "replicas after the jobs.", "--replicas-mixed"))
+    """Each instance a host gets is a replica with the chance that a slot drawn from the bag's waiting replicas
+    and its jobs in the buffer holds one, as GridBot's BOINC scheduler scanned its shared-memory buffer from a
+    random slot (BOINC's sched_array.cpp), where replicas sat among the unsent jobs (experiments/replication_order).
+    Not with `replicas_first`."""
     let_replicas_finish: bool = field(default=False, metadata=_knob(
         "flag", "Let a job's other instances run on after its first result (their results are discarded) "
         "instead of cancelling them.", "--let-replicas-finish"))
@@ -140,6 +147,13 @@ class DispatchConfig:
         "--retry-same-host-after"))
     """A re-queued job avoids the hosts it failed on for this long, while a live host it did not fail on
     exists, so another host gets a chance (with none, it is retried at once)."""
+
+
+def knob_conflict(values: dict[str, Any]) -> str | None:
+    """Why these knob values cannot go together (None: they can)."""
+    if values.get("replicas_first") and values.get("replicas_mixed"):
+        return "replicas_first sends replicas before the queued jobs and replicas_mixed mixes them in: give one"
+    return None
 
 
 def knobs() -> tuple[Knob, ...]:

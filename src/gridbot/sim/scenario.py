@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from gridbot.core.config import DispatchConfig, Knob, knobs
+from gridbot.core.config import DispatchConfig, Knob, knob_conflict, knobs
 from gridbot.model.hierarchy import QueueSpec, parse_queues
 from gridbot.model.pools import RELIABILITY, PoolSpec
 from gridbot.model.spec import (
@@ -335,8 +335,11 @@ class _Reader:
     def dispatch(self, server: dict[str, Any]) -> DispatchConfig:
         """The `[server]` table: a key per field of SERVER_KNOBS, checked as `gridbot server` checks its option."""
         self.keys(server, SERVER_KEYS, ("server",), "[server]")
-        return DispatchConfig(**{k.name: self.get(server, k.name, ("server",), k.default, _knob_value(k))
-                                 for k in SERVER_KNOBS})
+        values = {k.name: self.get(server, k.name, ("server",), k.default, _knob_value(k)) for k in SERVER_KNOBS}
+        if (conflict := knob_conflict(values)) is not None:
+            self.fail(("server", "replicas_mixed"), conflict, "remove one of the two keys from [server]")
+            values["replicas_mixed"] = False
+        return DispatchConfig(**values)
 
     def pool(self, name: str, t: object) -> PoolModel | None:
         path = ("pools", name)
