@@ -517,6 +517,20 @@ def test_overload_at_max_bags_moves_the_arriving_bag_to_another_queue_of_its_lev
     assert ask_pool(sim, "s2", 0.0) == {b: 2} and ask_pool(sim, "m", 0.0) == {c: 4}
 
 
+def test_an_overloaded_bag_is_not_moved_to_a_queue_of_its_level_that_it_does_not_fit():
+    """Found by review: overload moved a bag to another queue of its level with room, whose complexity mismatch
+    sent it back, and on, until Python's recursion limit ended the placement with the bag where it did not fit."""
+    both = frozenset({"overload", "complexity_mismatch"})
+    p = q("p", 1, ("s",), 600.0, 600.0, 2, max_bags=1, policies=both)  # C_e 1200
+    r = q("r", 1, ("s2",), 150.0, 150.0, 2, policies=both)  # C_e 300
+    sim = make(p, r, Q2)
+    a = hbag(sim, "a", 2, complexity=100)
+    b = hbag(sim, "b", 2, complexity=1000)
+    sim.tick(0.0)
+    assert where(sim, a, 0.0).queue == "p"
+    assert (where(sim, b, 0.0).queue, moves(sim, b, 0.0)) == ("q2", [("p", "q2", "overload")])
+
+
 def test_overload_when_the_queues_work_is_over_cq():
     sim = make()
     bags = [hbag(sim, n, 4, complexity=500) for n in "abcd"]
@@ -794,19 +808,20 @@ def test_a_queue_whose_bags_ended_between_steps_is_not_overloaded_by_their_work(
     that ended since, and the next bag to arrive at the idle queue was moved on for an overload of no one's work
     (`gridbot levels` showed that work too)."""
     sim = make(q("q1", 1, ("s",), 600.0, 300.0, 2, policies=frozenset({"overload"})), Q2)
-    a, b = hbag(sim, "a", 1, complexity=700), hbag(sim, "b", 1, complexity=700)
+    a, b, c = (hbag(sim, name, 1, complexity=500) for name in "abc")
     sim.tick(0.0)
-    assert hier(sim).load["q1"] == 1400.0 > 1200.0  # (C_q = 600 s x 2 CPUs)
-    assert ask_pool(sim, "s", 0.0) == {a: 1, b: 1}
+    assert hier(sim).load["q1"] == 1500.0 > 1200.0  # (C_q = 600 s x 2 CPUs)
+    assert [x.bag_id for h in HOSTS["s"][:2] for x in sim.ask(h, 1, 0.0)] == [a, b]  # (first come, first served)
     for h in HOSTS["s"][:2]:
         finish(sim, h, 10.0, wall=10.0)
     assert sim.store.bag(a).state is BagState.COMPLETED and sim.store.bag(b).state is BagState.COMPLETED
     view = sim.d.view
-    assert hier(sim).work(view, Q1) == 0.0
-    c = hbag(sim, "c", 1, complexity=100)
+    assert hier(sim).work(view, Q1) == 500.0, "c's work alone"
+    d = hbag(sim, "d", 1, complexity=100)
     sim.tick(20.0)
-    assert (where(sim, c, 20.0).queue, moves(sim, c, 20.0)) == ("q1", [])
-    assert hier(sim).load["q1"] == 100.0
+    assert (where(sim, d, 20.0).queue, moves(sim, d, 20.0)) == ("q1", [])
+    assert where(sim, c, 20.0).queue == "q1"
+    assert hier(sim).load["q1"] == 600.0
 
 
 # -- switching policies off ---------------------------------------------------------------------------------

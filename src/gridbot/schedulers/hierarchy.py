@@ -16,11 +16,13 @@ The paper's two procedures run as written:
   the queue longer than Tq, or running in it longer than Te; not while it is the queue's only bag), *task
   potential overdue* (its remaining work cannot end within what is left of Te or Tq at the queue's
   optimistic speed), *queue potential overdue* (the work of the bags ahead plus its own exceeds C_q); the
-  work of the bags kept is the queue's Q.
+  work of the bags kept is the queue's Q, and a bag that ends or moves takes its work off Q at once (the
+  hierarchy steps only while one of its bags runs).
 C = T x N x P x beta turns a time limit into work (Eq. 1): N the most slots one bag may hold in the queue, P
 its machines' relative speed, beta the bag's CPU-bound fraction (option `beta`). A policy a queue does not
 list is off. A bag moves one level down at a time (the paper's rule: an upper bound may be far too high);
-overload first tries another queue of the same level. At the lowest level a bag that violates a limit is
+overload first tries another queue of the same level (one with room whose complexity mismatch, if it has
+that policy, would not send the bag straight back). At the lowest level a bag that violates a limit is
 ended (`at_lowest = "terminate"`, its results kept) or left to run (`"run"`). Queues of one level share
 load: a bag that has not started moves to a queue of its level where it would end sooner by a margin.
 
@@ -322,7 +324,8 @@ class Hierarchy:
         if target is None and same_level:
             roomy = [p for p in self._at(q.level) if p.name != q.name
                      and self.load[p.name] <= self.phi(view, p, p.queue_time_limit, b.beta)
-                     and (p.max_bags is None or len(self.order[p.name]) < p.max_bags)]
+                     and (p.max_bags is None or len(self.order[p.name]) < p.max_bags)
+                     and not self._mismatch(view, b, p)]
             target = self._pick(view, roomy) if roomy else None
         if target is None:
             lower = [lv for lv in self.levels if lv > q.level]
@@ -345,6 +348,12 @@ class Hierarchy:
         self.arrive(view, b, target, now)
 
     # -- helpers ----------------------------------------------------------------------------------
+
+    def _mismatch(self, view: DispatchView, b: _Bag, q: QueueSpec) -> bool:
+        """The bag's known work is over what `q` takes by its complexity-mismatch policy (a move for overload
+        there would send it back at once, and on, without end)."""
+        return ("complexity_mismatch" in q.policies and b.complexity is not None
+                and b.complexity > self.phi(view, q, q.exec_time_limit, b.beta))
 
     def _at(self, level: int) -> list[QueueSpec]:
         return [q for q in self.queues if q.level == level]
