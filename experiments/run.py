@@ -328,16 +328,23 @@ def mixed(setting: str) -> str:
     return f"{setting}, {MIXED}"
 
 
+def _tail_server(buffers: int) -> dict[str, object]:
+    """GridBot's server as in the paper, with its tail and replication from `buffers` buffers."""
+    return {**GRIDBOT_REPLICAS, **DEADLINE_ONLY, "replicate_below": _tail_from(buffers),
+            "tail_threshold": _tail_from(buffers)}
+
+
+ORDERED = {"GridBot as in the paper": {**GRIDBOT_REPLICAS, **DEADLINE_ONLY}, tail_setting(TAIL_FROM[0]):
+           _tail_server(TAIL_FROM[0])}
+"""The settings `replication_order` sends replicas of in the two other orders."""
 ABLATION_SETTINGS: dict[str, dict[str, object]] = {
     **{setting: {**GRIDBOT_REPLICAS, **DEADLINE_ONLY} for setting in REPLICATION_EDITS},
-    **{tail_setting(k): {**GRIDBOT_REPLICAS, **DEADLINE_ONLY, "replicate_below": _tail_from(k),
-                         "tail_threshold": _tail_from(k)} for k in TAIL_FROM}}
-for _s, _v in (("GridBot as in the paper", {**GRIDBOT_REPLICAS, **DEADLINE_ONLY}),
-               (tail_setting(TAIL_FROM[0]), ABLATION_SETTINGS[tail_setting(TAIL_FROM[0])])):
-    ABLATION_SETTINGS[enqueued(_s)] = {**_v, "replicas_first": False}
-    ABLATION_SETTINGS[mixed(_s)] = {**_v, "replicas_first": False, "replicas_mixed": True}
-"""The ablations' server settings (GridBot as in the paper, or with its tail from more unsent jobs), after the
-replication experiment's own in the table's columns."""
+    **{tail_setting(k): _tail_server(k) for k in TAIL_FROM},
+    **{name: server for setting, base in ORDERED.items() for name, server in (
+        (enqueued(setting), {**base, "replicas_first": False}),
+        (mixed(setting), {**base, "replicas_first": False, "replicas_mixed": True}))}}
+"""The ablations' server settings (GridBot as in the paper, with its tail from more unsent jobs, or with its
+replicas in another order), after the replication experiment's own in the table's columns."""
 
 
 def _replication_ablation(settings: tuple[str, ...], arms: tuple[str, ...]) -> list[Variant]:
@@ -591,8 +598,7 @@ EXPERIMENTS = {
     "replication_order": Experiment(
         "replication_order", "Replication x scheduling with replicas enqueued behind the unsent jobs (an ablation "
         "of the section 7 table)",
-        _replication_ablation(tuple(way(s) for s in ("GridBot as in the paper", tail_setting(TAIL_FROM[0]))
-                                    for way in (str, enqueued, mixed)), REPLICATED_ARMS),
+        _replication_ablation(tuple(way(s) for s in ORDERED for way in (str, enqueued, mixed)), REPLICATED_ARMS),
         "Paper: Restrictive/Restrictive **3.2 h** (11% replicas, 7% waste), Permissive/Permissive 4.1 h (58, 30), "
         "Permissive/Restrictive 4.2 h (73, 57). Algorithm 2 creates a replica \"and enqueue[s]\" it; the paper's "
         "setting of the replication table sends replicas before the unsent jobs (its reading of \"replicas of the "

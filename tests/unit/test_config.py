@@ -157,6 +157,8 @@ def test_replicas_first_and_mixed_are_refused_together_in_a_scenario():
         parse_scenario(f"[server]\nreplicas_first = true\nreplicas_mixed = true\n{POOLS}", "s.toml")
     [problem] = e.value.problems
     assert problem.line == 3 and "give one" in problem.message and "remove one" in problem.hint, problem
+    with pytest.raises(ValueError, match="give one"):  # (code that builds a config itself)
+        DispatchConfig(replicas_first=True, replicas_mixed=True)
 
 
 def test_the_simulation_docs_name_every_server_key():

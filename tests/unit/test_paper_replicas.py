@@ -28,22 +28,22 @@ def test_replicas_wait_for_the_queued_jobs_unless_replicas_first():
 
 
 def test_mixed_replicas_are_drawn_among_the_queued_jobs_in_proportion():
-    """`replicas_mixed`: with as many replicas waiting as jobs queued, about half of what hosts get are replicas
-    (all of it with `replicas_first`, none without either), and every job still runs."""
+    """`replicas_mixed`: with 20 replicas waiting beside 100 queued jobs, about a sixth of what hosts get are
+    replicas (the 20 first with `replicas_first`, none without either), and every job still runs."""
     got = {}
     for order in ("after", "first", "mixed"):
         sim = CoreSim(replicate_below=1000, replica_queue=1000, replicas_first=order == "first",
                       replicas_mixed=order == "mixed")
         bag = sim.bag("b", 120, PERMISSIVE)
-        running = {sim.ask(host(f"r{i}"), 1, 1)[0].job_id for i in range(60)}
-        sim.tick(2)  # 60 queued, below 1000: each running job gets a replica
+        running = {sim.ask(host(f"r{i}"), 1, 1)[0].job_id for i in range(20)}
+        sim.tick(2)  # 100 queued, below 1000: each running job gets a replica
         sent = [sim.ask(host(f"n{i}"), 1, 3)[0].job_id for i in range(40)]
         got[order] = sum(1 for j in sent if j in running)
         for i in range(40, 200):
             sim.ask(host(f"n{i}"), 1, 4)
         assert sim.store.bag(bag).counts.queued == 0
-    assert (got["after"], got["first"]) == (0, 40)
-    assert 12 <= got["mixed"] <= 28, got
+    assert (got["after"], got["first"]) == (0, 20)
+    assert 3 <= got["mixed"] <= 12, got  # (40 draws at 1/6 and falling as replicas go: about 6)
 
 
 def test_a_replica_is_cancelled_after_the_first_result_unless_let_finish():

@@ -98,9 +98,10 @@ class DispatchConfig:
         "flag", "Send a bag's replicas and queued jobs mixed, in proportion to how many of each wait, not the "
         "replicas after the jobs.", "--replicas-mixed"))
     """Each instance a host gets is a replica with the chance that a slot drawn from the bag's waiting replicas
-    and its jobs in the buffer holds one, as GridBot's BOINC scheduler scanned its shared-memory buffer from a
-    random slot (BOINC's sched_array.cpp), where replicas sat among the unsent jobs (experiments/replication_order).
-    Not with `replicas_first`."""
+    and its jobs waiting to be sent (in the buffer, or re-queued) holds one, as GridBot's BOINC scheduler scanned
+    its shared-memory buffer from a random slot (BOINC's sched_array.cpp), where replicas sat among the unsent
+    jobs (experiments/replication_order). Not with `replicas_first`; a bag with a quorum sends its copies first
+    whatever this says."""
     let_replicas_finish: bool = field(default=False, metadata=_knob(
         "flag", "Let a job's other instances run on after its first result (their results are discarded) "
         "instead of cancelling them.", "--let-replicas-finish"))
@@ -147,6 +148,12 @@ class DispatchConfig:
         "--retry-same-host-after"))
     """A re-queued job avoids the hosts it failed on for this long, while a live host it did not fail on
     exists, so another host gets a chance (with none, it is retried at once)."""
+
+    def __post_init__(self) -> None:
+        # (the option and the scenario key say so in their own words first; this keeps code that builds a
+        # config directly from a setting that one of the two would silently override)
+        if (conflict := knob_conflict(vars(self))) is not None:
+            raise ValueError(conflict)
 
 
 def knob_conflict(values: dict[str, Any]) -> str | None:
