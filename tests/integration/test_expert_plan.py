@@ -82,3 +82,32 @@ def test_plan_a_running_bag_then_apply_expert_and_see_it_in_status(tmp_path):
     assert f"tail strategy {info.tail_plan.strategy}" in status.stdout and "measured tail" in status.stdout
     expert = [d for d in story.decisions if d.strategy == "tail=expert"]
     assert all("ExPERT N=" in d.why for d in expert)
+
+
+def test_plan_warns_that_a_bag_past_its_deadline_starts_nothing_whatever_tail_is_applied(tmp_path):
+    """Found by the second walkthrough of 2026-11-29: `gridbot plan --apply` on a bag whose DBC placement had
+    given up at its deadline (nothing more is started) applied an ExPERT tail without a word, as if it would
+    change the bag's end."""
+    (tmp_path / "pools.toml").write_text(POOLS)
+    cluster = Cluster(tmp_path, server_args=("--pools", str(tmp_path / "pools.toml"), "--state-dir",
+                                             str(tmp_path / "state")))
+    cluster.start_server()
+    try:
+        for n in range(4):
+            cluster.start_worker("--pool", "grid", "--slots", "1", "--idle-timeout", "60", name=f"g{n}")
+        text = ("command = 'sleep 0.5'\ninstance_deadline = 60\nbag_deadline = 10\n"
+                "[strategy]\nplacement = \"cost-time\"\nruntime = 0.5\n[parameters]\ni = { from = 0, to = 199 }\n")
+        with cluster.client() as c:
+            c.submit(parse_spec(text, "late", "late"))
+            until("the deadline passed with jobs queued",
+                  lambda: any("nothing more is started" in d for d in c.bag("late").diagnostics), timeout=60)
+            done = c.bag("late").counts.done
+            applied = gridbot("plan", "late", "--apply", "--server", cluster.url, timeout=120)
+            c.cancel("late")
+    finally:
+        cluster.stop()
+    assert done >= 3, "enough results to plan from"
+    assert applied.returncode == 0, applied.stderr
+    assert "warning: bag late: the bag's deadline passed" in applied.stderr, applied.stderr
+    assert "no tail strategy starts jobs until then" in applied.stderr
+    assert 'tail = "expert"' in applied.stdout, applied.stdout

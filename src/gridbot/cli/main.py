@@ -682,6 +682,7 @@ def plan(bag: str | None, scenario: Path | None, utility: str | None, budget: fl
     previous = planning.read_history(history_file) if history_file is not None else None
 
     seconds = None
+    stalled: list[str] = []
     if deadline is not None:
         try:
             seconds = parse_duration(deadline)
@@ -704,6 +705,9 @@ def plan(bag: str | None, scenario: Path | None, utility: str | None, budget: fl
             if from_bag is not None:
                 previous = planning.previous_bag(client.bag_history(from_bag))
             given = client.plan_input(bag)
+            # (a DBC placement past its deadline or out of budget starts nothing more: a tail strategy then
+            # changes nothing, which the owner must hear before applying one)
+            stalled = [d for d in client.bag(bag).diagnostics if "nothing more is started" in d]
             report = planning.for_bag(given, utility, budget, seconds, previous)
             if plot_file is not None:  # before --apply: a plot that cannot be written leaves the bag as it was
                 planning.write_plot(report, plot_file)
@@ -711,6 +715,8 @@ def plan(bag: str | None, scenario: Path | None, utility: str | None, budget: fl
                 text = planning.settings(given.strategy, planning.chosen_utility(utility, budget, seconds)).utility
                 chosen = planning.apply_choice(given.strategy, text)
                 client.set_strategy(bag, chosen)
+    if scenario is None and stalled:
+        click.echo(f"warning: bag {bag}: {stalled[0]}; no tail strategy starts jobs until then", err=True)
     if as_json:
         render.print_json(planning.as_dict(report))
     else:
