@@ -128,3 +128,39 @@ def test_a_restarted_overlay_takes_up_the_instances_it_left_running(ec2, tmp_pat
     second.close()
     assert store.pilots(live=True) == [] and states(ids) <= {"shutting-down", "terminated"}
     assert [r.state for r in store.pilots()] == [PilotState.COMPLETED] * 2, "running pilots asked to stop"
+
+
+def test_the_overlay_gives_an_instance_an_enrollment_token_for_its_batch_not_the_pools_key(ec2, tmp_path):
+    """Any process on an instance can read its user data from the metadata service: a job there would find the
+    pool's worker key and could register hosts of the pool at will. The overlay writes there a token for the
+    instances of one launch, which their workers spend before any job runs (security/keys.py)."""
+    import shlex
+    import time
+    from types import SimpleNamespace
+
+    from gridbot.security.access import ensure_keys, read_access
+    from gridbot.server.overlay import Overlay
+    from gridbot.store.memory import MemoryStore
+
+    [spec] = parse_pools(POOLS.format(image=image_id(ec2), spot="false"), "pools.toml")
+    access = ensure_keys(tmp_path / "access.json", tmp_path / "keys.json", [spec], "http://gridbot.example:8470",
+                         "", time.time())
+    service = SimpleNamespace(store=MemoryStore(), dispatcher=SimpleNamespace(pool_ads={}))
+    overlay = Overlay(service, [spec], "http://gridbot.example:8470", tmp_path, access=access)
+    overlay.restore()
+    overlay._act({"cloud": 2}, {}, time.time())
+    ids = [p.native_id for p in service.store.pilots(live=True)]
+    assert len(ids) == 2
+    key = read_access(tmp_path / "access.json").workers["cloud"]
+    tokens = set()
+    for i in ids:
+        script = base64.b64decode(ec2.describe_instance_attribute(InstanceId=i, Attribute="userData")[
+            "UserData"]["Value"]).decode()
+        assert key not in script and key.split(".")[2] not in script, "the pool's worker key is not in user data"
+        [line] = [x for x in script.splitlines() if x.startswith("export GRIDBOT_WORKER_KEY=")]
+        tokens.add(shlex.split(line.split("=", 1)[1])[0])
+    [token] = tokens  # (one launch, one token)
+    principal = access.auth.authenticate(token)
+    assert principal is not None and (principal.role, principal.name, principal.uses) == ("worker", "cloud", 2)
+    assert [access.auth.enroll(principal, time.time()) for _ in range(3)] == [True, True, False]
+    overlay.close()

@@ -19,7 +19,7 @@ from gridbot.model.records import HostInfo, InstanceReport, Outcome
 from gridbot.model.spec import BagSpec
 from gridbot.protocol import ExchangeRequest, ExchangeResponse, SubmitRequest
 from gridbot.security.access import Access, read_access, write_access
-from gridbot.security.keys import AccessError
+from gridbot.security.keys import ENROLLMENT_TTL, AccessError, Authenticator, load_registry
 from gridbot.server.app import PERMISSIONS, Server
 from gridbot.server.console import PUBLIC
 from gridbot.server.service import Service
@@ -173,6 +173,49 @@ def test_two_submitters_see_only_their_own_bags_and_the_admin_sees_all(cluster, 
         assert admin.cancel("bob-bag").state == "cancelled"
     proc = gridbot("status", "--access", str(bob), "--json")
     assert [x["name"] for x in json.loads(proc.stdout)] == ["bob-bag"]
+
+
+def _register(url: str, token: str) -> tuple[int, str]:
+    """POST /v1/register with `token`: (status, the credential or the error's text)."""
+    from gridbot.protocol import RegisterRequest, Registration
+
+    req = urllib.request.Request(f"{url}/v1/register", msgspec.msgpack.encode(RegisterRequest("pilot")),
+                                 {"Authorization": f"Bearer {token}", "Content-Type": MP, "Accept": MP})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, msgspec.msgpack.decode(r.read(), type=Registration).credential
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
+def test_an_enrollment_token_registers_the_hosts_it_was_made_for_and_no_more(cluster):
+    """An EC2 pilot's jobs can read its user data from the instance's metadata service: the overlay gives such
+    pilots a token for their own hosts, which their workers spend before any job runs, not the pool's key."""
+    cluster.start_server()
+    registry = load_registry(cluster.access.parent / "gridbot-keys.json")
+    auth = Authenticator(registry)
+    key = read_access(cluster.access).workers["local"]
+    token = auth.enrollment(key, 2, time.time())
+    assert key.split(".")[2] not in token, "the pool's key is not in the token"
+    first, second, third = (_register(cluster.url, token) for _ in range(3))
+    assert first[0] == second[0] == 200 and first[1] != second[1]
+    assert third[0] == 401 and "registered the 2 host(s) it was made for" in third[1], third
+    code, _ = _call(cluster.url, "GET", "/v1/bags", token)
+    assert code == 403, "an enrollment token may register hosts, nothing else"
+    late = auth.enrollment(key, 1, time.time() - ENROLLMENT_TTL - 1)
+    forged = token.rsplit(".", 2)[0] + ".9999999999." + token.rsplit(".", 1)[1]  # (a later expiry, same MAC)
+    more = token.replace(".2.", ".9.", 1)
+    for bad in (late, forged, more):
+        assert _register(cluster.url, bad)[0] == 401, bad
+    # the MAC of an enrollment token is no host credential's for any host id
+    parts = token.split(".")
+    assert _exchange(cluster.url, f"gbh.{parts[1]}.{':'.join(parts[2:5])}.{parts[5]}",
+                     ExchangeRequest(HostInfo("x", "x"), 1, []))[0] == 401
+    out = gridbot("access", "revoke", "--pool", "local", "--access-file", str(cluster.access))
+    assert out.returncode == 0, out.stderr
+    time.sleep(1.2)  # (the server re-reads its registry at most once a second)
+    fresh = auth.enrollment(key, 1, time.time())
+    assert _register(cluster.url, fresh)[0] == 401, "revoking the pool's key revokes its tokens"
 
 
 def test_a_revoked_worker_key_stops_its_hosts_at_their_next_exchange(cluster, tmp_path):

@@ -76,6 +76,9 @@ class PoolKind:
     walltime_optional: bool = True
     """`walltime = 0` (no limit of ours) may be given: its batch system has a default limit, or none is needed
     (PSI/J's executors for LSF, Cobalt and Flux need a duration)."""
+    exposes_pilot_env: bool = False
+    """Its pilots' jobs can read what the pilot was started with (an EC2 instance's user data, from the
+    metadata service): its pilots get an enrollment token, not the pool's worker key (security/keys.py)."""
     startup: float = 0.0
     """Typical seconds from the overlay asking for a pilot to the pilot taking work, when the pools file does not
     say (`startup`): ExPERT's estimate adds it to an instance sent to a reliable pool, whose pilots the tail asks
@@ -114,7 +117,7 @@ KINDS: dict[str, PoolKind] = {
                     ("region", "instance_type", "image", "spot", "subnet", "security_group", "key_name",
                      "endpoint_url", "install"),
                     tuple((key, f'add {key} = "..."') for key in ("region", "instance_type", "image")),
-                    check=_runs_jobs_as_someone, startup=120.0),
+                    check=_runs_jobs_as_someone, exposes_pilot_env=True, startup=120.0),
     "static": PoolKind("gridbot.pools.adapters:StaticAdapter", queue=False, pilots=False),
     "volunteer": PoolKind("gridbot.pools.adapters:StaticAdapter", VOLUNTEER_KEYS,
                           (("port", "add port = 8471 (where the BOINC clients connect)"),),

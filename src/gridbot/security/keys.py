@@ -10,6 +10,13 @@ A host registers with its pool's worker key and gets a host credential,
 registry's secret. The server issues the host id, so a worker cannot pick another host's; nothing is
 stored per host, the credential survives a server restart, and revoking the pool's worker key revokes
 every host registered with it.
+
+A pilot whose environment its jobs can read (an EC2 instance's user data, which any process on the instance
+can fetch from the metadata service) gets no worker key but an enrollment token,
+`gbe.<key id>.<nonce>.<uses>.<expires>.<mac>`: it registers at most `uses` hosts (the instances launched with
+it), until `expires` (Unix time), and only while the pool's worker key lives. By the time a job runs, its
+worker has registered, so the token a job finds is spent. The server counts the uses in memory: a restart
+before the token expires lets what is left of it be used once more.
 """
 
 from __future__ import annotations
@@ -37,6 +44,10 @@ ADMIN_NAME = "@admin"
 SUBMITTER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 KEY_PREFIX = "gb1"
 HOST_PREFIX = "gbh"
+ENROLL_PREFIX = "gbe"
+ENROLLMENT_TTL = 3 * 3600.0
+"""Seconds an enrollment token registers hosts: an instance boots, installs gridbot and registers within
+minutes; a token found later is worth nothing."""
 RELOAD_EVERY = 1.0
 """Seconds between checks of the registry file for changes (rotation and revocation by `gridbot access`):
 a revoked key is refused within a second, and at once where it matters most (`refresh(force=True)`)."""
@@ -92,6 +103,11 @@ class Principal(msgspec.Struct, frozen=True):
     name: str
     key_id: str
     host_id: str = ""
+    enrollment: str = ""
+    """The nonce of the enrollment token it came with ("": a key or a host credential)."""
+    uses: int = 0
+    """The hosts that token may register."""
+    expires: float = 0.0
 
     @property
     def is_admin(self) -> bool:
@@ -154,6 +170,8 @@ class Authenticator:
         self.path = path
         self._stamp = self._stat()
         self._checked = time.monotonic()
+        self._enrolled: dict[str, tuple[int, float]] = {}
+        """Hosts registered per enrollment token (by nonce), with its expiry."""
         self._use(registry)
 
     def _use(self, registry: Registry) -> None:
@@ -197,8 +215,8 @@ class Authenticator:
         if principal is None and not fresh and self._stamp != self._stat():
             self.refresh(force=True)  # a key made in the last second (`gridbot access add-submitter`)
             principal = self._check(token)
-        if principal is not None and len(self._seen) < 100_000:
-            self._seen[token] = principal
+        if principal is not None and not principal.enrollment and len(self._seen) < 100_000:
+            self._seen[token] = principal  # (an enrollment token is checked each time: it expires)
         return principal
 
     def _check(self, token: str) -> Principal | None:
@@ -214,7 +232,37 @@ class Authenticator:
             mac = self._mac(parts[1], parts[2])
             if key is not None and key.role == "worker" and hmac.compare_digest(parts[3], mac):
                 principal = Principal("host", key.name, key.key_id, parts[2])
+        elif len(parts) == 6 and parts[0] == ENROLL_PREFIX and parts[3].isdigit() and parts[4].isdigit():
+            key = self._keys.get(parts[1])
+            mac = self._mac(parts[1], ".".join(("enroll", *parts[2:5])))
+            if (key is not None and key.role == "worker" and hmac.compare_digest(parts[5], mac)
+                    and time.time() < int(parts[4])):
+                principal = Principal("worker", key.name, key.key_id, enrollment=parts[2], uses=int(parts[3]),
+                                      expires=float(parts[4]))
         return principal
+
+    def enrollment(self, worker_token: str, uses: int, now: float, ttl: float = ENROLLMENT_TTL) -> str:
+        """An enrollment token for `uses` hosts of the pool whose worker key is `worker_token`, valid `ttl`
+        seconds from `now` (AccessError: that key is unknown or revoked)."""
+        parts = worker_token.split(".")
+        key = self._keys.get(parts[1]) if len(parts) == 3 and parts[0] == KEY_PREFIX else None
+        if key is None or key.role != "worker" or not hmac.compare_digest(key.digest, _digest(parts[2])):
+            raise AccessError("an enrollment token is made from a pool's live worker key")
+        nonce, expires = secrets.token_hex(8), int(now + ttl)
+        # (with dots, which no host id of a host credential can hold: neither MAC passes for the other)
+        mac = self._mac(key.key_id, f"enroll.{nonce}.{max(1, uses)}.{expires}")
+        return f"{ENROLL_PREFIX}.{key.key_id}.{nonce}.{max(1, uses)}.{expires}.{mac}"
+
+    def enroll(self, principal: Principal, now: float) -> bool:
+        """Count one host registered with the enrollment token `principal` came with; False if it has
+        registered as many as it may."""
+        if len(self._enrolled) > 10_000:  # (spent tokens past their expiry are no use to keep)
+            self._enrolled = {n: v for n, v in self._enrolled.items() if v[1] > now}
+        used, _ = self._enrolled.get(principal.enrollment, (0, principal.expires))
+        if used >= principal.uses:
+            return False
+        self._enrolled[principal.enrollment] = (used + 1, principal.expires)
+        return True
 
     def _mac(self, key_id: str, host_id: str) -> str:
         return hmac.new(self._secret, f"{key_id}:{host_id}".encode(), hashlib.sha256).hexdigest()[:40]

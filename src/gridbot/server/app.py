@@ -563,6 +563,10 @@ class Server:
         if self.access is None:
             return _error(request, 400, "this server runs without keys (--no-auth): workers need no registration",
                           "bad_request")
+        if principal.enrollment and not self.access.auth.enroll(principal, time.time()):
+            return _error(request, 401, f"this enrollment token of pool '{principal.name}' has registered the "
+                          f"{principal.uses} host(s) it was made for; a pilot's token is spent by its own worker",
+                          "unauthorized")
         count = self.registered.get(principal.key_id, 0)
         if count >= self.max_hosts_per_key:
             return _error(request, 429, f"pool '{principal.name}' has registered {count:,} hosts with this key since "

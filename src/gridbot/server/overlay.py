@@ -23,7 +23,7 @@ from pathlib import Path
 
 import msgspec
 
-from gridbot.model.pools import PoolMonitor, PoolSpec
+from gridbot.model.pools import KINDS, PoolMonitor, PoolSpec
 from gridbot.model.states import PILOT_TERMINAL, PILOT_TRANSITIONS, PilotState, check_transition
 from gridbot.pools.adapters import make_adapter
 from gridbot.pools.base import PilotRequest, PoolAdapter, PoolError
@@ -38,6 +38,7 @@ from gridbot.schedulers.overlay import (
     pool_capacity,
 )
 from gridbot.security.access import ServerAccess
+from gridbot.security.keys import AccessError
 from gridbot.server.service import Service
 from gridbot.store.base import PilotRow, StoreError
 
@@ -272,15 +273,23 @@ class Overlay:
                                      p.adapter is not None and now >= p.backoff_until))
         return out
 
-    def _pilot(self, pool: str) -> PilotRequest:
-        """The request for a pilot of `pool`, with the pool's worker key as the access file has it now (so
-        a rotated key reaches the next pilots); never the submitter's or the admin's key."""
+    def _pilot(self, pool: str, n: int, now: float) -> PilotRequest:
+        """The request for `n` pilots of `pool`, with the pool's worker key as the access file has it now (so
+        a rotated key reaches the next pilots); never the submitter's or the admin's key. A pool whose pilots'
+        jobs can read what the pilot was given (`PoolKind.exposes_pilot_env`: an EC2 instance's user data)
+        gets an enrollment token for its `n` hosts instead, spent by their workers before any job runs."""
         if self.access is None:
             return self.request
         key = self.access.access().workers.get(pool, "")
         if not key:
             raise PoolError(f"the access file {self.access.access_path} has no worker key for pool '{pool}'; "
                             f"make one with `gridbot access rotate worker --pool {pool}` (or restart the server)")
+        if KINDS[self.pools[pool].spec.kind].exposes_pilot_env:
+            try:
+                key = self.access.auth.enrollment(key, n, now)
+            except AccessError as e:
+                raise PoolError(f"pool '{pool}': {e}; make a new one with `gridbot access rotate worker --pool "
+                                f"{pool}`") from None
         return replace(self.request, key=key)
 
     def _act(self, submit: dict[str, int], cancel: dict[str, int], now: float) -> None:
@@ -288,7 +297,7 @@ class Overlay:
             pool = self.pools[name]
             assert pool.adapter is not None
             try:
-                ids = pool.adapter.submit(n, self._pilot(name))
+                ids = pool.adapter.submit(n, self._pilot(name, n, now))
             except Exception as e:  # one pool's trouble is never the others'
                 if not isinstance(e, PoolError):
                     log.exception("pool %s: unexpected error while submitting", name)

@@ -226,7 +226,8 @@ class Worker:
         return self.state_dir / "pending" / self.host.host_id
 
     def _credential_file(self) -> Path:
-        key_id = self.config.key.split(".")[1] if self.config.key.count(".") == 2 else "key"
+        parts = self.config.key.split(".")  # (a worker key, or a pilot's enrollment token: security/keys.py)
+        key_id = parts[1] if len(parts) in (3, 6) else "key"
         return self.state_dir / "credentials" / key_id / f"{self.identity.slot}.json"
 
     async def _sign_in(self, fresh: bool) -> bool:
