@@ -205,7 +205,8 @@ def test_an_enrollment_token_registers_the_hosts_it_was_made_for_and_no_more(clu
     late = auth.enrollment(key, 1, time.time() - ENROLLMENT_TTL - 1)
     forged = token.rsplit(".", 2)[0] + ".9999999999." + token.rsplit(".", 1)[1]  # (a later expiry, same MAC)
     more = token.replace(".2.", ".9.", 1)
-    for bad in (late, forged, more):
+    odd = token.replace(".2.", ".\u00b2.", 1)  # (a digit to str.isdigit, not to int)
+    for bad in (late, forged, more, odd):
         assert _register(cluster.url, bad)[0] == 401, bad
     # the MAC of an enrollment token is no host credential's for any host id
     parts = token.split(".")

@@ -41,6 +41,8 @@ Role = Literal["admin", "submitter", "worker", "host"]
 ROLES: tuple[Role, ...] = ("admin", "submitter", "worker", "host")
 ADMIN_NAME = "@admin"
 """The name behind the admin key: no submitter can have it (their names cannot start with "@")."""
+_DIGITS = re.compile(r"[0-9]{1,12}")
+"""A count or a Unix time in an enrollment token (ASCII digits: `str.isdigit` takes '²', which `int` refuses)."""
 SUBMITTER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 KEY_PREFIX = "gb1"
 HOST_PREFIX = "gbh"
@@ -232,7 +234,8 @@ class Authenticator:
             mac = self._mac(parts[1], parts[2])
             if key is not None and key.role == "worker" and hmac.compare_digest(parts[3], mac):
                 principal = Principal("host", key.name, key.key_id, parts[2])
-        elif len(parts) == 6 and parts[0] == ENROLL_PREFIX and parts[3].isdigit() and parts[4].isdigit():
+        elif len(parts) == 6 and parts[0] == ENROLL_PREFIX and _DIGITS.fullmatch(parts[3]) and _DIGITS.fullmatch(
+                parts[4]):
             key = self._keys.get(parts[1])
             mac = self._mac(parts[1], ".".join(("enroll", *parts[2:5])))
             if (key is not None and key.role == "worker" and hmac.compare_digest(parts[5], mac)
