@@ -130,10 +130,11 @@ def test_a_restarted_overlay_takes_up_the_instances_it_left_running(ec2, tmp_pat
     assert [r.state for r in store.pilots()] == [PilotState.COMPLETED] * 2, "running pilots asked to stop"
 
 
-def test_the_overlay_gives_an_instance_an_enrollment_token_for_its_batch_not_the_pools_key(ec2, tmp_path):
+def test_the_overlay_gives_each_instance_an_enrollment_token_of_its_own_not_the_pools_key(ec2, tmp_path):
     """Any process on an instance can read its user data from the metadata service: a job there would find the
-    pool's worker key and could register hosts of the pool at will. The overlay writes there a token for the
-    instances of one launch, which their workers spend before any job runs (security/keys.py)."""
+    pool's worker key and could register hosts of the pool at will. The overlay writes there a token for that
+    instance's one registration, which its worker spends before any job runs (security/keys.py); one token for
+    the instances of a launch would let a job on the first to register use what its siblings have not yet."""
     import shlex
     import time
     from types import SimpleNamespace
@@ -159,8 +160,9 @@ def test_the_overlay_gives_an_instance_an_enrollment_token_for_its_batch_not_the
         assert key not in script and key.split(".")[2] not in script, "the pool's worker key is not in user data"
         [line] = [x for x in script.splitlines() if x.startswith("export GRIDBOT_WORKER_KEY=")]
         tokens.add(shlex.split(line.split("=", 1)[1])[0])
-    [token] = tokens  # (one launch, one token)
-    principal = access.auth.authenticate(token)
-    assert principal is not None and (principal.role, principal.name, principal.uses) == ("worker", "cloud", 2)
-    assert [access.auth.enroll(principal, time.time()) for _ in range(3)] == [True, True, False]
+    assert len(tokens) == 2, "a token per instance"
+    for token in tokens:
+        principal = access.auth.authenticate(token)
+        assert principal is not None and (principal.role, principal.name, principal.uses) == ("worker", "cloud", 1)
+        assert [access.auth.enroll(principal, time.time()) for _ in range(2)] == [True, False]
     overlay.close()

@@ -208,6 +208,14 @@ def test_an_enrollment_token_registers_the_hosts_it_was_made_for_and_no_more(clu
     odd = token.replace(".2.", ".\u00b2.", 1)  # (a digit to str.isdigit, not to int)
     for bad in (late, forged, more, odd):
         assert _register(cluster.url, bad)[0] == 401, bad
+    # found by the review: a MAC or secret that is not ASCII made compare_digest (or encode) raise, a 500 with
+    # a logged traceback, for anyone who knew a key id (every host credential shows one)
+    kid = key.split(".")[1]
+    for bad in (f"gbe.{kid}.n.1.99.\u00e9aaa", f"gbh.{kid}.x.\u00e9", f"gb1.{kid}.\u00ff"):
+        assert _register(cluster.url, bad)[0] == 401, bad
+    spent = auth.authenticate(token)
+    assert spent is not None and not auth.enroll(msgspec.structs.replace(spent, enrollment="other",
+                                                                         expires=time.time() - 1), time.time())
     # the MAC of an enrollment token is no host credential's for any host id
     parts = token.split(".")
     assert _exchange(cluster.url, f"gbh.{parts[1]}.{':'.join(parts[2:5])}.{parts[5]}",

@@ -13,10 +13,10 @@ every host registered with it.
 
 A pilot whose environment its jobs can read (an EC2 instance's user data, which any process on the instance
 can fetch from the metadata service) gets no worker key but an enrollment token,
-`gbe.<key id>.<nonce>.<uses>.<expires>.<mac>`: it registers at most `uses` hosts (the instances launched with
-it), until `expires` (Unix time), and only while the pool's worker key lives. By the time a job runs, its
-worker has registered, so the token a job finds is spent. The server counts the uses in memory: a restart
-before the token expires lets what is left of it be used once more.
+`gbe.<key id>.<nonce>.<uses>.<expires>.<mac>`: it registers at most `uses` hosts (the overlay makes one per
+instance), until `expires` (Unix time), and only while the pool's worker key lives. By the time a job runs, its
+worker has registered, so the token a job finds is spent. The server counts the uses in memory: a server
+restarted before the token expires takes it as unused.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ SUBMITTER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 KEY_PREFIX = "gb1"
 HOST_PREFIX = "gbh"
 ENROLL_PREFIX = "gbe"
-ENROLLMENT_TTL = 3 * 3600.0
+ENROLLMENT_TTL = 3600.0
 """Seconds an enrollment token registers hosts: an instance boots, installs gridbot and registers within
 minutes; a token found later is worth nothing."""
 RELOAD_EVERY = 1.0
@@ -223,6 +223,8 @@ class Authenticator:
 
     def _check(self, token: str) -> Principal | None:
         """The principal of `token` against the keys loaded now."""
+        if not token.isascii():  # (compare_digest and encode refuse other text with an error: no key is such)
+            return None
         parts = token.split(".")
         principal: Principal | None = None
         if len(parts) == 3 and parts[0] == KEY_PREFIX:
@@ -248,6 +250,8 @@ class Authenticator:
         """An enrollment token for `uses` hosts of the pool whose worker key is `worker_token`, valid `ttl`
         seconds from `now` (AccessError: that key is unknown or revoked)."""
         parts = worker_token.split(".")
+        if len(parts) == 3 and parts[0] == KEY_PREFIX and parts[1] not in self._keys:
+            self.refresh(force=True)  # (a key rotated a moment ago: the access file has it before we do)
         key = self._keys.get(parts[1]) if len(parts) == 3 and parts[0] == KEY_PREFIX else None
         if key is None or key.role != "worker" or not hmac.compare_digest(key.digest, _digest(parts[2])):
             raise AccessError("an enrollment token is made from a pool's live worker key")
@@ -259,6 +263,8 @@ class Authenticator:
     def enroll(self, principal: Principal, now: float) -> bool:
         """Count one host registered with the enrollment token `principal` came with; False if it has
         registered as many as it may."""
+        if principal.expires <= now:  # (a request checked just before its token expired, read after)
+            return False
         if len(self._enrolled) > 10_000:  # (spent tokens past their expiry are no use to keep)
             self._enrolled = {n: v for n, v in self._enrolled.items() if v[1] > now}
         used, _ = self._enrolled.get(principal.enrollment, (0, principal.expires))

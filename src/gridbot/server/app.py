@@ -563,14 +563,14 @@ class Server:
         if self.access is None:
             return _error(request, 400, "this server runs without keys (--no-auth): workers need no registration",
                           "bad_request")
-        if principal.enrollment and not self.access.auth.enroll(principal, time.time()):
-            return _error(request, 401, f"this enrollment token of pool '{principal.name}' has registered the "
-                          f"{principal.uses} host(s) it was made for; a pilot's token is spent by its own worker",
-                          "unauthorized")
         count = self.registered.get(principal.key_id, 0)
         if count >= self.max_hosts_per_key:
             return _error(request, 429, f"pool '{principal.name}' has registered {count:,} hosts with this key since "
                           f"the server started, its limit (server option --max-hosts-per-key)", "too_many_hosts")
+        if principal.enrollment and not self.access.auth.enroll(principal, time.time()):
+            return _error(request, 401, f"this enrollment token of pool '{principal.name}' has registered the "
+                          f"{principal.uses} host(s) it was made for, or expired; a pilot's token is spent by its "
+                          "own worker", "unauthorized")
         self.registered[principal.key_id] = count + 1
         host_id, credential = self.access.auth.host_credential(principal)
         log.info("host %r registered as %s in pool %s", req.name[:200], host_id, principal.name)

@@ -277,7 +277,8 @@ class Overlay:
         """The request for `n` pilots of `pool`, with the pool's worker key as the access file has it now (so
         a rotated key reaches the next pilots); never the submitter's or the admin's key. A pool whose pilots'
         jobs can read what the pilot was given (`PoolKind.exposes_pilot_env`: an EC2 instance's user data)
-        gets an enrollment token for its `n` hosts instead, spent by their workers before any job runs."""
+        gets an enrollment token for `n` hosts instead (`_launch` asks for one at a time), spent by the
+        pilot's worker before any job runs."""
         if self.access is None:
             return self.request
         key = self.access.access().workers.get(pool, "")
@@ -292,29 +293,43 @@ class Overlay:
                                 f"{pool}`") from None
         return replace(self.request, key=key)
 
+    def _launch(self, name: str, n: int, now: float) -> tuple[list[str], Exception | None]:
+        """Submit `n` pilots of pool `name`: their ids, and the error that stopped it (None: none). A pool whose
+        pilots' jobs can read what a pilot was given gets one submission per pilot, each with its own
+        enrollment token, so a job on one instance never finds a token its siblings have yet to spend."""
+        adapter = self.pools[name].adapter
+        assert adapter is not None
+        ids: list[str] = []
+        single = self.access is not None and KINDS[self.pools[name].spec.kind].exposes_pilot_env
+        try:
+            for _ in range(n if single else 1):
+                ids += adapter.submit(1 if single else n, self._pilot(name, 1 if single else n, now))
+        except Exception as e:
+            return ids, e
+        return ids, None
+
     def _act(self, submit: dict[str, int], cancel: dict[str, int], now: float) -> None:
         for name, n in submit.items():
             pool = self.pools[name]
-            assert pool.adapter is not None
-            try:
-                ids = pool.adapter.submit(n, self._pilot(name, n, now))
-            except Exception as e:  # one pool's trouble is never the others'
-                if not isinstance(e, PoolError):
-                    log.exception("pool %s: unexpected error while submitting", name)
+            ids, error = self._launch(name, n, now)
+            pool.submitted += len(ids)
+            for i in ids:  # (those a failure came after are pilots too)
+                pool.pilots[i] = PilotRow(name, i, PilotState.QUEUED, now)
+                self._new.append(pool.pilots[i])
+            if ids:
+                log.info("pool %s: submitted %d pilots", name, len(ids))
+            if error is not None:  # one pool's trouble is never the others'
+                if not isinstance(error, PoolError):
+                    log.error("pool %s: unexpected error while submitting", name, exc_info=error)
                 pool.failures += 1
                 delay = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** (pool.failures - 1))
                 pool.backoff_until = now + delay
-                pool.error, pool.pilot_error = f"{e} (next try in {delay:.0f} s)", False
+                pool.error, pool.pilot_error = f"{error} (next try in {delay:.0f} s)", False
                 log.error("pool %s: %s", name, pool.error)
                 continue
             pool.failures = 0
             if not pool.pilot_error:  # a pilot that fails again keeps saying why, submitted or not
                 pool.error = ""
-            pool.submitted += len(ids)
-            for i in ids:
-                pool.pilots[i] = PilotRow(name, i, PilotState.QUEUED, now)
-                self._new.append(pool.pilots[i])
-            log.info("pool %s: submitted %d pilots", name, len(ids))
         for name, n in cancel.items():
             pool = self.pools[name]
             # pilots are recorded in the order they were submitted
