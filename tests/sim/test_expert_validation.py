@@ -6,17 +6,13 @@ The bounds are the paper's (section 6.3, Table 5): its offline predictions devia
 makespan) and 7% (cost) on average, its online ones by 20% and 13%. An average absolute deviation bounds the mean
 deviation, so the paper's estimator was biased by no more than those; ours must not be either. Each run's own
 luck weighs more here than in the paper (tails of 50 machines, the paper's had about 200), so the average absolute
-deviation is held to the paper's online figures, for both models, beyond no more than two standard errors of our
-own 20 runs' mean (one run's luck moves it by up to 2 points: 13.5% of cost against the paper's 13 once the last
-few instances before the tail stopped being a set of their own, which cut the online makespan bias from -10% to
--3%), and the offline one must be the closer, as the paper found it."""
+deviation is held to the paper's online figures, for both models, and the offline one must be the closer, as the
+paper found it."""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import math
-import statistics
 import sys
 from pathlib import Path
 
@@ -52,18 +48,11 @@ def test_the_predictions_are_no_more_biased_than_the_papers(validation):
         assert abs(makespan) <= bound[0] and abs(cost) <= bound[1], (model, makespan, cost)
 
 
-def _standard_errors(runs, model: str) -> tuple[float, float]:
-    """The standard errors of the mean absolute deviations of makespan and cost over `runs`."""
-    devs = [[abs(d) for d in r.deviation(model)] for r in runs]
-    return tuple(statistics.stdev(col) / math.sqrt(len(col)) for col in zip(*devs, strict=True))  # type: ignore[return-value]
-
-
 def test_the_predictions_deviate_no_more_than_the_papers_online_ones_and_offline_is_closer(validation):
     module, runs = validation
     offline, online = module.averages(runs, "offline"), module.averages(runs, "online")
-    for model, mean in (("offline", offline), ("online", online)):
-        se = _standard_errors(runs, model)
-        assert mean[0] <= PAPER_ONLINE[0] + 2 * se[0] and mean[1] <= PAPER_ONLINE[1] + 2 * se[1], (model, mean, se)
+    assert offline[0] <= PAPER_ONLINE[0] and offline[1] <= PAPER_ONLINE[1], offline
+    assert online[0] <= PAPER_ONLINE[0] and online[1] <= PAPER_ONLINE[1], online
     assert offline[0] <= online[0] and offline[1] <= online[1], (offline, online)
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import pairwise
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -130,10 +129,8 @@ def characterize(records: Iterable[InstanceRecord], tail_start: float, deadline:
     """The online characterization at the tail's start, from the instances sent before it.
 
     `deadline` is D of the instances out (the throughput phase's), `bin_size` the number of consecutively
-    sent instances gamma is measured on; fewer left over, the last sent, join the set before them (on its own,
-    a handful of instances sent just before T_tail, of which Fs expects a result or two, measures 0 or, capped,
-    1: every instance out at T_tail would be drawn as lost, or as certain to return). The reliable runtime
-    comes from reliable records if there are any, else from `reliable_runtime`, else T_ur."""
+    sent instances gamma is measured on. The reliable runtime comes from reliable records if there are
+    any, else from `reliable_runtime`, else T_ur."""
     if bin_size < 1:
         raise CharacterizationError(f"bin_size must be at least 1, not {bin_size}")
     rs = sorted((r for r in records if r.sent_at < tail_start), key=lambda r: r.sent_at)
@@ -146,10 +143,8 @@ def characterize(records: Iterable[InstanceRecord], tail_start: float, deadline:
     reliable = _reliable(reliable_took or reliable_runtime, float(turnarounds.mean()))
     probe = Characterization(turnarounds, reliable, 1.0)
     starts, values, full = [], [], []
-    sets = max(1, len(unreliable) // bin_size)
-    cuts = [*range(0, sets * bin_size, bin_size), len(unreliable)]
-    for i, j in pairwise(cuts):
-        chunk = unreliable[i:j]
+    for i in range(0, len(unreliable), bin_size):
+        chunk = unreliable[i:i + bin_size]
         sent = np.array([r.sent_at for r in chunk])
         returned = sum(_returned(r, tail_start) for r in chunk)
         if sent[-1] < tail_start - deadline:
