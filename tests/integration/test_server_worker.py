@@ -144,7 +144,12 @@ def test_worker_survives_a_server_restart_with_backoff(tmp_path):
     try:
         cluster.start_server()
         w = cluster.start_worker("--slots", "2")
-        time.sleep(1)
+        deadline = time.monotonic() + 30  # (registered first: a worker slow to start on a busy machine met no
+        while time.monotonic() < deadline:  # server at all, and said "cannot register" instead)
+            with cluster.client() as c:
+                if c.hosts():
+                    break
+            time.sleep(0.2)
         cluster.server.stop()
         deadline = time.monotonic() + 40
         while "server unreachable" not in w.log and time.monotonic() < deadline:
@@ -152,7 +157,7 @@ def test_worker_survives_a_server_restart_with_backoff(tmp_path):
         first = w.log.count("server unreachable")
         time.sleep(6)
         retries = w.log.count("server unreachable") - first
-        assert first >= 1 and w.proc.poll() is None
+        assert first >= 1 and w.proc.poll() is None, w.log[-3000:]
         assert 1 <= retries <= 8, f"{retries} retries in 6 s: backoff, not a tight loop"
         cluster.start_server()
         spec = write(tmp_path, "s.toml", 'command = "true"\n[parameters]\ni = { from = 1, to = 20 }\n')
