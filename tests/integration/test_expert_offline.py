@@ -13,7 +13,8 @@ import pytest
 from gridbot import history
 from gridbot.cli.main import cli
 from gridbot.model.spec import parse_spec
-from tests.integration.harness import Cluster, gridbot
+from tests.integration.harness import gridbot
+from tests.integration.test_expert_plan import grid_cluster
 
 pytestmark = pytest.mark.skipif(
     not any(p.name == "from_bag" for p in cli.commands["plan"].params),  # type: ignore[attr-defined]
@@ -44,13 +45,8 @@ def bag(name: str, jobs: int, command: str = "sleep 1") -> object:
 
 
 def test_plan_a_running_bag_from_a_previous_bag_and_from_a_history_file(tmp_path):
-    (tmp_path / "pools.toml").write_text(POOLS)
-    cluster = Cluster(tmp_path, server_args=("--pools", str(tmp_path / "pools.toml"), "--state-dir",
-                                             str(tmp_path / "state")))
-    cluster.start_server()
+    cluster = grid_cluster(tmp_path, POOLS)
     try:
-        for n in range(4):
-            cluster.start_worker("--pool", "grid", "--slots", "1", "--idle-timeout", "60", name=f"g{n}")
         with cluster.client() as c:
             c.submit(bag("before", 24))
             assert c.wait("before", poll=0.2, timeout=120).state == "completed"

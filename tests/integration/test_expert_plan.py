@@ -38,14 +38,24 @@ def until(what: str, cond: Callable[[], bool], timeout: float = 60) -> None:
         time.sleep(0.1)
 
 
-def test_plan_a_running_bag_then_apply_expert_and_see_it_in_status(tmp_path):
-    (tmp_path / "pools.toml").write_text(POOLS)
+def grid_cluster(tmp_path, pools: str = POOLS) -> Cluster:
+    """A server on `pools` with four workers of one slot in its static pool `grid`."""
+    (tmp_path / "pools.toml").write_text(pools)
     cluster = Cluster(tmp_path, server_args=("--pools", str(tmp_path / "pools.toml"), "--state-dir",
                                              str(tmp_path / "state")))
     cluster.start_server()
     try:
         for n in range(4):
             cluster.start_worker("--pool", "grid", "--slots", "1", "--idle-timeout", "60", name=f"g{n}")
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def test_plan_a_running_bag_then_apply_expert_and_see_it_in_status(tmp_path):
+    cluster = grid_cluster(tmp_path)
+    try:
         text = "command = 'sleep 1'\ninstance_deadline = 60\n[parameters]\ni = { from = 0, to = 39 }\n"
         spec = msgspec.structs.replace(parse_spec(text, "e", "e"),
                                        policy={"GridPolicy": 'Bag.Tail || Pool.Reliability != "reliable"'})
@@ -88,13 +98,8 @@ def test_plan_warns_that_a_bag_past_its_deadline_starts_nothing_whatever_tail_is
     """Found by the second walkthrough of 2026-11-29: `gridbot plan --apply` on a bag whose DBC placement had
     given up at its deadline (nothing more is started) applied an ExPERT tail without a word, as if it would
     change the bag's end."""
-    (tmp_path / "pools.toml").write_text(POOLS)
-    cluster = Cluster(tmp_path, server_args=("--pools", str(tmp_path / "pools.toml"), "--state-dir",
-                                             str(tmp_path / "state")))
-    cluster.start_server()
+    cluster = grid_cluster(tmp_path)
     try:
-        for n in range(4):
-            cluster.start_worker("--pool", "grid", "--slots", "1", "--idle-timeout", "60", name=f"g{n}")
         text = ("command = 'sleep 0.5'\ninstance_deadline = 60\nbag_deadline = 10\n"
                 "[strategy]\nplacement = \"cost-time\"\nruntime = 0.5\n[parameters]\ni = { from = 0, to = 199 }\n")
         with cluster.client() as c:
