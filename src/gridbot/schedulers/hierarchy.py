@@ -220,10 +220,9 @@ class Hierarchy:
             self.move(view, b, q, "overload", why, now, same_level=True)
             return
         c = self.estimate(view, b)
-        ce = self.phi(view, q, q.exec_time_limit, b.beta)
-        if "complexity_mismatch" in q.policies and c is not None and c > ce:
-            self.move(view, b, q, "complexity mismatch", f"its work {c:,.0f} CPU-s is over C_e {ce:,.0f} of "
-                      f"queue {q.name}", now)
+        if self._mismatch(view, b, q):
+            self.move(view, b, q, "complexity mismatch", f"its work {c or 0.0:,.0f} CPU-s is over C_e "
+                      f"{self.phi(view, q, q.exec_time_limit, b.beta):,.0f} of queue {q.name}", now)
             return
         b.counted = c or 0.0
         self.load[q.name] += b.counted  # (until the next step counts the queue's work again)

@@ -214,9 +214,7 @@ class _Simulation:
         self.n = per_world([NO_LIMIT if p.tail.n is None else p.tail.n for p in plans]).astype(np.int64)
         self.t = per_world([p.tail.t for p in plans]).astype(float)
         self.d = per_world([p.tail.d for p in plans]).astype(float)
-        # (at least one machine for any Mr > 0, as the tail applies it: a bag estimated on fewer unreliable
-        # machines than it has would otherwise round a small Mr to none and never end)
-        nr = per_world([max(1, p.tail.reliable_machines(nur)) if p.tail.mr > 0 else 0 for p in plans]).astype(np.int64)
+        nr = per_world([p.tail.machines_applied(nur) for p in plans]).astype(np.int64)  # (as the tail applies them)
         self.combine = per_world([_COMBINE[p.combine] for p in plans]).astype(np.int64)
         self.budget = per_world([np.inf if p.budget is None else p.budget for p in plans]).astype(float)
         machines = nur + int(nr.max())

@@ -47,6 +47,11 @@ class NTDMr:
         """The reliable pool's size for `unreliable` machines: Mr x #ur, rounded to the nearest machine."""
         return math.floor(self.mr * unreliable + 0.5)
 
+    def machines_applied(self, unreliable: int) -> int:
+        """The reliable machines the tail uses for `unreliable` machines: Mr x #ur rounded, but at least one
+        for any Mr > 0 (a small Mr on few machines would otherwise round to none and the tail never end)."""
+        return max(1, self.reliable_machines(unreliable)) if self.mr > 0 else 0
+
     def describe(self, tur: float) -> str:
         """Compact, with T and D in units of T_ur: "N=3 T=1Tur D=2Tur Mr=0.02"."""
         n = "inf" if self.n is None else str(self.n)

@@ -269,7 +269,7 @@ class ExpertTail(TailStrategy):
                 due_reliable.append((last + s.t, job.job_id, sent, now - last, False))
             # (else the job was routed to the unreliable pools when it was queued again, and the core keeps a job
             # to the pools it was routed to, replicas too: its instance N+1 goes when it is queued again)
-        machines = max(1, s.reliable_machines(planning.unreliable)) if s.mr > 0 else 0
+        machines = s.machines_applied(planning.unreliable)
         pending = sum(1 for j in self.to_reliable if _pending(view, j))
         used = busy + pending + routed
         free = machines - used
@@ -378,7 +378,7 @@ class ExpertTail(TailStrategy):
         if s is None or planning is None or self.tail_start is None:
             return None
         wanted: dict[str, int] = {}
-        machines = max(1, s.reliable_machines(planning.unreliable)) if s.mr > 0 and s.n is not None else 0
+        machines = s.machines_applied(planning.unreliable) if s.n is not None else 0
         if not self.needs_reliable:  # no reliable host idles in the tail to take the core's re-queued jobs
             machines = 0
         for name in [p for p in pools if p in self.reliable]:
