@@ -201,6 +201,35 @@ def test_the_simulator_cancels_the_pilots_the_servers_overlay_would():
     assert list(pool.queue) == [oldest]
 
 
+STRAGGLER = """
+[pools.a-slow]
+kind = "cluster"
+size = 1
+speed = 0.02
+
+[pools.b-fast]
+kind = "cluster"
+size = 1
+
+[bags.one]
+jobs = 1
+runtime = "10m"
+instance_deadline = "30m"
+"""
+
+
+def test_a_job_requeued_past_its_deadline_gets_a_pilot_while_the_straggler_still_runs():
+    """The overlay took the slot of a host still running an overdue instance for an idle one: the job
+    re-queued at its deadline waited for that very straggler (8.3 h on a host 50 times slower) while the
+    fast pool stayed empty. Now the straggler's slot is busy until it ends, the fast pool gets a pilot at
+    the deadline, and the job is done about 10 minutes later."""
+    r = run(STRAGGLER)
+    b = r.bag("one")
+    assert b.state == "completed" and b.jobs_per_pool == {"b-fast": 1}
+    assert 30 * 60 < b.makespan < 60 * 60, b.makespan / 3600
+    assert {p.name: p.lost for p in r.pools} == {"a-slow": 1, "b-fast": 0}
+
+
 def test_preemption_draws_each_pilots_life_from_a_distribution():
     """Issue 14: `preemption` takes a lifetime distribution, as `availability` does. Every pilot here is
     preempted at 30 minutes of age: a 20-minute job started on a young pilot finishes, a 40-minute job

@@ -10,7 +10,7 @@ from gridbot.core.config import DispatchConfig
 from gridbot.core.dispatcher import Dispatcher
 from gridbot.model.records import HostInfo, InstanceReport, Outcome
 from gridbot.model.states import BagState, InstanceState, JobState
-from gridbot.schedulers.overlay import PoolCapacity, bag_demands, plan
+from gridbot.schedulers.overlay import HostSlots, PoolCapacity, bag_demands, host_slots, plan
 from gridbot.schedulers.registry import factory
 from tests.unit.core_harness import CoreSim
 
@@ -71,6 +71,20 @@ def test_deadline_expiry_requeues_and_a_late_result_is_still_accepted():
     h.ask(A, 0, 102, [ok(first.instance_id)])  # the late result arrives before anyone picked the job again
     assert h.state() is BagState.COMPLETED
     assert h.store.jobs(h.bag)[0].result_instance == first.instance_id
+
+
+def test_a_host_still_running_an_overdue_instance_counts_its_slot_busy_for_the_overlay():
+    # the overlay sizes its pilots from the hosts' idle slots: a straggler's slot is not idle, or the job
+    # re-queued because of it would wait for a pilot that is never submitted
+    one = HostInfo("s", "host-s", slots=1)
+    h = Harness(n=1, deadline=100)
+    first = h.ask(one, 1, 0).assignments[0]
+    h.tick(101)
+    assert h.counts().queued == 1
+    h.ask(one, 0, 102)  # still running it, past its deadline
+    assert host_slots(h.d.view, 103)[one.pool] == HostSlots(1, 0, (0,))
+    h.ask(one, 0, 104, [ok(first.instance_id)])  # it ended: the slot is free again
+    assert host_slots(h.d.view, 105)[one.pool] == HostSlots(0, 1, (1,))
 
 
 def test_late_result_after_replacement_wins_and_the_replacement_is_cancelled():

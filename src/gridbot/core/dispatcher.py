@@ -352,6 +352,7 @@ class Dispatcher:
                 k.undelivered(self._s.instances[iid], now, changes)
             else:
                 k.lose(self._s.instances[iid], now, f"lost by host {info.name}: the worker no longer has it", changes)
+        host.late = still - host.running
         assignments = assign(k, host, min(want, max(self.config.max_assign, host.info.slots)), now, changes)
         host.unconfirmed = {a.instance_id for a in assignments}
         cancel = sorted(host.cancel & still)

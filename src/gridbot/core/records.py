@@ -217,6 +217,11 @@ class HostRecord:
     last_seen: float
     stats: HostStats = field(default_factory=HostStats)
     running: set[int] = field(default_factory=set)
+    late: set[int] = field(default_factory=set)
+    """Instances the host still held at its last exchange that the server no longer counts as running on it
+    (overdue: their deadline passed and their job went back to the queue; or cancelled, until the host stops
+    them). They hold its slots until they end, so the overlay must not take those slots for idle capacity:
+    a straggler's host would otherwise absorb the demand of the very job re-queued because of it."""
     cancel: set[int] = field(default_factory=set)
     unconfirmed: set[int] = field(default_factory=set)
     """Instances sent in the last answer (or restored after a restart) that the host has not yet listed as
@@ -294,12 +299,13 @@ def has_wide_jobs(state: State) -> bool:
 
 
 def busy_slots(state: State, host: HostRecord, wide: bool | None = None) -> int:
-    """Slots the host's running instances hold: one each, unless a bag on the server has wider jobs (`cpus`;
-    `wide`: whether one has, when the caller already knows, so that a loop over hosts asks once)."""
+    """Slots the host's running instances hold, and those it still runs past their deadline (`late`): one
+    each, unless a bag on the server has wider jobs (`cpus`; `wide`: whether one has, when the caller already
+    knows, so that a loop over hosts asks once)."""
     if not (has_wide_jobs(state) if wide is None else wide):
-        return len(host.running)
+        return len(host.running) + len(host.late)
     total = 0
-    for iid in host.running:
+    for iid in (*host.running, *host.late):
         inst = state.instances.get(iid)
         bag = state.bags.get(inst.job.bag_id) if inst is not None else None
         total += bag.spec.cpus if bag is not None else 1
