@@ -93,6 +93,9 @@ def run_simulation(path: Path, seed: int | None, out: Path | None, quiet: bool, 
         if not stdout.is_terminal:
             stdout = Console(width=120)
         render(results, stdout)
+        for bag in results.bags:  # as `gridbot status` would show them on a server
+            for note in bag.diagnostics:
+                console.print(f"bag {bag.name!r}: {note}", markup=False, highlight=False, soft_wrap=True)
         if out is not None:
             stdout.print(f"metrics and plots in {out}/ (metrics.json, incomplete.png, throughput.png)")
     return results

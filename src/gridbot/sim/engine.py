@@ -355,6 +355,8 @@ class Simulation:
             if d.work_added != self._work_seen:
                 self._wake_held()
         self._record()
+        for bag in self.dispatcher.view.bags():  # unfinished at the horizon: what it says now
+            self.recorder.diagnostics[bag.bag_id] = self.dispatcher.diagnostics(bag.bag_id, self.now)
         results = self.recorder.results(self.now, self.bag_ids)
         results.seed = self.seed
         results.clusters = [self._cluster_result(p) for p in self.pools.values() if p.cluster is not None]
@@ -395,6 +397,7 @@ class Simulation:
                 h = self._factory.hierarchy  # (its place as it ended: samples miss a bag shorter than their period)
                 if h is not None and (level := h.report(b.bag_id, now)) is not None:
                     self._levels[b.bag_id] = level
+                rec.diagnostics[b.bag_id] = self.dispatcher.diagnostics(b.bag_id, now)
                 kept = self._views.pop(b.bag_id, None)  # its tail plan, as its last view reads it
                 if kept is not None and (tail := kept.tail_plan) is not None:
                     rec.tail_plans[b.bag_id] = msgspec.to_builtins(tail)

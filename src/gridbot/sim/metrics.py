@@ -66,6 +66,9 @@ class BagResult:
     """When its first instance started on a host (None: none did)."""
     queue_time: float | None = None
     """From its arrival to its first instance's start (the RENCI report's time queued, for a one-job bag)."""
+    diagnostics: list[str] = field(default_factory=list)
+    """What the server's `gridbot status` would have said of it as it ended (or at the horizon): policies
+    that evaluated to no usable value and counted as their default, a strategy that failed, why it stalls."""
 
 
 @dataclass
@@ -164,6 +167,7 @@ class Recorder:
         self.pool: dict[str, dict[str, int]] = {p: defaultdict(int) for p in pools}
         self.pilots_peak = dict.fromkeys(pools, 0)
         self.tail_plans: dict[int, dict[str, Any]] = {}
+        self.diagnostics: dict[int, list[str]] = {}
         self._done_since: dict[str, int] = dict.fromkeys(pools, 0)
         self._last_sample = 0.0
         self.times: list[float] = []
@@ -260,7 +264,8 @@ class Recorder:
                 self.tail_plans.get(bag_id), model.budget, model.bag_deadline,
                 done_by_deadline=self.done_by_deadline.get(bag_id, 0) if model.bag_deadline is not None else None,
                 first_start=(start := self.first_start.get(bag_id)),
-                queue_time=start - self.arrival[bag_id] if start is not None else None))
+                queue_time=start - self.arrival[bag_id] if start is not None else None,
+                diagnostics=self.diagnostics.get(bag_id, [])))
         for model in self.scenario.bags:  # bags that never arrived before the horizon
             if model.name not in bag_ids:
                 bags.append(BagResult(model.name, model.jobs, model.arrival, "not arrived", None, None, None, None,
