@@ -97,3 +97,29 @@ def test_warnings_of_a_scenario_are_printed_before_the_run(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"warning: {tmp_path / 's.toml'}:4: swf_bags 'log': 1 of the 1 jobs replayed run longer" in err
     assert results.bags[0].failed == 1, "the warning is right: the job fails for good"
+
+
+def test_the_warning_holds_on_a_cluster_too(tmp_path, capsys):
+    """Found by a review: on a cluster the warned-of job completed after 111 h, because the host still running
+    the overdue instance counted as idle and no pilot took the re-queued job. Now the copies run and the job
+    fails for good, as the warning says."""
+    from gridbot.cli.simulate import run_simulation
+
+    (tmp_path / "long.swf").write_text("1 0 0 400000 1 -1 -1 1 -1 -1 1 7 1 1 1 1 -1 -1\n")
+    (tmp_path / "s.toml").write_text('[pools.c]\nkind = "cluster"\nsize = 4\n[swf_bags.log]\nswf = "long.swf"\n')
+    results = run_simulation(tmp_path / "s.toml", None, None, quiet=False, as_json=True, plots=False)
+    assert "these jobs fail for good before one ends" in capsys.readouterr().err
+    assert results.bags[0].failed == 1 and results.bags[0].finished < 4 * 86400
+    assert results.pools[0].lost == 3
+
+
+def test_the_bags_diagnostics_are_printed_after_the_tables(tmp_path):
+    (tmp_path / "s.toml").write_text('[pools.c]\nkind = "cluster"\nsize = 2\n[bags.b]\njobs = 3\nruntime = "1m"\n'
+                                     '[bags.b.policy]\nDeadline = "Host.Slots > 100 ? 60 : -5"\n')
+    p = gridbot("simulate", "s.toml", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "bag 'b': Deadline evaluated to not a positive number of seconds: -5 3 time(s)" in p.stderr
+    assert "the bag's instance_deadline (86400 s) counted instead" in p.stderr
+    metrics = json.loads(gridbot("simulate", "s.toml", "--json", cwd=tmp_path).stdout)
+    assert metrics["bags"][0]["diagnostics"] == [line.removeprefix("bag 'b': ")
+                                                 for line in p.stderr.splitlines() if line.startswith("bag 'b'")]

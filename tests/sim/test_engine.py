@@ -230,6 +230,18 @@ def test_a_job_requeued_past_its_deadline_gets_a_pilot_while_the_straggler_still
     assert {p.name: p.lost for p in r.pools} == {"a-slow": 1, "b-fast": 0}
 
 
+def test_the_report_says_what_gridbot_status_would_of_a_policy_that_fell_back():
+    """A Deadline that depends on the host passes the scenario's checks, yet is negative on every simulated
+    host: the server counts the bag's instance_deadline instead and says so in the bag's diagnostics, and
+    so must the simulator's report (it said nothing)."""
+    policy = '[bags.one.policy]\nDeadline = "Host.Slots > 100 ? 60 : -5"\n'
+    r = run(STRAGGLER.replace('instance_deadline = "30m"\n', 'instance_deadline = "30m"\n' + policy))
+    [note] = r.bag("one").diagnostics
+    assert note.startswith("Deadline evaluated to not a positive number of seconds: -5")
+    assert "the bag's instance_deadline (1800 s) counted instead" in note
+    assert run(STRAGGLER).bag("one").diagnostics == []
+
+
 def test_preemption_draws_each_pilots_life_from_a_distribution():
     """Issue 14: `preemption` takes a lifetime distribution, as `availability` does. Every pilot here is
     preempted at 30 minutes of age: a 20-minute job started on a young pilot finishes, a 40-minute job

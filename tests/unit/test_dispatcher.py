@@ -87,6 +87,24 @@ def test_a_host_still_running_an_overdue_instance_counts_its_slot_busy_for_the_o
     assert host_slots(h.d.view, 105)[one.pool] == HostSlots(0, 1, (1,))
 
 
+def test_a_bags_policy_diagnostics_outlive_it():
+    # a Deadline negative on every host falls back to the bag's instance_deadline: `gridbot status` of the
+    # finished bag, and the simulator's report of it, must still say so
+    h = CoreSim()
+    bag = h.bag("neg", 1, {"Deadline": "Host.Slots > 100 ? 3600 : -5"}, deadline=100)
+    [a] = h.ask(A, 1, 0)
+    assert a.instance_deadline == 100
+    h.ask(A, 0, 1, [ok(a.instance_id)])
+    assert h.store.bag(bag).state is BagState.COMPLETED
+    [note] = h.d.diagnostics(bag, 2)
+    assert note.startswith("Deadline evaluated to not a positive number of seconds: -5 1 time(s) (last on host host-a)")
+    assert "the bag's instance_deadline (100 s) counted instead" in note
+    plain = h.bag("plain", 1)
+    [b] = h.ask(A, 1, 3)
+    h.ask(A, 0, 4, [ok(b.instance_id)])
+    assert h.d.diagnostics(plain, 5) == []
+
+
 def test_late_result_after_replacement_wins_and_the_replacement_is_cancelled():
     h = Harness(n=1, deadline=100)
     first = h.ask(A, 1, 0).assignments[0]

@@ -278,10 +278,10 @@ class Dispatcher:
 
     def diagnostics(self, bag_id: int, now: float) -> list[str]:
         """Why an active bag is not moving, if it is not, and policies that evaluated to UNDEFINED or ERROR,
-        as sentences for its owner."""
+        as sentences for its owner (of an ended bag: its policies' and strategies', as it ended)."""
         bag = self._s.bags.get(bag_id)
         if bag is None:
-            return []
+            return list(self._s.ended_notes.get(bag_id, ()))
         none: list[str] = []
         notes = guarded(bag, f"placement={bag.placement.name} notes", none, bag.placement.notes, self.view,
                         BagView(bag), now)

@@ -27,6 +27,7 @@ from gridbot.core.changes import (
 )
 from gridbot.core.hosts import QUICK_FAILURE_S
 from gridbot.core.records import (
+    ENDED_NOTES,
     HISTORY,
     BagRecord,
     Candidate,
@@ -519,6 +520,12 @@ class Kernel:
         self._touched.pop(bag.bag_id, None)
         changes.bags[bag.bag_id] = BagUpdate(bag.bag_id, state, _copy(bag.counts), now)
         del self.s.bags[bag.bag_id]
+        notes = [*bag.policies.messages(), *([bag.strategy_error] if bag.strategy_error else [])]
+        self.s.ended_notes.pop(bag.bag_id, None)  # (a bag reopened and ended again says only its last run's)
+        if notes:
+            self.s.ended_notes[bag.bag_id] = notes
+            if len(self.s.ended_notes) > ENDED_NOTES:
+                del self.s.ended_notes[next(iter(self.s.ended_notes))]
 
     # -- checks ---------------------------------------------------------------------------------------
 

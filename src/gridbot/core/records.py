@@ -278,6 +278,9 @@ class State:
     """The last error of each pool that fails to start pilots (the overlay sets it)."""
     monitors: dict[str, PoolMonitor] = field(default_factory=dict)
     """The last reading of each pool's own monitoring that has one (the overlay, or the simulator, sets it)."""
+    ended_notes: dict[int, list[str]] = field(default_factory=dict)
+    """Of the last `ENDED_NOTES` bags that ended with policy diagnostics or a strategy's error: those, so that
+    `gridbot status` of a finished bag (and the simulator's report) still says its Deadline fell back."""
     busy: tuple[str, ...] = ()
     """Up to two hosts that, at the last tick, ran an instance past the quick-failure window."""
     good: list[tuple[float, str]] = field(default_factory=list)
@@ -296,6 +299,10 @@ T = TypeVar("T")
 def has_wide_jobs(state: State) -> bool:
     """A bag on the server has jobs of several CPUs (else every instance holds one slot)."""
     return any(b.spec.cpus > 1 for b in state.bags.values())
+
+
+ENDED_NOTES = 1000
+"""Ended bags whose diagnostics the dispatcher keeps (in memory: a restart forgets them)."""
 
 
 def busy_slots(state: State, host: HostRecord, wide: bool | None = None) -> int:

@@ -194,8 +194,17 @@ class BagPolicies:
 
     def messages(self) -> list[str]:
         """Diagnostics as sentences for the bag's owner."""
-        return [f"{name} evaluated to {d.value} {d.count} time(s) (last on host {d.host or '?'}); it counts as no "
-                f"match: policy {name} = {self.policies.texts[name]!r}" for name, d in self.diagnostics.items()]
+        return [f"{name} evaluated to {d.value} {d.count} time(s) (last on host {d.host or '?'}); "
+                f"{self._fallback(name)}: policy {name} = {self.policies.texts[name]!r}"
+                for name, d in self.diagnostics.items()]
+
+    def _fallback(self, name: str) -> str:
+        """What counted instead of a policy's unusable value."""
+        if name == "Deadline":
+            return f"the bag's instance_deadline ({self.default_deadline:g} s) counted instead"
+        if name == "Rank":
+            return "a Rank of 0 counted instead"
+        return "it counts as no match"
 
 
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"')

@@ -397,7 +397,7 @@ class Simulation:
                 h = self._factory.hierarchy  # (its place as it ended: samples miss a bag shorter than their period)
                 if h is not None and (level := h.report(b.bag_id, now)) is not None:
                     self._levels[b.bag_id] = level
-                rec.diagnostics[b.bag_id] = self.dispatcher.diagnostics(b.bag_id, now)
+                rec.diagnostics[b.bag_id] = self.dispatcher.diagnostics(b.bag_id, now)  # (as it ended)
                 kept = self._views.pop(b.bag_id, None)  # its tail plan, as its last view reads it
                 if kept is not None and (tail := kept.tail_plan) is not None:
                     rec.tail_plans[b.bag_id] = msgspec.to_builtins(tail)
