@@ -125,6 +125,24 @@ def test_undefined_policies_show_as_diagnostics_in_status(tmp_path):
         cluster.stop()
 
 
+def test_a_finished_bag_still_says_that_its_deadline_fell_back(tmp_path):
+    """A Deadline negative on every host counts as the bag's instance_deadline; the diagnostic said so only
+    while the bag ran, and a bag of quick jobs ended before anyone could read it."""
+    cluster = Cluster(tmp_path)
+    try:
+        cluster.start_server()
+        spec = write(tmp_path, "n.toml", 'name = "neg"\ncommand = "true"\ninstance_deadline = 600\n[policy]\n'
+                                         'Deadline = "Host.Slots > 1000 ? 60 : -5"\n')
+        gridbot_json("submit", spec, "--server", cluster.url)
+        cluster.start_worker("--slots", "1")
+        assert cluster.wait_bag("neg").state == "completed"
+        status = gridbot("status", "--server", cluster.url).stdout
+        assert "bag neg: Deadline evaluated to not a positive number of seconds: -5" in status, status
+        assert "the bag's instance_deadline (600 s) counted instead" in status.replace("\n", " "), status
+    finally:
+        cluster.stop()
+
+
 def test_fifty_bags_with_distinct_ranks_finish_in_rank_order_on_real_workers(tmp_path):
     """The paper's Figure 7 test on this machine: 50 equal bags submitted at once, Rank 0..49."""
     cluster = Cluster(tmp_path)
