@@ -164,5 +164,6 @@ def test_the_overlay_gives_each_instance_an_enrollment_token_of_its_own_not_the_
     for token in tokens:
         principal = access.auth.authenticate(token)
         assert principal is not None and (principal.role, principal.name, principal.uses) == ("worker", "cloud", 1)
-        assert [access.auth.enroll(principal, time.time()) for _ in range(2)] == [True, False]
+        spend = MemoryStore().spend_enrollment
+        assert [access.auth.enroll(principal, time.time(), spend) for _ in range(2)] == [True, False]
     overlay.close()

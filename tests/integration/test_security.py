@@ -214,8 +214,8 @@ def test_an_enrollment_token_registers_the_hosts_it_was_made_for_and_no_more(clu
     for bad in (f"gbe.{kid}.n.1.99.\u00e9aaa", f"gbh.{kid}.x.\u00e9", f"gb1.{kid}.\u00ff"):
         assert _register(cluster.url, bad)[0] == 401, bad
     spent = auth.authenticate(token)
-    assert spent is not None and not auth.enroll(msgspec.structs.replace(spent, enrollment="other",
-                                                                         expires=time.time() - 1), time.time())
+    expired = msgspec.structs.replace(spent, enrollment="other", expires=time.time() - 1)
+    assert spent is not None and not auth.enroll(expired, time.time(), MemoryStore().spend_enrollment)
     # the MAC of an enrollment token is no host credential's for any host id
     parts = token.split(".")
     assert _exchange(cluster.url, f"gbh.{parts[1]}.{':'.join(parts[2:5])}.{parts[5]}",
@@ -225,6 +225,22 @@ def test_an_enrollment_token_registers_the_hosts_it_was_made_for_and_no_more(clu
     time.sleep(1.2)  # (the server re-reads its registry at most once a second)
     fresh = auth.enrollment(key, 1, time.time())
     assert _register(cluster.url, fresh)[0] == 401, "revoking the pool's key revokes its tokens"
+
+
+def test_a_spent_enrollment_token_stays_spent_across_a_restart(cluster):
+    """The server counted a token's uses in memory: restarted within the token's hour, it took a spent token
+    for a fresh one, and a job that had read it from the instance's user data could register a host."""
+    cluster.start_server()
+    auth = Authenticator(load_registry(cluster.access.parent / "gridbot-keys.json"))
+    token = auth.enrollment(read_access(cluster.access).workers["local"], 1, time.time())
+    assert _register(cluster.url, token)[0] == 200
+    assert _register(cluster.url, token)[0] == 401
+    cluster.server.stop()
+    cluster.start_server()
+    code, text = _register(cluster.url, token)
+    assert code == 401 and "registered the 1 host(s) it was made for" in text, (code, text)
+    fresh = auth.enrollment(read_access(cluster.access).workers["local"], 1, time.time())
+    assert _register(cluster.url, fresh)[0] == 200, "the other tokens are untouched"
 
 
 def test_a_revoked_worker_key_stops_its_hosts_at_their_next_exchange(cluster, tmp_path):

@@ -470,6 +470,18 @@ def test_pilots_round_trip_in_the_order_they_were_submitted(store):
         ("17", PilotState.RUNNING), ("i-9", PilotState.QUEUED), ("18", PilotState.QUEUED)]
 
 
+def test_an_enrollment_tokens_uses_are_counted_and_kept(store):
+    """Each registration spends one of a token's uses, until none is left; expired tokens' rows go; the count
+    survives a restart (another connection)."""
+    assert [store.spend_enrollment("n1", 2, 100.0, 10.0) for _ in range(3)] == [True, True, False]
+    assert store.spend_enrollment("n2", 1, 100.0, 11.0)
+    again = _reopened(store)
+    assert not again.spend_enrollment("n1", 2, 100.0, 12.0) and not again.spend_enrollment("n2", 1, 100.0, 12.0)
+    assert again.spend_enrollment("n3", 1, 50.0, 13.0) and not again.spend_enrollment("n3", 1, 50.0, 14.0)
+    # (the server refuses an expired token before it asks; its row is dropped by the next spend after expiry)
+    assert again.spend_enrollment("n3", 1, 500.0, 60.0)
+
+
 def test_live_pilots_are_there_after_a_restart(tmp_path, pg_url):
     from gridbot.model.states import PilotState
     from gridbot.store.base import PilotRow

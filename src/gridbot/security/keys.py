@@ -30,6 +30,7 @@ import re
 import secrets
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -172,8 +173,6 @@ class Authenticator:
         self.path = path
         self._stamp = self._stat()
         self._checked = time.monotonic()
-        self._enrolled: dict[str, tuple[int, float]] = {}
-        """Hosts registered per enrollment token (by nonce), with its expiry."""
         self._use(registry)
 
     def _use(self, registry: Registry) -> None:
@@ -260,18 +259,13 @@ class Authenticator:
         mac = self._mac(key.key_id, f"enroll.{nonce}.{max(1, uses)}.{expires}")
         return f"{ENROLL_PREFIX}.{key.key_id}.{nonce}.{max(1, uses)}.{expires}.{mac}"
 
-    def enroll(self, principal: Principal, now: float) -> bool:
-        """Count one host registered with the enrollment token `principal` came with; False if it has
-        registered as many as it may."""
+    def enroll(self, principal: Principal, now: float, spend: Callable[[str, int, float, float], bool]) -> bool:
+        """Count one host registered with the enrollment token `principal` came with, by `spend` (the store's
+        `spend_enrollment`: durable, so a restarted server does not take a spent token for a fresh one);
+        False if it has expired or registered as many hosts as it may."""
         if principal.expires <= now:  # (a request checked just before its token expired, read after)
             return False
-        if len(self._enrolled) > 10_000:  # (spent tokens past their expiry are no use to keep)
-            self._enrolled = {n: v for n, v in self._enrolled.items() if v[1] > now}
-        used, _ = self._enrolled.get(principal.enrollment, (0, principal.expires))
-        if used >= principal.uses:
-            return False
-        self._enrolled[principal.enrollment] = (used + 1, principal.expires)
-        return True
+        return spend(principal.enrollment, principal.uses, float(principal.expires), now)
 
     def _mac(self, key_id: str, host_id: str) -> str:
         return hmac.new(self._secret, f"{key_id}:{host_id}".encode(), hashlib.sha256).hexdigest()[:40]

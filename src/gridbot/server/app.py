@@ -567,7 +567,8 @@ class Server:
         if count >= self.max_hosts_per_key:
             return _error(request, 429, f"pool '{principal.name}' has registered {count:,} hosts with this key since "
                           f"the server started, its limit (server option --max-hosts-per-key)", "too_many_hosts")
-        if principal.enrollment and not self.access.auth.enroll(principal, time.time()):
+        if principal.enrollment and not self.access.auth.enroll(principal, time.time(),
+                                                                self.service.store.spend_enrollment):
             return _error(request, 401, f"this enrollment token of pool '{principal.name}' has registered the "
                           f"{principal.uses} host(s) it was made for, or expired; a pilot's token is spent by its "
                           "own worker", "unauthorized")

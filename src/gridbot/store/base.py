@@ -296,6 +296,12 @@ class Store(ABC):
     def pilots(self, live: bool = False) -> list[PilotRow]:
         """The overlay's pilots in the order they were submitted; with `live`, only those queued or running."""
 
+    @abstractmethod
+    def spend_enrollment(self, nonce: str, uses: int, expires: float, now: float) -> bool:
+        """Count one more host registered with the enrollment token `nonce` (good for `uses` hosts until
+        `expires`), durably; False, counting nothing, if it has registered that many. Rows of tokens expired
+        by `now` are dropped."""
+
     def claim(self) -> None:  # noqa: B027 - a store in memory belongs to its process anyway
         """Become the one server of this store, or raise StoreError if another process already is.
 

@@ -71,6 +71,7 @@ class _Data:
     decisions: dict[int, list[Decision]] = field(default_factory=dict)
     """The strategies' decisions about each job, by job id, in the order they were made."""
     pilots: list[PilotRow] = field(default_factory=list)
+    enrollments: dict[str, tuple[int, float]] = field(default_factory=dict)
     live_pilots: dict[tuple[str, str], int] = field(default_factory=dict)
     """Where each live pilot is in `pilots`, by pool and native id."""
     floors: dict[str, int] = field(default_factory=lambda: {"bags": 0, "jobs": 0, "instances": 0})
@@ -349,6 +350,15 @@ class MemoryStore(Store):
 
     def hosts(self) -> list[HostSnapshot]:
         return list(self.d.hosts.values())
+
+    def spend_enrollment(self, nonce: str, uses: int, expires: float, now: float) -> bool:
+        d = self.d
+        d.enrollments = {n: v for n, v in d.enrollments.items() if v[1] > now}
+        used = d.enrollments.get(nonce, (0, expires))[0]
+        if used >= uses:
+            return False
+        d.enrollments[nonce] = (used + 1, expires)
+        return True
 
     def save_pilots(self, new: Sequence[PilotRow], changed: Sequence[PilotRow]) -> None:
         d = self.d

@@ -186,6 +186,16 @@ INSERT INTO id_floors (name, floor) VALUES ('jobs', 0);
 INSERT INTO id_floors (name, floor) VALUES ('instances', 0);
 """,
     ),
+    (
+        10,
+        """
+CREATE TABLE enrollments (
+    nonce TEXT PRIMARY KEY,
+    used INTEGER NOT NULL,
+    expires {real} NOT NULL
+);
+""",
+    ),
 ]
 """Version 3: a job's state was in an index, so each of its moves (queued, running, done) rewrote an index
 entry; now only entering or leaving 'queued' (the feeder's query) or 'failed' (the listing people ask
@@ -207,6 +217,8 @@ keeps the votes already in; only those rows are in the index, and a job retried 
 each host's account (a volunteer's), so that a restored vote is still its account's. Version 9: the highest
 bag, job and instance ids that deleted bags had, so that no id is given twice: SQLite gives a new row the
 highest id + 1, and a restarted server numbers instances from the highest stored, both of which fell back to
-a deleted bag's ids (a worker's input cache, keyed by bag id, then fed a new bag the deleted one's inputs)."""
+a deleted bag's ids (a worker's input cache, keyed by bag id, then fed a new bag the deleted one's inputs).
+Version 10: the hosts each enrollment token (an EC2 pilot's one-use credential) has registered, so that a
+restarted server does not take a spent token for a fresh one; a row is of no use past its token's expiry."""
 
 LATEST = MIGRATIONS[-1][0]

@@ -198,6 +198,9 @@ SQL = {
                     f"AND state IN ({_PILOT_LIVE})",
     "pilots": f"SELECT {_PILOT_COLS} FROM pilots ORDER BY id",
     "live_pilots": f"SELECT {_PILOT_COLS} FROM pilots WHERE state IN ({_PILOT_LIVE}) ORDER BY id",
+    "spend_enrollment": "INSERT INTO enrollments (nonce, used, expires) VALUES (?, 1, ?) ON CONFLICT (nonce) "
+                        "DO UPDATE SET used = enrollments.used + 1 WHERE enrollments.used < ?",
+    "expired_enrollments": "DELETE FROM enrollments WHERE expires <= ?",
     "schema_version": "SELECT MAX(version) FROM gridbot_schema",
     "set_version": "INSERT INTO gridbot_schema (version) VALUES (?)",
 }
@@ -694,6 +697,12 @@ class SqlStore(Store):
         with self._tx(write=False) as cur:
             cur.execute(self._sql("live_pilots" if live else "pilots"))
             return [PilotRow(r[0], r[1], PilotState(r[2]), r[3], r[4], r[5]) for r in cur.fetchall()]
+
+    def spend_enrollment(self, nonce: str, uses: int, expires: float, now: float) -> bool:
+        with self._tx() as cur:
+            cur.execute(self._sql("expired_enrollments"), (now,))
+            cur.execute(self._sql("spend_enrollment"), (nonce, expires, uses))
+            return bool(cur.rowcount == 1)
 
 
 _NAMES: dict[object, str] = {s: s.value for e in (InstanceState, JobState, BagState) for s in e}
