@@ -10,6 +10,7 @@ elsewhere.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import shutil
 import signal
@@ -97,14 +98,19 @@ class BoincClient:
 class Project:
     """A gridbot server with volunteer pool `community` and two attached clients."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, tls: bool = False, clients: int = 2) -> None:
         self.tmp = tmp
         self.vport = free_port()
-        self.url = f"http://127.0.0.1:{self.vport}/"
+        self.tls = tls
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.vport}/"
+        self.n_clients = clients
         (tmp / "pools.toml").write_text(f'[pools.community]\nkind = "volunteer"\nport = {self.vport}\n'
                                         'next_rpc_delay = 5\nruntime_estimate = 2\n')
         self.cluster = Cluster(tmp, server_args=("--pools", str(tmp / "pools.toml"), "--state-dir",
-                                                 str(tmp / "state"), "--host-timeout", "40"))
+                                                 str(tmp / "state"), "--host-timeout", "40",
+                                                 *(("--tls", "self-signed") if tls else ())))
+        if tls:
+            self.cluster.url = self.cluster.url.replace("http:", "https:")
         self.clients: list[BoincClient] = []
         self.keys: list[str] = []
 
@@ -114,13 +120,15 @@ class Project:
         while not _listening(self.vport):
             assert time.monotonic() < deadline, f"no volunteer side:\n{self.cluster.server.log}"
             time.sleep(0.2)
-        for name in ("alice", "bob"):
+        for name in ("alice", "bob")[:self.n_clients]:
             out = gridbot("volunteers", "add", name, "--access-file", str(self.cluster.access), cwd=self.tmp,
                           check=True)
             self.keys.append(out.stdout.strip())
         for n, key in enumerate(self.keys):
             client = BoincClient(self.tmp / f"client{n}")
             self.clients.append(client)
+            if self.tls:  # the client's own CA bundle (its data folder's ca-bundle.crt, as BOINC's http_curl reads)
+                shutil.copy(self.tmp / "gridbot-tls.crt", client.folder / "ca-bundle.crt")
             client.cmd("--project_attach", self.url, key)
         return self
 
@@ -197,6 +205,30 @@ def test_two_clients_run_a_bag_of_a_hundred_jobs_and_every_result_arrives(projec
     # the wrapper was signed with the server's key, made once, private
     key = project.tmp / "state" / "volunteer" / "code-sign-key.pem"
     assert key.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_client_runs_a_bag_over_https_with_the_servers_certificate(tmp_path):
+    """`gridbot server --tls ...` serves its volunteer pools over HTTPS too: the account key travels in every
+    scheduler request. A stock client that trusts the certificate runs a bag; plain HTTP gets nothing."""
+    p = Project(tmp_path, tls=True, clients=1)
+    try:
+        p.start()
+        spec = _bag(tmp_path, "secure", 6, "tr a-z A-Z < words.txt > up.txt && printf %s {i} > n.txt")
+        gridbot("submit", str(spec), check=True)
+        info = p.cluster.wait_bag("secure", timeout=300)
+        assert info.state == "completed", p.logs()
+        with p.cluster.client() as c:
+            results = list(c.results("secure"))
+        assert sorted(r.outputs["n.txt"] for r in results) == [str(i).encode() for i in range(1, 7)]
+        assert all(r.outputs["up.txt"] == b"THE QUICK BROWN FOX\n" for r in results)
+        assert f"https://127.0.0.1:{p.vport}/" in p.clients[0].text(), "the client spoke HTTPS"
+        with pytest.raises((urllib.error.URLError, ConnectionError, http.client.HTTPException)):
+            urllib.request.urlopen(f"http://127.0.0.1:{p.vport}/", timeout=10).read()
+    except Exception:
+        print(p.logs())
+        raise
+    finally:
+        p.stop()
 
 
 def _upload(project, name: str, token: str, max_nbytes: int, data: bytes) -> tuple[int, str]:

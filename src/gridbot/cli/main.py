@@ -289,7 +289,7 @@ def server(db: str, host: str, port: int, dispatch: DispatchConfig, max_jobs: in
 
         access_path = security.access.access_path if security.access is not None else None
         serve_volunteers(srv, [p for p in pool_specs if p.kind == "volunteer"], state_dir.resolve(), host,
-                         access_path)
+                         access_path, security.ssl)
         accounts = accounts_path(access_path, state_dir.resolve())
         beside = "; beside the access file, --access-file finds it too" if access_path is not None else ""
         click.echo(f"volunteer accounts: {accounts} (`gridbot volunteers add NAME --volunteers-file {accounts}`"

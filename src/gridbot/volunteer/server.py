@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import re
+import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -158,8 +159,11 @@ class VolunteerPool:
     """One volunteer pool's BOINC project."""
 
     def __init__(self, server: Server, spec: PoolSpec, folder: Path, book: AccountBook, hosts: Hosts,
-                 signer: CodeSigner, tokens: Tokens, listen: str) -> None:
+                 signer: CodeSigner, tokens: Tokens, listen: str, tls: ssl.SSLContext | None = None) -> None:
         self.server = server
+        self.tls = tls
+        """The server's TLS context (its --tls), served on this port too: the account key travels in every
+        scheduler request, and whoever answers a client's first contact owns its trust."""
         self.spec = spec
         self.settings = VolunteerSettings.of(spec.options)
         self.book, self.hosts, self.signer, self.tokens = book, hosts, signer, tokens
@@ -197,7 +201,7 @@ class VolunteerPool:
         if self.settings.url:
             return self.settings.url
         host = "127.0.0.1" if self.listen in ("", "0.0.0.0", "::", "localhost") else self.listen
-        return f"http://{host}:{self.port}{self.settings.path}"
+        return f"{'https' if self.tls is not None else 'http'}://{host}:{self.port}{self.settings.path}"
 
     def _url(self, tail: str) -> str:
         return self.master_url + tail
@@ -209,7 +213,7 @@ class VolunteerPool:
         """Listen on the pool's port (0: a free one, then known as `port`)."""
         self._runner = web.AppRunner(self.app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.listen or "127.0.0.1", self.port)
+        site = web.TCPSite(self._runner, self.listen or "127.0.0.1", self.port, ssl_context=self.tls)
         try:
             await site.start()
         except OSError as e:
@@ -736,16 +740,17 @@ def accounts_path(access_path: Path | None, state_dir: Path) -> Path:
 
 
 def serve_volunteers(server: Server, pools: Sequence[PoolSpec], state_dir: Path, listen: str,
-                     access_path: Path | None) -> list[VolunteerPool]:
-    """Make the BOINC side of each volunteer pool and start it with `server`'s application (stopped with it).
-    The code-signing key and the token secret are made in `state_dir/volunteer` on the first start."""
+                     access_path: Path | None, tls: ssl.SSLContext | None = None) -> list[VolunteerPool]:
+    """Make the BOINC side of each volunteer pool and start it with `server`'s application (stopped with it),
+    over HTTPS with the server's certificate when it has one (`tls`). The code-signing key and the token
+    secret are made in `state_dir/volunteer` on the first start."""
     folder = state_dir / "volunteer"
     folder.mkdir(parents=True, exist_ok=True)
     os.chmod(folder, 0o700)
     signer, tokens = load_or_make_signer(folder), Tokens.load_or_make(folder)
     book = AccountBook(accounts_path(access_path, state_dir))
     hosts = Hosts(folder / HOSTS_NAME)
-    out = [VolunteerPool(server, spec, folder / spec.name, book, hosts, signer, tokens, listen) for spec in pools]
+    out = [VolunteerPool(server, spec, folder / spec.name, book, hosts, signer, tokens, listen, tls) for spec in pools]
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         for pool in out:
