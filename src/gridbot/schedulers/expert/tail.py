@@ -5,7 +5,7 @@ stays begun. Then `planner.plan` characterizes the pools from the bag's own inst
 sampled NTDMr strategies and picks the best on the frontier for the bag's `utility`; it plans again when
 the bag's instances have grown by `replan_growth` and `replan_after` seconds have passed. Each estimate
 runs on the server's event loop: `planner.BUDGET` keeps it near half a second, and the chosen strategy's
-range (`planner.spread_range`, three more runs of it alone) adds 0.2 to 0.35 s.
+range (`planner.spread_range`, 3,000 more draws of it alone) adds 0.2 to 0.35 s.
 
 The chosen (N, T, D, Mr) is applied as section 3 and the estimator (`estimate.py`) have it, per task:
 - a task gets another instance once T seconds have passed since its last instance was sent, with no
