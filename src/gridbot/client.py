@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import stat
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
@@ -87,14 +89,40 @@ class ApiError(GridbotError):
         self.kind = kind
 
 
+SPEC_FILE_LIMIT = 64 << 20
+"""The largest spec or each-line file read (a spec of a million-line sweep is a few MiB)."""
+INPUTS_LIMIT = 256 << 20
+"""The largest total of a bag's input files read: the server's default limit (`--max-input-size`)."""
+
+
+def read_regular(path: Path, limit: int, what: str) -> bytes:
+    """A regular file's bytes, refusing anything else before reading it: a FIFO (which would wait for a
+    writer forever), a device (/dev/zero never ends), a directory, or a file over `limit` bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        raise GridbotError(f"{what} {path} cannot be read ({e.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise GridbotError(f"{what} {path} is not a regular file (a device, pipe or folder): give a file")
+        if st.st_size > limit:
+            raise GridbotError(f"{what} {path} is {st.st_size:,} bytes, over the {limit:,} read here: split it, "
+                               "or pass big data some other way than through the server")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(limit + 1)
+    finally:
+        os.close(fd)
+
+
 def load_spec_file(path: str | Path, name: str | None = None,
                    max_jobs: int = DEFAULT_MAX_JOBS) -> tuple[BagSpec, dict[str, bytes]]:
     """Read and validate a spec file and its input files (relative to the spec's folder). A file ending in
     `.pln` is a Nimrod/G plan file, translated into the same bag (docs/spec.md, "Nimrod plan files")."""
     path = Path(path)
     try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
+        text = read_regular(path, SPEC_FILE_LIMIT, "spec").decode()
+    except UnicodeDecodeError as e:
         raise GridbotError(f"cannot read spec {path}: {e}") from e
     if path.suffix.lower() == PLAN_SUFFIX:
         spec = parse_plan(text, str(path), path.stem, max_jobs)
@@ -120,13 +148,15 @@ def load_spec_file(path: str | Path, name: str | None = None,
     if problems:
         raise SpecError(str(path), problems)
     inputs = {}
+    left = INPUTS_LIMIT
     for p in spec.inputs:
         f = path.parent / p
-        try:
-            inputs[p.rstrip("/").rsplit("/", 1)[-1]] = f.read_bytes()
-        except OSError as e:
-            raise GridbotError(f"{path}: input file '{p}' cannot be read ({e.strerror}): "
-                               f"inputs are relative to the spec's folder, {path.parent}") from e
+        if not f.exists():
+            raise GridbotError(f"{path}: input file '{p}' cannot be read (no such file): inputs are relative to "
+                               f"the spec's folder, {path.parent}")
+        data = read_regular(f, left, f"{path}: input file")
+        left -= len(data)
+        inputs[p.rstrip("/").rsplit("/", 1)[-1]] = data
     return spec, inputs
 
 
@@ -158,8 +188,8 @@ def load_lines_file(path: str | Path, name: str | None = None,
     """Read a file of one shell command per line into an each-line bag."""
     path = Path(path)
     try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
+        text = read_regular(path, SPEC_FILE_LIMIT, "each-line file").decode()
+    except UnicodeDecodeError as e:
         raise GridbotError(f"cannot read {path}: {e}") from e
     lines = parse_lines(text, str(path), max_jobs)
     return _named(each_line_spec(name or path.stem), str(path)), lines

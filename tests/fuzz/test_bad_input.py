@@ -365,6 +365,17 @@ def test_integers_beyond_what_the_store_holds_are_a_400(app, value):
         refused(app, "POST", "/v1/exchange", msgspec.msgpack.encode(msg), token=app.credential)
 
 
+def test_a_host_may_not_claim_more_slots_than_a_pilot_may_have(app):
+    """Found by the bad-input hunt: slots = 2^31 - 1 passed, and ExPERT's planner then counted a machine per slot."""
+    host = {"host_id": app.host_id, "name": "h"}
+    for field in ("slots", "ncpus"):
+        message = refused(app, "POST", "/v1/exchange", msgspec.msgpack.encode(
+            {"host": {**host, field: 65537}, "want": 0, "running": []}), token=app.credential)
+        assert "65536" in message and field in message, message
+    ok = {"host": {**host, "slots": 65536, "ncpus": 65536}, "want": 0, "running": []}
+    assert app.call("POST", "/v1/exchange", msgspec.msgpack.encode(ok), token=app.credential).status == 200
+
+
 @pytest.mark.parametrize("path", ["/v1/bags/99999999999999999999999", "/v1/bags/%C2%B2", "/v1/bags/%00",
                                   f"/v1/bags/{2**63}", "/v1/bags/sweep/jobs/99999999999999999999999/instances",
                                   "/v1/bags/sweep/logs/99999999999999999999999", "/v1/bags/sweep/logs/%D9%A1",

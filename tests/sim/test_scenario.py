@@ -212,6 +212,11 @@ def test_mistakes_that_ran_without_a_word_are_refused():
         ("", "1", '[bags.b.policy]\nDeadline = "undefined"\n', 7, "is UNDEFINED on every host"),
         ("", '{ dist = "lognormal", mu = 5, sigma = -1 }', "", 5, "sigma is a spread and cannot be negative"),
         ('speed = { dist = "normal", mean = 1, sd = -0.2 }\n', "1", "", 3, "sd is a spread and cannot be negative"),
+        # found by the bad-input hunt: these ran into the ClassAd library's 64-bit integers mid-run, a traceback
+        ("cpus = 99999999999999999999999\n", "1", "", 3, "at most 65,536"),
+        ("level = 99999999999999999999999\n", "1", "", 3, "at most 9,007,199,254,740,992"),
+        ("prefetch = 99999999999999999999999\n", "1", "", 3, "at most 9,007,199,254,740,992"),
+        ("[pools.p.attributes]\nBig = 99999999999999999999999\n", "1", "", 3, "beyond what a ClassAd integer holds"),
     ):
         with pytest.raises(SpecError) as e:
             parse_scenario(base.format(pool=pool, runtime=runtime, policy=policy), "bad.toml")

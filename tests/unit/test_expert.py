@@ -527,3 +527,23 @@ def test_dispatch_delays_must_be_finite_and_not_negative():
         Setup(tasks=1, unreliable=1, reliable_startup=-5.0)
     with pytest.raises(EstimateError, match="reliable machines up must be 0 or more, not -1"):
         Setup(tasks=1, unreliable=1, reliable_up=-1)
+
+
+def test_a_host_that_claims_billions_of_slots_does_not_make_the_planner_ask_for_gigabytes():
+    """Found by the bad-input hunt: a host whose exchange said slots = 2^31 - 1 made the planner allocate 16 GiB
+    (one machine per slot), in `gridbot plan` and in the server. The protocol now holds a host to 65,536 slots,
+    and an estimate to MACHINE_CELLS worlds x machines, however many hosts declare how much."""
+    import tracemalloc
+
+    from gridbot.schedulers.expert.planner import MACHINE_CELLS, Settings, plan_with
+
+    char = from_runtimes([3.1, 4.1, 5.1, 6.1], 0.75)
+    tracemalloc.start()
+    try:
+        planning = plan_with(char, "offline", _lossy_tail(machines=2**31 - 1), Settings(repetitions=10))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert planning.estimate.runs_cost.shape[0] == len(planning.space) > 0
+    assert planning.setup.unreliable * len(planning.space) * 10 <= MACHINE_CELLS
+    assert peak < 1 << 30, f"{peak / 2**20:.0f} MiB"

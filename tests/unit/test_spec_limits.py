@@ -96,3 +96,31 @@ def test_every_assignment_carries_its_bags_limits():
     assert by_bag == {("limited", Limits(memory=1 << 30, max_processes=50)), ("free", None)}
     first = [a.limits for a in sent if a.bag_name == "limited"]
     assert first[0] is first[1], "made once per bag, not per assignment"
+
+
+def test_submit_reads_only_regular_files_and_no_more_than_it_may_send(tmp_path, monkeypatch):
+    """Found by the bad-input hunt: `gridbot submit /dev/zero` (or an input file naming it) read until memory ran
+    out, and a named pipe waited forever for a writer; the server's size limit only came after the read."""
+    import os
+
+    from gridbot import client
+    from gridbot.errors import GridbotError
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for path in ("/dev/zero", fifo, tmp_path):
+        with pytest.raises(GridbotError, match="is not a regular file"):
+            client.load_spec_file(path)
+        with pytest.raises(GridbotError, match="is not a regular file"):
+            client.load_lines_file(path)
+    (tmp_path / "z.toml").write_text('name = "z"\ncommand = "wc -c big"\ninputs = ["/dev/zero"]\n')
+    with pytest.raises(GridbotError, match="input file /dev/zero is not a regular file"):
+        client.load_spec_file(tmp_path / "z.toml")
+    (tmp_path / "big").write_bytes(b"x" * 2000)
+    (tmp_path / "small").write_bytes(b"y" * 10)
+    (tmp_path / "b.toml").write_text('name = "b"\ncommand = "wc -c big"\ninputs = ["small", "big"]\n')
+    monkeypatch.setattr(client, "INPUTS_LIMIT", 2000)
+    with pytest.raises(GridbotError, match="big is 2,000 bytes, over the 1,990 read here"):
+        client.load_spec_file(tmp_path / "b.toml")
+    monkeypatch.setattr(client, "INPUTS_LIMIT", 2010)
+    assert client.load_spec_file(tmp_path / "b.toml")[1] == {"small": b"y" * 10, "big": b"x" * 2000}

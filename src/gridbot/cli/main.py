@@ -34,6 +34,7 @@ from gridbot.client import (
 )
 from gridbot.core.config import DispatchConfig
 from gridbot.errors import GridbotError, ServerUnavailable
+from gridbot.model.pools import MAX_PILOT_CPUS
 from gridbot.model.spec import (
     DEFAULT_MAX_JOBS,
     HARD_MAX_JOBS,
@@ -328,9 +329,9 @@ def server(db: str, host: str, port: int, dispatch: DispatchConfig, max_jobs: in
 @cli.command()
 @server_option
 @access_option
-@click.option("--slots", type=click.IntRange(1), default=os.cpu_count() or 1, show_default=True,
+@click.option("--slots", type=click.IntRange(1, MAX_PILOT_CPUS), default=os.cpu_count() or 1, show_default=True,
               help="Instances run at once.")
-@click.option("--prefetch", type=click.IntRange(0), default=0, show_default=True,
+@click.option("--prefetch", type=click.IntRange(0, MAX_PILOT_CPUS), default=0, show_default=True,
               help="Instances held beyond --slots, so the next starts without a round trip.")
 @click.option("--name", "slot_name", default="worker", show_default=True,
               help="Slot name: with the machine, it makes the stable host id.")

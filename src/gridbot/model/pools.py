@@ -42,6 +42,9 @@ RESERVED_ATTRIBUTES = {"Name": "the table's name", "Kind": "kind", "Reliability"
                        "Startup": "startup"}
 """The attributes the pool's ad sets from its validated keys (`PoolSpec.ad`): [attributes] may not replace them
 (a price written as a string there once made a pool free)."""
+MAX_PILOT_CPUS = 65536
+"""The most slots a pilot (a worker, a host) may have: `gridbot worker --slots` and a host's reported slots
+are held to it too."""
 COMMON_KEYS = ("kind", "max_running", "max_queued", "cpus", "memory_mb", "walltime", "price_per_cpu_hour",
                "price_per_pilot_hour",
                "charging_period", "reliability", "level", "attributes", "idle_timeout", "min_cpu", "cpu_window",
@@ -293,12 +296,13 @@ def _pool(name: str, table: object, fail: Any) -> PoolSpec | None:
             fail((*path, key), f"unknown key '{key}' in pool '{name}' (kind {kind})", _key_hint(key, kind, allowed))
             ok = False
     values: dict[str, Any] = {}
-    for key, low in (("max_running", 0), ("max_queued", 0), ("cpus", 1), ("memory_mb", 0), ("level", 0),
-                     ("jobs_per_pilot", 0)):
+    for key, low, high in (("max_running", 0, 10**7), ("max_queued", 0, 10**7), ("cpus", 1, MAX_PILOT_CPUS),
+                           ("memory_mb", 0, 10**12), ("level", 0, 10**6), ("jobs_per_pilot", 0, 10**12)):
         if key in table:
             v = table[key]
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                fail((*path, key), f"'{key}' of pool '{name}' must be a whole number of at least {low}, not {v!r}")
+            if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+                fail((*path, key), f"'{key}' of pool '{name}' must be a whole number from {low} to {high:,}, "
+                     f"not {v!r}")
                 ok = False
             else:
                 values[key] = v
@@ -366,10 +370,15 @@ def _pool(name: str, table: object, fail: Any) -> PoolSpec | None:
         fail((*path, "attributes"), f"attributes of pool '{name}' must be a table of plain values")
         ok = False
         attributes = {}
-    for key in attributes:
-        if key in RESERVED_ATTRIBUTES:
+    reserved = {k.lower(): v for k, v in RESERVED_ATTRIBUTES.items()}
+    for key, value in attributes.items():
+        if key.lower() in reserved:  # (ClassAd names ignore case: `kind` is `Kind`)
             fail((*path, "attributes", key), f"attribute '{key}' of pool '{name}' is the pool's own ad attribute",
-                 f"set it with the pool's key ({RESERVED_ATTRIBUTES[key]}), not in [attributes]")
+                 f"set it with the pool's key ({reserved[key.lower()]}), not in [attributes]")
+            ok = False
+        elif isinstance(value, int) and not isinstance(value, bool) and not -2**63 <= value < 2**63:
+            fail((*path, "attributes", key), f"attribute '{key}' of pool '{name}' is {value}, beyond what a ClassAd "
+                 "integer holds (64 bits)", "write it as a float (1e30) or a string")
             ok = False
     for key, hint in rules.required:
         if key not in table:

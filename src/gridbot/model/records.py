@@ -20,7 +20,9 @@ Int64 = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 """An id or a count: what a BIGINT column holds, never negative."""
 Int32 = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
 """A small count: what an INTEGER column holds, never negative."""
-Positive32 = Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)]
+SlotCount = Annotated[int, msgspec.Meta(ge=1, le=65536)]
+"""A host's CPUs or slots (`model.pools.MAX_PILOT_CPUS`): the planner counts a machine per slot, and a host
+that said it had 2^31 made it ask for 16 GiB."""
 ExitCode = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
 """An exit status, negative for a signal (as Python reports it)."""
 Seconds = Annotated[float, msgspec.Meta(ge=0.0, le=1e12)]
@@ -41,9 +43,9 @@ class HostInfo(msgspec.Struct, frozen=True):
     host_id: HostId
     name: Label
     platform: Label = ""
-    ncpus: Positive32 = 1
+    ncpus: SlotCount = 1
     memory_mb: Int64 = 0
-    slots: Positive32 = 1
+    slots: SlotCount = 1
     pool: Label = "local"
     prefetch: Int32 = 0
     """Instances the worker would hold beyond its slots (more for short jobs); `Host.Prefetch` in policies."""

@@ -20,7 +20,7 @@ import msgspec
 
 from gridbot.core.config import DispatchConfig, Knob, knob_conflict, knobs
 from gridbot.model.hierarchy import QueueSpec, parse_queues
-from gridbot.model.pools import RELIABILITY, PoolSpec
+from gridbot.model.pools import MAX_PILOT_CPUS, RELIABILITY, PoolSpec
 from gridbot.model.spec import (
     HARD_MAX_JOBS,
     MAX_CPUS,
@@ -351,7 +351,7 @@ class _Reader:
         before = len(self.problems)
         self.keys(t, POOL_KEYS, path, f"pool '{name}'")
         kind = self.get(t, "kind", path, "grid", _choice(POOL_KINDS))
-        cpus = self.get(t, "cpus", path, 1, _int(1))
+        cpus = self.get(t, "cpus", path, 1, _int(1, MAX_PILOT_CPUS))
         cluster_cpus = self.get(t, "cluster_cpus", path, 0, _int(1))
         sessions = self.sessions(t, path, name, kind)
         if _is_host_trace(t.get("size")):  # read as named hosts, or refused and said so: no size to read again
@@ -730,12 +730,18 @@ def _seconds(low: float) -> Callable[[Any], float]:
     return convert
 
 
+INT_CEILING = 2**53
+"""The largest whole number a scenario takes where it names no other bound: beyond it a count means nothing
+here, and the ClassAd library (64-bit integers) fails on it in the middle of a run."""
+
+
 def _int(low: int, high: int | None = None) -> Callable[[Any], int]:
+    top = INT_CEILING if high is None else high
     def convert(v: Any) -> int:
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
             raise ValueError(f"must be a whole number of at least {low}, not {v!r}")
-        if high is not None and v > high:
-            raise ValueError(f"must be a whole number of at most {high:,}, not {v!r}")
+        if v > top:
+            raise ValueError(f"must be a whole number of at most {top:,}, not {v!r}")
         return v
     return convert
 
@@ -808,6 +814,10 @@ def _strings(v: Any) -> list[str]:
 def _attributes(v: Any) -> dict[str, str | int | float | bool]:
     if not isinstance(v, dict) or not all(isinstance(x, str | int | float | bool) for x in v.values()):
         raise ValueError("must be a table of plain values (strings, numbers, true/false)")
+    for key, x in v.items():
+        if isinstance(x, int) and not isinstance(x, bool) and not -2**63 <= x < 2**63:
+            raise ValueError(f"holds {key} = {x}, beyond what a ClassAd integer holds (64 bits): write it as a "
+                             "float (1e30) or a string")
     return v
 
 

@@ -48,6 +48,11 @@ from gridbot.schedulers.expert.strategy import NTDMr, Plan, Prices, StrategyValu
 
 BUDGET = 300 * 10 * 50
 """Strategies x repetitions x simulated tasks per estimate (the event loop waits for it: well under 1 s)."""
+MACHINE_CELLS = 3_000_000
+"""Worlds x unreliable machines an estimate may simulate: about 170 bytes each at its peak (570 worlds on 5,000
+machines took 485 MiB and 2.5 s). A tail of a few tasks among thousands of slots uses a handful of them, and
+the machine count hosts declare is theirs to set: a host that said it had 2^31 slots made the planner ask
+for 16 GiB."""
 MIN_REPETITIONS = 3
 RANGE_REPETITIONS = 1000
 """Repetitions of the chosen strategy alone, per gamma, for the range stated with its prediction
@@ -406,6 +411,7 @@ def plan_with(char: Characterization, source: str, obs: Observed, settings: Sett
     if settings.pin:
         strategies.append(fit(parse_pin(settings.pin, char.tur), ur, capacity))
     tasks, sim_ur, ages, reps = bounded(obs, ur, len(strategies), settings.repetitions)
+    sim_ur = min(sim_ur, max(tasks, MACHINE_CELLS // (len(strategies) * reps)))
     whole = obs.tasks > ur  # not in its tail yet: the rest of the bag, its throughput phase first
     thr = obs.throughput_deadline
     late = delays(obs)
