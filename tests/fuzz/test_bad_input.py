@@ -30,7 +30,7 @@ from gridbot.model.spec import (
     parse_spec,
 )
 from gridbot.policy.policies import PolicyError, compile_policies, validate_policies
-from gridbot.protocol import BagInfo, ExchangeRequest, JobInfo
+from gridbot.protocol import BagInfo, ExchangeRequest, ExchangeResponse, JobInfo
 from gridbot.server.service import Service, ServiceConfig
 from gridbot.store.base import Store
 from gridbot.store.memory import MemoryStore
@@ -575,3 +575,31 @@ def test_what_postgresql_text_cannot_hold_is_refused_first(tmp_path, request, ki
     finally:
         app.close()
         app.service.store.close()
+
+
+def test_a_policy_slow_on_one_host_is_set_aside_after_a_second_of_it(app):
+    """Found by the bad-input hunt: a regular expression that backtracks on long host names passed the submission
+    trial (skipped on the typical host's short name) and then took 0.22 s per evaluation on a host named like an
+    EC2 instance: five such bags stalled that host's every exchange for seconds, and the health check with it.
+    Now each bag may cost the dispatcher about a second of slow evaluations; its policies are then set aside (no
+    host, no pool) and `gridbot status` says why."""
+    slow = '(size(Host.Name) <= 21 || regexp("^([^#]|[^#])+$", strcat(Host.Name, "#"))) || true'
+    spec = BagSpec("slow", "echo {x}", [Parameter("x", start="1", stop="5", step="1")],
+                   policy={"JobRequirements": slow})
+    assert app.submit(spec).status == 201, "the trial on a typical host passes it"
+    host = HostInfo(app.host_id, "ip-10-0-0-12.ec2.internal/3")
+    got = []
+    for _ in range(12):
+        reply = app.exchange_raw(msgspec.msgpack.encode(ExchangeRequest(host, 1, [])))
+        assert reply.status == 200, reply.body[:300]
+        got += msgspec.msgpack.decode(reply.body, type=ExchangeResponse).assignments
+    info = app.call("GET", "/v1/bags/slow")
+    notes = msgspec.json.decode(info.body)["diagnostics"]
+    assert any("the bag's policies were set aside" in n and "JobRequirements took" in n
+               and "host ip-10-0-0-12.ec2.internal/3" in n for n in notes), notes
+    assert app.service.dispatcher.view.bag(1) is not None
+    assert len(got) <= 8, "set aside after about a second of 0.2 s evaluations, it is sent nowhere"
+    fast = app.call("POST", "/v1/bags/slow/policy", b'{"name": "JobRequirements", "text": "true"}',
+                    content_type="application/json")
+    assert fast.status == 200, fast.body[:300]
+    assert not any("set aside" in n for n in msgspec.json.decode(app.call("GET", "/v1/bags/slow").body)["diagnostics"])

@@ -16,7 +16,7 @@ them durable. The core is split by what changes together:
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -87,8 +87,12 @@ class Dispatcher:
     simulator pass `gridbot.schedulers.registry.factory`); the core never picks one itself.
     """
 
-    def __init__(self, config: DispatchConfig, strategies: StrategyFactory) -> None:
+    def __init__(self, config: DispatchConfig, strategies: StrategyFactory,
+                 timer: Callable[[], float] | None = None) -> None:
+        """`timer`: a monotonic clock the bags' policies are timed with (`BagPolicies.timer`; the server's, never
+        the simulator's, whose runs are functions of their seed)."""
         self.config = config
+        self.timer = timer
         self._strategies = strategies
         self._s = State(config)
         self._k = Kernel(self._s)
@@ -245,7 +249,8 @@ class Dispatcher:
         strategy registry's error, otherwise).
         """
         tail, placement = self._strategies(bag.bag_id, bag.spec)
-        record = BagRecord(bag.bag_id, bag.spec, bag.counts, bag.created_at, _policies(bag.spec), tail, placement,
+        record = BagRecord(bag.bag_id, bag.spec, bag.counts, bag.created_at, _policies(bag.spec, self.timer), tail,
+                           placement,
                            revision=bag.revision)
         _use_spec(record, bag.spec)
         self._s.bags[bag.bag_id] = record
@@ -254,7 +259,7 @@ class Dispatcher:
         """Use a bag's changed policies from the next decision on (validated by the caller): every cached
         answer of the old ones is dropped (GridPolicy's per pool, the static Rank, the bag's ad)."""
         bag = self._s.bags[bag_id]
-        bag.policies = _policies(spec)
+        bag.policies = _policies(spec, self.timer)
         _use_spec(bag, spec)
         bag.pool_ok.clear()
         bag.refusals.clear()  # pilots refused under the old policies say nothing of the new: send them again
@@ -625,9 +630,10 @@ class Dispatcher:
         self._k.emit_bag(bag)
 
 
-def _policies(spec: BagSpec) -> BagPolicies:
+def _policies(spec: BagSpec, timer: Callable[[], float] | None) -> BagPolicies:
     job = {**EMPTY_JOB, "Cpus": spec.cpus, "Memory": (spec.memory or 0) >> 20}
-    return BagPolicies(compile_policies(spec.policy, spec.instance_deadline), spec.instance_deadline, job)
+    return BagPolicies(compile_policies(spec.policy, spec.instance_deadline), spec.instance_deadline, job,
+                       timer=timer)
 
 
 def _use_spec(bag: BagRecord, spec: BagSpec) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -20,6 +20,13 @@ from gridbot.policy.policies import PolicySet
 
 HostAd: TypeAlias = ClassAd
 EMPTY_JOB: dict[str, Any] = {"Name": "", "Index": -1, "NumberOfReplicas": 0, "Failures": 0}
+SLOW_EVAL_S = 0.01
+"""An evaluation of one policy that takes longer than this counts against the bag's `SLOW_BUDGET_S`."""
+SLOW_BUDGET_S = 1.0
+"""Seconds of slow evaluations a bag's policies may cost the dispatcher before they are set aside. A policy is
+tried once on a typical host when it is submitted (`policies.trial`), but a host's own attributes can make it
+slow there alone (a regular expression that backtracks on a long host name took 0.22 s a host, and five such
+bags stalled every exchange of that host for seconds): each bag pays for its own, at most this much."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,14 @@ class BagPolicies:
     Memory); a job's own ad is laid over it."""
     ctx: ClassAd = field(default_factory=ClassAd)
     diagnostics: dict[str, Diagnostic] = field(default_factory=dict)
+    timer: Callable[[], float] | None = None
+    """A monotonic clock (the server's; None: evaluations are not timed, as in the simulator, which must not
+    read one): with it, slow evaluations are summed and the policies set aside past SLOW_BUDGET_S."""
+    slow_s: float = 0.0
+    """Seconds spent in evaluations over SLOW_EVAL_S each."""
+    set_aside: str = ""
+    """Why the policies no longer run ("": they do): every evaluation is then ERROR, so the bag matches no host
+    and no pool, until its owner sets a policy again (a new BagPolicies) or cancels it."""
 
     def __post_init__(self) -> None:
         self.uses_time = any("elapsedtime" in t.lower() for t in self.policies.texts.values())
@@ -145,15 +160,21 @@ class BagPolicies:
         """GridPolicy against one pool's ad (seen as `Pool`): may pilots for this bag go there?"""
         self.ctx["Pool"] = dict(pool)
         value = self._eval("GridPolicy", None)
-        if value is Value.Undefined or value is Value.Error:
-            self.diagnostics["GridPolicy"].host = f"pool {pool.get('Name', '?')}"
+        noted = self.diagnostics.get("GridPolicy")
+        if noted is not None and (value is Value.Undefined or value is Value.Error):
+            noted.host = f"pool {pool.get('Name', '?')}"
         return value is True
 
     def _eval(self, name: str, host: HostAd | None) -> Any:
+        if self.set_aside:
+            return Value.Error
+        start = self.timer() if self.timer is not None else 0.0
         try:
             value = self.policies.exprs[name].eval(self.ctx)
         except ClassAdException:
             value = Value.Error
+        if self.timer is not None and (took := self.timer() - start) > SLOW_EVAL_S:
+            self._slow(name, took, host)
         if value is Value.Undefined or value is Value.Error:
             self._note(name, "UNDEFINED" if value is Value.Undefined else "ERROR", host)
         return value
@@ -168,6 +189,21 @@ class BagPolicies:
             self._note(name, f"not a finite number: {value!r}", host)
             return default
         return float(value)
+
+    def _slow(self, name: str, took: float, host: HostAd | None) -> None:
+        """One slow evaluation: counted, and past the budget the policies are set aside."""
+        self.slow_s += took
+        if self.slow_s > SLOW_BUDGET_S:
+            on = "a pool"
+            if host is not None:
+                try:
+                    on = f"host {host['Name']}"
+                except KeyError:
+                    on = "a host"
+            self.set_aside = (f"the bag's policies were set aside after {self.slow_s:.1f} s of evaluations over "
+                              f"{SLOW_EVAL_S * 1e3:g} ms each ({name} took {took * 1e3:.0f} ms on {on}): it runs on "
+                              f"no host until its owner sets a faster policy (`gridbot policy BAG {name} EXPR`; a "
+                              "regular expression that backtracks is the usual cause) or cancels it")
 
     def _note(self, name: str, value: str, host: HostAd | None) -> None:
         d = self.diagnostics.setdefault(name, Diagnostic())
@@ -194,9 +230,10 @@ class BagPolicies:
 
     def messages(self) -> list[str]:
         """Diagnostics as sentences for the bag's owner."""
-        return [f"{name} evaluated to {d.value} {d.count} time(s) (last on host {d.host or '?'}); "
-                f"{self._fallback(name)}: policy {name} = {self.policies.texts[name]!r}"
-                for name, d in self.diagnostics.items()]
+        notes = [f"{name} evaluated to {d.value} {d.count} time(s) (last on host {d.host or '?'}); "
+                 f"{self._fallback(name)}: policy {name} = {self.policies.texts[name]!r}"
+                 for name, d in self.diagnostics.items()]
+        return [self.set_aside, *notes] if self.set_aside else notes
 
     def _fallback(self, name: str) -> str:
         """What counted instead of a policy's unusable value."""

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from gridbot.policy.evaluator import SLOW_BUDGET_S, SLOW_EVAL_S
 from gridbot.policy.policies import (
     BAG_ATTRS,
     HOST_ATTRS,
@@ -39,7 +40,14 @@ def markdown() -> str:
         "A policy is evaluated on every work request, so each is tried when written: on a typical host, with the",
         "bag's own name, it must evaluate within 2 ms, and it may call regular-expression functions (`regexp`,",
         "`regexps`, `regexpMember`, `stringListRegexpMember`, `replace`, `replaceAll`) at most "
-        f"{MAX_REGEX_CALLS} times.",
+        f"{MAX_REGEX_CALLS} times. A typical",
+        "host is not every host: a regular expression that backtracks can be quick on its name and take a fifth of a",
+        "second on a longer one. So the server also times each evaluation as it dispatches: once a bag's evaluations",
+        f"over {SLOW_EVAL_S * 1e3:g} ms have cost {SLOW_BUDGET_S:g} s in all, its policies are set aside (the bag runs "
+        "on no host and gets no",
+        "pilots) and `gridbot status` says which policy was slow on which host, until the owner sets a faster one",
+        "(`gridbot policy BAG NAME EXPR`) or cancels the bag. The simulator does not time them (its runs depend on",
+        "their seed alone).",
         "",
         "## Policies",
         "",

@@ -168,7 +168,7 @@ class Service:
         """While the clock is before this, each exchange is committed alone (after a failed batch, so an
         exchange whose changes the store refuses fails alone instead of taking its batch with it)."""
         self.factory = registry.factory(self.config.dispatch.seed, self.config.queues)
-        self.dispatcher = Dispatcher(self.config.dispatch, self.factory)
+        self.dispatcher = Dispatcher(self.config.dispatch, self.factory, time.perf_counter)
         self.dispatcher.reseed(secrets.randbits(62))
         self._bag_views: dict[int, BagView] = {}
         self._estimators: dict[int, int] = {}
@@ -187,7 +187,7 @@ class Service:
         ServerUnavailable until a reload succeeds, never an empty dispatcher that forgets running work.
         Hosts could not be heard while the server was away or its store down: they get a grace period."""
         factory = registry.factory(self.config.dispatch.seed, self.config.queues)
-        fresh = Dispatcher(self.config.dispatch, factory)
+        fresh = Dispatcher(self.config.dispatch, factory, time.perf_counter)
         fresh.reseed(secrets.randbits(62))
         fresh.pool_ads = self.dispatcher.pool_ads  # the pools file survives a reload from the store
         snapshot = self.store.snapshot()
