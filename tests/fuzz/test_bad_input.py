@@ -603,3 +603,16 @@ def test_a_policy_slow_on_one_host_is_set_aside_after_a_second_of_it(app):
                     content_type="application/json")
     assert fast.status == 200, fast.body[:300]
     assert not any("set aside" in n for n in msgspec.json.decode(app.call("GET", "/v1/bags/slow").body)["diagnostics"])
+
+
+def test_specs_that_lost_something_without_a_word_are_refused(app):
+    """Found by the bad-input hunt: an each-line bag's command and parameters were dropped (201, the lines ran),
+    and outputs 'a' and 'a/b' (one a file and a folder at once) failed every download of the bag's results."""
+    for spec, lines, needle in (
+            (BagSpec("el", "rm -rf /", each_line=True), ["echo a"], "it has no command or parameters of its own"),
+            (BagSpec("el", each_line=True, parameters=[Parameter("x", values=["1", "2"])]), ["echo a"],
+             "it has no command or parameters of its own"),
+            (BagSpec("o", "true", outputs=["a", "a/b"]), None, "outputs 'a' and 'a/b' cannot both be"),
+            (BagSpec("o", "true", outputs=["a", "a"]), None, "output 'a' is listed twice")):
+        assert needle in submit_refused(app, spec, lines)
+    assert app.submit(BagSpec("o", "true", outputs=["x/y", "x/z"])).status == 201

@@ -121,6 +121,7 @@ def test_the_help_lists_the_dispatcher_options_apart():
     (["--host-timeout", "0.5"], "0.5 is not in the range x>=1"),
     (["--backoff-max", "0"], "0.0 is not in the range x>0"),
     (["--max-result-size", "lots"], "'lots' is not a size"),
+    (["--max-result-size", "0"], "0 is below the least that works, 1K"),
     (["--failover-after", "2"], "--failover-after needs at least one --reliable-pool"),
     (["--replicas-first", "--replicas-mixed"], "--replicas-first sends replicas before the queued jobs and "
                                                "--replicas-mixed mixes them in: give one"),

@@ -5,7 +5,13 @@ import itertools
 import pytest
 
 from gridbot.policy.evaluator import BagPolicies, host_ad
-from gridbot.policy.policies import POLICIES, PolicyError, compile_policies, representative_context
+from gridbot.policy.policies import (
+    POLICIES,
+    PolicyError,
+    compile_policies,
+    representative_context,
+    validate_policies,
+)
 
 FIGURE_3 = {
     "JobRequirements": '!Tail ? True : regexp("myhost", Host.Name) && Host.ErrorRate < 0.1',
@@ -101,6 +107,17 @@ def test_a_number_out_of_range_counts_as_the_default_and_leaves_a_diagnostic(pol
     assert d.concurrency == (1 if policy == "Concurrency" else plain.concurrency), "one at a time: the safe side"
     [message] = b.messages()
     assert message.startswith(f"{policy} evaluated to not a ") and "(last on host h1)" in message
+
+
+def test_a_deadline_beyond_31_years_is_refused_or_counts_as_the_default():
+    """Found by the bad-input hunt: Deadline = 1e300 was taken, and a job's story said it was due within a
+    300-digit number of hours; a spec's instance_deadline stops at 1e9 s."""
+    with pytest.raises(PolicyError, match="over the longest deadline"):
+        validate_policies({"Deadline": "1e300"}, 3600)
+    b = bag({"Deadline": "Host.Slots * 1e300"})
+    assert b.decide(host(Name="h1")).deadline == 3600.0
+    [message] = b.messages()
+    assert message.startswith("Deadline evaluated to over the longest deadline (1e+09 s): 8e+300 1 time(s)")
 
 
 @pytest.mark.parametrize("policy", ["Concurrency", "Deadline", "Rank"])

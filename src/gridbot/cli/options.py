@@ -32,12 +32,18 @@ KNOBS = {k.name: k for k in knobs()}
 
 
 class Size(click.ParamType[int]):
-    """Bytes from `1024`, `64K`, `16M` or `2G`."""
+    """Bytes from `1024`, `64K`, `16M` or `2G`, at least `low`."""
 
     name = "size"
 
+    def __init__(self, low: int = 0) -> None:
+        self.low = low
+
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        return value if isinstance(value, int) else render.parse_size(str(value))
+        n = value if isinstance(value, int) else render.parse_size(str(value))
+        if n < self.low:
+            self.fail(f"{value} is below the least that works, {size_text(self.low)}", param, ctx)
+        return n
 
 
 def size_text(n: int) -> str:
@@ -56,7 +62,7 @@ def knob_option(k: Knob) -> Callable[[F], F]:
         return click.option(k.option, k.name, multiple=True, metavar="POOL", help=k.help,
                             callback=lambda ctx, param, value: frozenset(value))
     if k.kind == "size":
-        return click.option(k.option, k.name, type=Size(), default=size_text(k.default), show_default=True,
+        return click.option(k.option, k.name, type=Size(int(k.low)), default=size_text(k.default), show_default=True,
                             metavar="SIZE", help=k.help)
     if k.kind == "count":
         kind: click.ParamType[Any] = click.IntRange(int(k.low))

@@ -58,7 +58,8 @@ class DispatchConfig:
         "seconds", "Seconds of silence after which a host's instances are re-queued.", "--host-timeout", low=1))
     """A host silent this long loses its running instances (they become overdue and are re-queued)."""
     max_result_bytes: int = field(default=16 * 1024 * 1024, metadata=_knob(
-        "size", "Largest result a job may return.", "--max-result-size", scenario=False))
+        "size", "Largest result a job may return: its outputs and the last 64K of its stdout and of its stderr "
+        "(at least 1K; 0 failed every job that printed anything).", "--max-result-size", scenario=False, low=1024))
     """Largest result (outputs and output tails) accepted; a larger one fails its instance."""
     backoff_idle: float = field(default=2.0, metadata=_knob(
         "seconds", "Seconds a host waits before asking again when bags are active but nothing is queued for it "

@@ -985,6 +985,15 @@ def path_issues(inputs: Sequence[str], outputs: Sequence[str]) -> list[tuple[str
                                    f"{_show(base)}", "rename one of them")))
         seen.setdefault(base, p)
     out.extend(("outputs", (problem, "")) for p in outputs if (problem := output_name_problem(p)))
+    names = {p.replace("\\", "/") for p in outputs}
+    if len(names) < len(outputs):
+        twice = sorted({p for p in outputs if list(outputs).count(p) > 1})
+        out.append(("outputs", (f"output {_show(twice[0])} is listed twice", "list each output once")))
+    for p in sorted(names):  # (a file and a folder of one name: no job can make both, no results folder keep both)
+        parts = p.split("/")
+        if above := next(("/".join(parts[:i]) for i in range(1, len(parts)) if "/".join(parts[:i]) in names), None):
+            out.append(("outputs", (f"outputs {_show(above)} and {_show(p)} cannot both be: one would be a file and "
+                                    "a folder at once", f"keep {_show(p)}, or rename one")))
     return out
 
 
@@ -1134,6 +1143,10 @@ def _spec_issues(spec: BagSpec, lines: Sequence[str] | None, max_jobs: int) -> l
                                     f"of {MAX_DESCRIPTION:,}", "")))
     if spec.each_line != (lines is not None):
         out.append(("lines", ("an each-line bag needs its lines, and only an each-line bag has lines", "")))
+    if spec.each_line and (spec.command or spec.parameters):  # (they were dropped without a word)
+        out.append(("command" if spec.command else "parameters",
+                    ("an each-line bag runs its lines, one command each: it has no command or parameters of its own",
+                     "drop command and parameters, or send a spec without each_line")))
     if lines is not None:
         bad = lines_issues(lines)
         out.extend(("lines", (f"line {i + 1}: {message}", hint)) for i, (message, hint) in bad[:MAX_PROBLEMS])

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from gridbot.policy.classad import ClassAd, ClassAdException, ExprTree, Value
-from gridbot.policy.policies import PolicySet
+from gridbot.policy.policies import MAX_DEADLINE_S, PolicySet
 
 HostAd: TypeAlias = ClassAd
 EMPTY_JOB: dict[str, Any] = {"Name": "", "Index": -1, "NumberOfReplicas": 0, "Failures": 0}
@@ -124,6 +124,9 @@ class BagPolicies:
         deadline = self._number("Deadline", host, self.default_deadline)
         if deadline <= 0:
             self._note("Deadline", f"not a positive number of seconds: {deadline:g}", host)
+            deadline = self.default_deadline
+        elif deadline > MAX_DEADLINE_S:
+            self._note("Deadline", f"over the longest deadline ({MAX_DEADLINE_S:g} s): {deadline:g}", host)
             deadline = self.default_deadline
         concurrency = self._number("Concurrency", host, 1.0)
         if concurrency < 1:

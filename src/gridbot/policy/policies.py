@@ -21,6 +21,9 @@ from gridbot.errors import GridbotError
 from gridbot.policy.classad import ClassAd, ClassAdException, ExprTree, ParserType, Value, parseAds
 
 MAX_POLICY_CHARS = 4096
+MAX_DEADLINE_S = 1e9
+"""The longest Deadline a policy may give, as a spec's durations (`model.spec.MAX_DURATION`): durations are
+added to clock times, and 1e300 printed a 300-digit "due within" in a job's story."""
 TRIAL_BUDGET_S = 0.002
 """A policy whose trial evaluation takes longer than this is refused (typical ones take 1-2 µs)."""
 
@@ -336,6 +339,9 @@ def validate_policies(written: Mapping[str, str], default_deadline: float,
             shown = f"{value:g}" if number else "UNDEFINED" if value is Value.Undefined else "ERROR"
             raise PolicyError(name, text, f"is {shown} on every host, which the server would ignore (it counts "
                               "the default instead, and says so only in the bag's diagnostics)", fix)
+        if name == "Deadline" and value > MAX_DEADLINE_S:
+            raise PolicyError(name, text, f"is {value:g} s, over the longest deadline, {MAX_DEADLINE_S:g} s "
+                              "(about 31 years)", fix)
     return policies
 
 
