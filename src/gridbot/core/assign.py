@@ -67,7 +67,7 @@ def assign(k: Kernel, host: HostRecord, want: int, now: float, changes: Changes)
         return out
     ad = host_ad_of(s, host, now)
     ranked = _ranked(k, ready, host, ad, now)
-    slots = Room(want, busy_slots(s, host), host.info.slots)
+    slots = Room(want, busy_slots(s, host, late=False), host.info.slots)
     concurrency: int | None = None
     pool_ad = s.pool_ads.get(host.info.pool)
     above: set[int] = set()

@@ -305,14 +305,16 @@ ENDED_NOTES = 1000
 """Ended bags whose diagnostics the dispatcher keeps (in memory: a restart forgets them)."""
 
 
-def busy_slots(state: State, host: HostRecord, wide: bool | None = None) -> int:
-    """Slots the host's running instances hold, and those it still runs past their deadline (`late`): one
+def busy_slots(state: State, host: HostRecord, wide: bool | None = None, late: bool = True) -> int:
+    """Slots the host's running instances hold, and, with `late`, those it still runs past their deadline: one
     each, unless a bag on the server has wider jobs (`cpus`; `wide`: whether one has, when the caller already
-    knows, so that a loop over hosts asks once)."""
+    knows, so that a loop over hosts asks once). Dispatch counts without `late` what a bag's Concurrency bounds
+    (the instances the server has out there); the overlay's capacity counts with it (what the host is doing)."""
+    held = (*host.running, *host.late) if late else host.running
     if not (has_wide_jobs(state) if wide is None else wide):
-        return len(host.running) + len(host.late)
+        return len(held)
     total = 0
-    for iid in (*host.running, *host.late):
+    for iid in held:
         inst = state.instances.get(iid)
         bag = state.bags.get(inst.job.bag_id) if inst is not None else None
         total += bag.spec.cpus if bag is not None else 1
