@@ -87,6 +87,15 @@ def test_a_host_still_running_an_overdue_instance_counts_its_slot_busy_for_the_o
     assert host_slots(h.d.view, 105)[one.pool] == HostSlots(0, 1, (1,))
 
 
+def test_a_bags_concurrency_counts_the_instances_the_server_has_on_the_host_not_the_overdue_ones():
+    # what a host may be sent is as it was: the overdue instance it still runs is no longer the bag's there
+    one = HostInfo("s", "host-s", slots=1)
+    h = Harness(n=3, deadline=100)
+    h.ask(one, 1, 0)
+    h.tick(101)
+    assert len(h.ask(one, 2, 102).assignments) == 2, "the default Concurrency, two per slot"
+
+
 def test_a_bags_policy_diagnostics_outlive_it():
     # a Deadline negative on every host falls back to the bag's instance_deadline: `gridbot status` of the
     # finished bag, and the simulator's report of it, must still say so
