@@ -92,7 +92,7 @@ class ApiError(GridbotError):
 SPEC_FILE_LIMIT = 64 << 20
 """The largest spec or each-line file read (a spec of a million-line sweep is a few MiB)."""
 INPUTS_LIMIT = 256 << 20
-"""The largest total of a bag's input files read: the server's default limit (`--max-input-size`)."""
+"""The largest total of a bag's input files read: the server's limit (`ServiceConfig.max_input_bytes`)."""
 
 
 def read_regular(path: Path, limit: int, what: str) -> bytes:
@@ -115,13 +115,18 @@ def read_regular(path: Path, limit: int, what: str) -> bytes:
         os.close(fd)
 
 
+def _lines(text: str) -> str:
+    """Line ends as `Path.read_text` makes them (a lone CR, an old Mac's, is a line end too)."""
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
 def load_spec_file(path: str | Path, name: str | None = None,
                    max_jobs: int = DEFAULT_MAX_JOBS) -> tuple[BagSpec, dict[str, bytes]]:
     """Read and validate a spec file and its input files (relative to the spec's folder). A file ending in
     `.pln` is a Nimrod/G plan file, translated into the same bag (docs/spec.md, "Nimrod plan files")."""
     path = Path(path)
     try:
-        text = read_regular(path, SPEC_FILE_LIMIT, "spec").decode()
+        text = _lines(read_regular(path, SPEC_FILE_LIMIT, "spec").decode())
     except UnicodeDecodeError as e:
         raise GridbotError(f"cannot read spec {path}: {e}") from e
     if path.suffix.lower() == PLAN_SUFFIX:
@@ -188,7 +193,7 @@ def load_lines_file(path: str | Path, name: str | None = None,
     """Read a file of one shell command per line into an each-line bag."""
     path = Path(path)
     try:
-        text = read_regular(path, SPEC_FILE_LIMIT, "each-line file").decode()
+        text = _lines(read_regular(path, SPEC_FILE_LIMIT, "each-line file").decode())
     except UnicodeDecodeError as e:
         raise GridbotError(f"cannot read {path}: {e}") from e
     lines = parse_lines(text, str(path), max_jobs)

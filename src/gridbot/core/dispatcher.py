@@ -259,7 +259,9 @@ class Dispatcher:
         """Use a bag's changed policies from the next decision on (validated by the caller): every cached
         answer of the old ones is dropped (GridPolicy's per pool, the static Rank, the bag's ad)."""
         bag = self._s.bags[bag_id]
-        bag.policies = _policies(spec, self.timer)
+        old, bag.policies = bag.policies, _policies(spec, self.timer)
+        if old.policies.texts == bag.policies.policies.texts:  # (a strategy or QoS change: as slow as they were)
+            bag.policies.slow_s, bag.policies.set_aside = old.slow_s, old.set_aside
         _use_spec(bag, spec)
         bag.pool_ok.clear()
         bag.refusals.clear()  # pilots refused under the old policies say nothing of the new: send them again

@@ -480,7 +480,7 @@ def accepts(bag: BagRecord, pool: str, pool_ad: dict[str, object]) -> bool:
     ok = bag.pool_ok.get(pool)
     if ok is None:
         ok = bag.pool_ok[pool] = bag.policies.accepts_pool(pool_ad)
-    return ok
+    return ok and not bag.policies.set_aside  # (set aside after its answers were kept: no pool any more)
 
 
 def attrs(state: State, host: HostRecord, now: float) -> dict[str, object]:

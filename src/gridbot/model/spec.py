@@ -985,7 +985,7 @@ def path_issues(inputs: Sequence[str], outputs: Sequence[str]) -> list[tuple[str
                                    f"{_show(base)}", "rename one of them")))
         seen.setdefault(base, p)
     out.extend(("outputs", (problem, "")) for p in outputs if (problem := output_name_problem(p)))
-    names = {p.replace("\\", "/") for p in outputs}
+    names = set(outputs)
     if len(names) < len(outputs):
         twice = sorted({p for p in outputs if list(outputs).count(p) > 1})
         out.append(("outputs", (f"output {_show(twice[0])} is listed twice", "list each output once")))

@@ -38,7 +38,7 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from gridbot.core.view import DispatchView
 from gridbot.errors import GridbotError, ServerUnavailable
-from gridbot.model.pools import PoolSpec
+from gridbot.model.pools import MAX_PILOT_CPUS, PoolSpec
 from gridbot.model.records import Assignment, HostInfo, InstanceReport, Outcome
 from gridbot.model.volunteer import (
     VolunteerSettings,
@@ -399,7 +399,7 @@ class VolunteerPool:
             reports.append(report)
         running = [iid for name in req.other_results if (iid := instance_of(self.tokens, name)) is not None]
         want = self._want(req) if posix else 0
-        ncpus = max(1, min(req.ncpus, 100_000))
+        ncpus = max(1, min(req.ncpus, MAX_PILOT_CPUS))
         info = HostInfo(f"boinc-{hostid}", _label(req.domain_name, f"boinc-{hostid}"),
                         _label(req.platform, ""), ncpus, int(req.memory_bytes // (1 << 20)), ncpus, self.spec.name,
                         volunteer_prefetch(want, ncpus), _label(req.cpid, "boinc")[:64],

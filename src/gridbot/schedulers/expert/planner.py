@@ -445,8 +445,15 @@ def refine(planning: Planning, index: int, repetitions: int) -> tuple[float, flo
     tasks, reps = max(1, obs.tasks), max(1, repetitions)
     if (setup.tasks >= tasks and planning.estimate.runs_cost.shape[1] >= reps) or tasks * reps > BUDGET:
         return None
-    est = estimate(planning.char, [planning.space[index]], _whole(planning), repetitions=reps, seed=planning.seed)
+    est = estimate(planning.char, [planning.space[index]], _capped(_whole(planning), reps), repetitions=reps,
+                   seed=planning.seed)
     return float(est.tail_makespan[0]), float(est.cost[0])
+
+
+def _capped(setup: Setup, worlds: int) -> Setup:
+    """`setup` with no more unreliable machines than MACHINE_CELLS allows `worlds` worlds (at least its tasks)."""
+    most = max(setup.tasks, MACHINE_CELLS // max(1, worlds))
+    return setup if setup.unreliable <= most else dataclasses.replace(setup, unreliable=most)
 
 
 def _whole(planning: Planning) -> Setup:
@@ -478,6 +485,7 @@ def spread_range(planning: Planning, index: int, sample: int) -> tuple[tuple[tup
     per = RANGE_REPETITIONS * len(gammas) // len(chars)  # (as many draws in all: the event loop waits for them)
     reps = max(MIN_REPETITIONS, min(per, BUDGET // (len(chars) * setup.tasks)))
     makespans, costs = [], []
+    setup = _capped(setup, reps)
     for char in chars:
         est = estimate(char, [planning.space[index]], setup, repetitions=reps, seed=planning.seed)
         makespans.append(est.runs_tail_makespan[0])
