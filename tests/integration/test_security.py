@@ -94,6 +94,7 @@ def test_every_route_refuses_requests_without_a_key_and_with_the_wrong_role(clus
                 continue
             code, body = _call(cluster.url, method, path, token, b"")
             assert code == 403, (method, path, role, code, body)
+            assert body["error"].startswith(f"{'an' if role == 'admin' else 'a'} {role} key may not {method} "), body
             assert token not in json.dumps(body), "a key never appears in an answer"
             checked += 1
     assert checked > 20

@@ -132,8 +132,9 @@ def test_undefined_or_error_on_a_host_counts_as_the_default_not_as_its_enum_numb
     assert d.concurrency == (1 if policy == "Concurrency" else plain.concurrency)
     [message] = b.messages()
     assert f"{policy} evaluated to {value.upper()}" in message and "(last on host h1)" in message
-    instead = {"Concurrency": "it counts as no match", "Deadline": "the bag's instance_deadline (3600 s) counted "
-               "instead", "Rank": "a Rank of 0 counted instead"}
+    instead = {"Concurrency": "one instance at a time counted instead",
+               "Deadline": "the bag's instance_deadline (3600 s) counted instead",
+               "Rank": "a Rank of 0 counted instead"}
     assert instead[policy] in message
 
 

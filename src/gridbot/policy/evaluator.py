@@ -245,12 +245,14 @@ class BagPolicies:
     def messages(self) -> list[str]:
         """Diagnostics as sentences for the bag's owner."""
         notes = [f"{name} evaluated to {d.value} {d.count} time(s) (last on host {d.host or '?'}); "
-                 f"{self._fallback(name)}: policy {name} = {self.policies.texts[name]!r}"
+                 f"{self._fallback(name, d.value)}: policy {name} = {self.policies.texts[name]!r}"
                  for name, d in self.diagnostics.items()]
         return [self.set_aside, *notes] if self.set_aside else notes
 
-    def _fallback(self, name: str) -> str:
-        """What counted instead of a policy's unusable value."""
+    def _fallback(self, name: str, value: str) -> str:
+        """What counted instead of a policy's unusable value (`value`, as noted)."""
+        if name == "Concurrency" and not value.endswith("(less than one instance)"):
+            return "one instance at a time counted instead"
         if name == "Deadline":
             return f"the bag's instance_deadline ({self.default_deadline:g} s) counted instead"
         if name == "Rank":

@@ -245,7 +245,8 @@ def _authenticate(access: ServerAccess | None) -> Any:
         if roles is None and resource is None:
             return await handler(request)  # no such route: the router's own 404 or 405
         if roles is None or principal.role not in roles:
-            return _error(request, 403, f"a {principal.role} key may not {request.method} {request.path}",
+            article = "an" if principal.role[:1] in "aeiou" else "a"
+            return _error(request, 403, f"{article} {principal.role} key may not {request.method} {request.path}",
                           "forbidden")
         request[PRINCIPAL] = principal
         return await handler(request)
