@@ -101,7 +101,7 @@ def read_regular(path: Path, limit: int, what: str) -> bytes:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as e:
-        raise GridbotError(f"{what} {path} cannot be read ({e.strerror})") from None
+        raise GridbotError(f"cannot read {what} {path} ({e.strerror})") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
