@@ -34,7 +34,7 @@ from gridbot.client import (
 )
 from gridbot.core.config import DispatchConfig
 from gridbot.errors import GridbotError, ServerUnavailable
-from gridbot.model.pools import MAX_PILOT_CPUS
+from gridbot.model.records import MAX_PILOT_CPUS
 from gridbot.model.spec import (
     DEFAULT_MAX_JOBS,
     HARD_MAX_JOBS,

@@ -29,6 +29,7 @@ from typing import Any
 import msgspec
 
 from gridbot.model.hierarchy import QueueSpec, parse_queues
+from gridbot.model.records import MAX_PILOT_CPUS
 from gridbot.model.spec import NAME_RE, Problem, SpecError, closest, key_lines, parse_duration
 from gridbot.model.validators import ValidatorSpec, parse_validators
 from gridbot.model.volunteer import KEYS as VOLUNTEER_KEYS
@@ -42,9 +43,16 @@ RESERVED_ATTRIBUTES = {"Name": "the table's name", "Kind": "kind", "Reliability"
                        "Startup": "startup"}
 """The attributes the pool's ad sets from its validated keys (`PoolSpec.ad`): [attributes] may not replace them
 (a price written as a string there once made a pool free)."""
-MAX_PILOT_CPUS = 65536
-"""The most slots a pilot (a worker, a host) may have: `gridbot worker --slots` and a host's reported slots
-are held to it too."""
+
+
+def classad_int_problem(key: str, value: object) -> str:
+    """Why `value`, an attribute of a pool's ad, is an integer a ClassAd cannot hold (64 bits), or ""."""
+    if isinstance(value, int) and not isinstance(value, bool) and not -2**63 <= value < 2**63:
+        return (f"{key} = {value} is beyond what a ClassAd integer holds (64 bits): write it as a float (1e30) or "
+                "a string")
+    return ""
+
+
 COMMON_KEYS = ("kind", "max_running", "max_queued", "cpus", "memory_mb", "walltime", "price_per_cpu_hour",
                "price_per_pilot_hour",
                "charging_period", "reliability", "level", "attributes", "idle_timeout", "min_cpu", "cpu_window",
@@ -376,9 +384,8 @@ def _pool(name: str, table: object, fail: Any) -> PoolSpec | None:
             fail((*path, "attributes", key), f"attribute '{key}' of pool '{name}' is the pool's own ad attribute",
                  f"set it with the pool's key ({reserved[key.lower()]}), not in [attributes]")
             ok = False
-        elif isinstance(value, int) and not isinstance(value, bool) and not -2**63 <= value < 2**63:
-            fail((*path, "attributes", key), f"attribute '{key}' of pool '{name}' is {value}, beyond what a ClassAd "
-                 "integer holds (64 bits)", "write it as a float (1e30) or a string")
+        elif problem := classad_int_problem(key, value):
+            fail((*path, "attributes", key), f"attribute of pool '{name}': {problem}")
             ok = False
     for key, hint in rules.required:
         if key not in table:

@@ -20,9 +20,12 @@ Int64 = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 """An id or a count: what a BIGINT column holds, never negative."""
 Int32 = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
 """A small count: what an INTEGER column holds, never negative."""
-SlotCount = Annotated[int, msgspec.Meta(ge=1, le=65536)]
-"""A host's CPUs or slots (`model.pools.MAX_PILOT_CPUS`): the planner counts a machine per slot, and a host
-that said it had 2^31 made it ask for 16 GiB."""
+MAX_PILOT_CPUS = 65536
+"""The most slots a pilot (a worker, a host) may have: a pools file's `cpus`, `gridbot worker --slots` and a
+host's reported CPUs and slots are held to it."""
+SlotCount = Annotated[int, msgspec.Meta(ge=1, le=MAX_PILOT_CPUS)]
+"""A host's CPUs or slots: the planner counts a machine per slot, and a host that said it had 2^31 made it ask
+for 16 GiB."""
 ExitCode = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
 """An exit status, negative for a signal (as Python reports it)."""
 Seconds = Annotated[float, msgspec.Meta(ge=0.0, le=1e12)]

@@ -20,7 +20,8 @@ import msgspec
 
 from gridbot.core.config import DispatchConfig, Knob, knob_conflict, knobs
 from gridbot.model.hierarchy import QueueSpec, parse_queues
-from gridbot.model.pools import MAX_PILOT_CPUS, RELIABILITY, PoolSpec
+from gridbot.model.pools import RELIABILITY, PoolSpec, classad_int_problem
+from gridbot.model.records import MAX_PILOT_CPUS
 from gridbot.model.spec import (
     HARD_MAX_JOBS,
     MAX_CPUS,
@@ -815,9 +816,8 @@ def _attributes(v: Any) -> dict[str, str | int | float | bool]:
     if not isinstance(v, dict) or not all(isinstance(x, str | int | float | bool) for x in v.values()):
         raise ValueError("must be a table of plain values (strings, numbers, true/false)")
     for key, x in v.items():
-        if isinstance(x, int) and not isinstance(x, bool) and not -2**63 <= x < 2**63:
-            raise ValueError(f"holds {key} = {x}, beyond what a ClassAd integer holds (64 bits): write it as a "
-                             "float (1e30) or a string")
+        if problem := classad_int_problem(key, x):
+            raise ValueError(problem)
     return v
 
 

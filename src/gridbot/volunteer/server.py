@@ -38,8 +38,8 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from gridbot.core.view import DispatchView
 from gridbot.errors import GridbotError, ServerUnavailable
-from gridbot.model.pools import MAX_PILOT_CPUS, PoolSpec
-from gridbot.model.records import Assignment, HostInfo, InstanceReport, Outcome
+from gridbot.model.pools import PoolSpec
+from gridbot.model.records import MAX_PILOT_CPUS, Assignment, HostInfo, InstanceReport, Outcome
 from gridbot.model.volunteer import (
     VolunteerSettings,
     empty_delay,
