@@ -260,6 +260,8 @@ class PoolInfo(msgspec.Struct, frozen=True):
     """The last reading of the pool's own monitoring (Slurm: free CPUs and jobs waiting in its partition)."""
     bandwidth: float = 0.0
     """MB/s its hosts measured downloading inputs from the server (0: nothing downloaded yet)."""
+    pilots_stale: int = 0
+    """Of the queued pilots, those queued longer than the pool's `queue_patience`: no longer counted as capacity."""
 
 
 class PolicyChange(msgspec.Struct, frozen=True):

@@ -126,6 +126,58 @@ def test_slurm_controller_down_for_45_s_marks_no_pilot_failed(tmp_path, slurm):
         cluster.stop()
 
 
+STUCK = """\
+[pools.fast]
+kind = "slurm"
+partition = "fast"
+max_running = 1
+max_queued = 1
+walltime = "30m"
+idle_timeout = 3
+queue_patience = "8s"
+allow_root = true          # the tests run as root
+
+[pools.local]
+kind = "local"
+max_running = 1
+max_queued = 0
+idle_timeout = 3
+allow_root = true          # the tests run as root
+"""
+
+
+def test_a_pilot_stuck_in_a_down_partition_stops_holding_the_bag_after_queue_patience(tmp_path, slurm):
+    """A pilot pending in a partition that is down counted as the bag's capacity for as long as it pended, so
+    the local pool, free, was never asked. With `queue_patience = "8s"` it is shown stale after 8 s, the
+    local pool runs the bag, and the stuck pilot is cancelled once nothing needs it."""
+    def partition(state):
+        subprocess.run(["scontrol", "update", "PartitionName=fast", f"State={state}"], check=True, timeout=30)
+
+    partition("DOWN")
+    cluster = start(tmp_path, STUCK)
+    try:
+        # one job: the pools are alike but for their names, and the overlay fills `fast` first
+        bag = write(tmp_path, "b.toml", 'name = "b"\ncommand = "true"\n[parameters]\ni = { from = 1, to = 1 }\n')
+        gridbot_json("submit", bag, "--server", cluster.url)
+        stale_seen = False
+        with cluster.client() as c:
+            deadline = time.monotonic() + 60
+            while c.bag("b").state != "completed" and time.monotonic() < deadline:
+                fast = next(p for p in c.pools() if p.name == "fast")
+                stale_seen |= fast.pilots_stale == 1
+                time.sleep(0.5)
+        info = cluster.wait_bag("b", timeout=5)
+        assert info.state == "completed" and pools_of_done_jobs(cluster, "b") == {"local"}
+        assert stale_seen, "`gridbot pools` showed the pending pilot as stale"
+        pools = {p.name: p for p in wait_pilots_gone(cluster, 60)}
+        assert pools["fast"].pilots_submitted == 1, "one pilot to the down partition, not one every step"
+        log = cluster.server.log
+        assert "pool fast: cancelled 1 queued pilots (demand dropped; 1 queued past queue_patience)" in log, log
+    finally:
+        cluster.stop()
+        partition("UP")
+
+
 def test_pools_that_are_not_there_are_reported_and_the_others_work(tmp_path, slurm):
     pools = POOLS + ('\n[pools.ghost]\nkind = "slurm"\npartition = "nosuchpartition"\nmax_running = 2\n'
                      '\n[pools.nopbs]\nkind = "pbs"\npartition = "workq"\nmax_running = 2\n')

@@ -186,6 +186,20 @@ def test_a_cancellation_removes_the_newest_queued_pilot_not_the_next_to_start():
     assert r.bag("second").makespan <= 15 * 60, r.bag("second").makespan / 3600
 
 
+def test_a_pilot_queued_past_the_pools_patience_no_longer_holds_the_demand_back():
+    """The case the stale-cancellation fix left: over seeds 5-8 the one pilot sent for the second bag itself
+    drew the 20 h queue wait, and counted as the bag's capacity all that time (the bag took 20 h). With
+    `queue_patience = "30m"` that pilot stops counting after half an hour, a new one is sent (and, the bag
+    done, the stuck one is cancelled): the bag takes 42 minutes where one redraw suffices, 73 where two do."""
+    patient = STALE_CANCELLATION.replace("[bags.first]", 'queue_patience = "30m"\n\n[bags.first]')
+    for seed in (5, 6, 7, 8):
+        stuck, r = run(STALE_CANCELLATION, seed=seed), run(patient, seed=seed)
+        assert stuck.bag("second").makespan > 19 * 3600, "the case: the second bag's pilot drew the 20 h wait"
+        assert r.bag("second").state == "completed"
+        assert 30 * 60 < r.bag("second").makespan < 80 * 60, (seed, r.bag("second").makespan / 60)
+        assert r.bag("first").makespan == stuck.bag("first").makespan, "a bag whose pilots start in time: as before"
+
+
 def test_the_simulator_cancels_the_pilots_the_servers_overlay_would():
     """Four pilots queued for a bag of one job: the overlay's plan cancels three, and the oldest stays, as
     `schedulers.overlay.pilots_to_cancel` (which the server's overlay also calls) chooses."""

@@ -219,3 +219,80 @@ def test_a_held_pool_gets_no_demand_then_one_jobs_slots_and_a_placement_is_not_o
     held = _HeldView({"grid": True}, {"cloud": 8})
     assert bag_demands(held, ["grid", "cloud"], 0.0) == [BagDemand(1, 8, frozenset({"cloud"}), 4)]
     assert held.asked == ["cloud"]
+
+
+def test_a_pilot_queued_past_the_pools_patience_is_not_capacity_but_still_counts_against_its_limits():
+    from gridbot.model.pools import PoolSpec
+    from gridbot.schedulers.overlay import pool_capacity, stale_count
+
+    spec = PoolSpec("p", "slurm", max_running=10, max_queued=4, cpus=2, queue_patience=600.0)
+    assert stale_count([0.0, 100.0, 500.0], 600.0, now=800.0) == 2
+    assert stale_count([0.0, 100.0, 500.0], 0.0, now=1e9) == 0, "0: a queued pilot always counts"
+    c = pool_capacity(spec, queued=3, running=0, hosts=(0, 0), can_submit=True, stale=2)
+    assert (c.spare_slots, c.queued_pilots, c.stale_pilots, c.new_pilots) == (2, 3, 2, 1)
+
+
+def test_demand_a_stale_pilot_was_holding_gets_a_new_pilot_and_the_stale_one_goes_first_once_in_surplus():
+    """Issue 14's stale case, left over: a pilot stuck in a queue counted as the bag's capacity for 20 h."""
+    stuck = PoolCapacity("a", spare_slots=0, queued_pilots=1, new_pilots=3, pilot_slots=1, stale_pilots=1)
+    p = plan([BagDemand(1, 1, frozenset({"a"}))], [stuck])
+    assert p.submit == {"a": 1} and p.cancel == {}, "the job gets a pilot; the stuck one keeps its place"
+    fresh = PoolCapacity("a", spare_slots=1, queued_pilots=2, new_pilots=2, pilot_slots=1, stale_pilots=1)
+    p = plan([BagDemand(1, 1, frozenset({"a"}))], [fresh])
+    assert p.submit == p.cancel == {}, "the new pilot holds the demand: nothing more is sent, nothing cancelled"
+    assert plan([], [fresh]).cancel == {"a": 2}, "no demand: the fresh and the stale pilot go"
+    alone = PoolCapacity("a", spare_slots=0, queued_pilots=1, new_pilots=3, pilot_slots=1, stale_pilots=1)
+    assert plan([], [alone]).cancel == {"a": 1}, "no bag wants the pool: the stale pilot goes, though nothing idles"
+    assert plan([BagDemand(1, 1, frozenset({"b"}))], [alone]).cancel == {"a": 1}, "nor does a bag of another pool"
+    running = PoolCapacity("a", spare_slots=1, queued_pilots=1, new_pilots=2, pilot_slots=1, stale_pilots=1)
+    assert plan([], [running]).cancel == {"a": 1}, "a running pilot sits idle: the stale one is surplus"
+    elsewhere = [PoolCapacity("a", 0, 1, 0, 1, (0.0, 0, "a"), stale_pilots=1),
+                 PoolCapacity("b", 0, 0, 5, 1, (1.0, 0, "b"))]
+    assert plan([BagDemand(1, 1, frozenset({"a", "b"}))], elsewhere).submit == {"b": 1}, \
+        "a pool full of stuck pilots: another pool the bag accepts gets the job"
+
+
+def test_the_stale_pilots_are_cancelled_first_then_the_newest():
+    from gridbot.schedulers.overlay import pilots_to_cancel
+
+    assert pilots_to_cancel(["a", "b", "c", "d"], 2, stale=1) == ["a", "d"]
+    assert pilots_to_cancel(["a", "b", "c", "d"], 1, stale=2) == ["a"]
+    assert pilots_to_cancel(["a", "b"], 3, stale=5) == ["a", "b"]
+
+
+def test_the_servers_overlay_counts_pilots_queued_past_patience_as_stale_and_cancels_them_first(tmp_path):
+    from rich.console import Console
+
+    from gridbot.cli.render import pools_table
+    from gridbot.model.pools import PoolSpec
+    from gridbot.model.states import PilotState
+    from gridbot.server.overlay import Overlay, _Pool
+    from gridbot.store.base import PilotRow
+    from gridbot.store.memory import MemoryStore
+
+    class Adapter:
+        def __init__(self):
+            self.cancelled = []
+
+        def cancel(self, ids):
+            self.cancelled.extend(ids)
+
+    view = SimpleNamespace(known_hosts=lambda: [], pools=lambda now: {})
+    service = SimpleNamespace(dispatcher=SimpleNamespace(pool_ads={}, view=view), store=MemoryStore())
+    overlay = Overlay(service, [], "http://server", tmp_path)
+    adapter = Adapter()
+    pool = _Pool(PoolSpec("p", "slurm", queue_patience=3600.0), adapter)
+    # recorded out of their submission order, as a restarted server may hold them
+    pool.pilots = {i: PilotRow("p", i, PilotState.QUEUED, t) for i, t in [("3", 5000.0), ("1", 100.0),
+                                                                       ("2", 200.0), ("4", 6000.0)]}
+    overlay.pools["p"] = pool
+    [cap] = overlay._capacity(now=4000.0)
+    assert (cap.queued_pilots, cap.stale_pilots, cap.spare_slots) == (4, 2, 2)
+    [info] = overlay.info(now=4000.0)
+    assert (info.pilots_queued, info.pilots_stale) == (4, 2)
+    console = Console(width=200)
+    with console.capture() as cap:
+        console.print(pools_table([info]))
+    assert "4 (2 stale)" in cap.get(), cap.get()
+    overlay._act({}, {"p": 3}, 4000.0)
+    assert adapter.cancelled == ["1", "2", "4"], "the stale ones, oldest first, then the newest fresh one"

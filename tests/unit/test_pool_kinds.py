@@ -87,3 +87,13 @@ def test_gridbot_pools_shows_only_the_limits_that_apply_to_the_kind():
 
     assert [_limits(info(k)) for k in ("slurm", "ec2", "local", "static", "volunteer")] == [
         "4 run / 10 queue", "4 run / 10 queue", "4 run", "-", "-"]
+
+
+def test_queue_patience_is_a_duration_and_0_means_a_queued_pilot_always_counts():
+    [spec] = parse_pools('[pools.c]\nkind = "slurm"\npartition = "p"\nqueue_patience = "90m"\n', "p.toml")
+    assert spec.queue_patience == 5400.0
+    [spec] = parse_pools('[pools.c]\nkind = "slurm"\npartition = "p"\n', "p.toml")
+    assert spec.queue_patience == 0.0
+    with pytest.raises(SpecError) as e:
+        parse_pools('[pools.c]\nkind = "slurm"\npartition = "p"\nqueue_patience = "-5m"\n', "p.toml")
+    assert "queue_patience" in str(e.value) and 'queue_patience = "10m"' in str(e.value), str(e.value)

@@ -225,7 +225,8 @@ def cut(text: str, width: int = 300) -> str:
 def pools_table(pools: Sequence[PoolInfo]) -> Table:
     t = _table("POOL", "KIND", "QUEUED", "RUNNING", "ENDED", "LIMITS", "HOSTS", "JOBS DONE", "JOBS/S")
     for p in pools:
-        t.add_row(p.name, p.kind, str(p.pilots_queued), str(p.pilots_running), str(p.pilots_ended), _limits(p),
+        queued = f"{p.pilots_queued} ({p.pilots_stale} stale)" if p.pilots_stale else str(p.pilots_queued)
+        t.add_row(p.name, p.kind, queued, str(p.pilots_running), str(p.pilots_ended), _limits(p),
                   str(p.hosts), f"{p.jobs_done:,}", f"{p.throughput:.2f}")
     return t
 

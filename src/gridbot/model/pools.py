@@ -13,6 +13,7 @@
     reliability = "reliable"  # unreliable (a grid that preempts), reliable (a cluster or a cloud), volunteer
     level = 1                 # the grid execution hierarchy's level
     startup = "2m"            # from asking for a pilot to its taking work (default: the kind's, see KINDS)
+    queue_patience = "1h"     # a pilot queued longer no longer counts as capacity (default 0: always counts)
     [pools.cluster.attributes]
     Site = "technion"         # free attributes, published in the pool's ad for GridPolicy
 
@@ -56,10 +57,10 @@ def classad_int_problem(key: str, value: object) -> str:
 COMMON_KEYS = ("kind", "max_running", "max_queued", "cpus", "memory_mb", "walltime", "price_per_cpu_hour",
                "price_per_pilot_hour",
                "charging_period", "reliability", "level", "attributes", "idle_timeout", "min_cpu", "cpu_window",
-               "run_as", "allow_root", "monitor_interval", "trusted", "jobs_per_pilot", "startup")
+               "run_as", "allow_root", "monitor_interval", "trusted", "jobs_per_pilot", "startup", "queue_patience")
 DURATIONS = {"walltime": " (0: none of ours; a Slurm or PBS pilot gets its queue's default time limit)",
              "charging_period": "", "idle_timeout": " (0: never)", "cpu_window": "",
-             "monitor_interval": " (0: never)"}
+             "monitor_interval": " (0: never)", "queue_patience": " (0: a queued pilot always counts)"}
 """The pools file's durations, each with what 0 means where 0 is allowed (as PoolSpec reads it), else ""."""
 CPU_WINDOW_MIN = 1.0
 """The shortest `cpu_window`: a pilot's worker takes no `--cpu-window` below a second."""
@@ -188,6 +189,7 @@ class PoolSpec(msgspec.Struct, frozen=True):
     run_as: str = ""
     """The user a pilot's worker runs jobs as when it starts as root ("": its own user)."""
     allow_root: bool = False
+    """Let a pilot's worker started as root run jobs as root (else it refuses to start without run_as)."""
     jobs_per_pilot: int = 0
     """Jobs a pilot runs before it leaves (0: as many as come): 1 makes each pilot one job's own batch job."""
     trusted: bool = False
@@ -196,7 +198,11 @@ class PoolSpec(msgspec.Struct, frozen=True):
     """Seconds from the overlay asking for a pilot to its taking work (None: the kind's `PoolKind.startup`: a
     local worker's 5 s are the overlay's next step, up to 3 s, and the worker's start; a batch queue's 60 s and
     an EC2 instance's 120 s are typical, not measured)."""
-    """Let a pilot's worker started as root run jobs as root (else it refuses to start without run_as)."""
+    queue_patience: float = 0.0
+    """Seconds a pilot may wait in the pool's queue and still count as capacity for the bags' demand (0: it
+    always counts). One queued longer (a job held, a partition down, a priority that never comes) keeps its place
+    and counts against max_queued, but the overlay sends new pilots for the demand it was absorbing, and cancels
+    it first once capacity exceeds demand (`schedulers.overlay.plan`)."""
     attributes: dict[str, str | int | float | bool] = msgspec.field(default_factory=dict)
     options: dict[str, str | int | float | bool] = msgspec.field(default_factory=dict)
     """The kind's own settings (partition, region, instance_type, ...)."""

@@ -39,9 +39,10 @@ class PoolCapacity:
 
     name: str
     spare_slots: int
-    """Free slots of running pilots, plus all slots of queued or just-submitted pilots."""
+    """Free slots of running pilots, plus all slots of queued or just-submitted pilots (not the stale ones)."""
     queued_pilots: int
-    """Pilots waiting in the pool's queue (or submitted and not yet visible): may be cancelled."""
+    """Pilots waiting in the pool's queue (or submitted and not yet visible), stale ones included: may be
+    cancelled."""
     new_pilots: int
     """Pilots the pool's limits still allow (max_running and max_queued)."""
     pilot_slots: int
@@ -49,6 +50,8 @@ class PoolCapacity:
     """Lower is preferred: (price per CPU-hour, level, name)."""
     idle_hosts: tuple[int, ...] | None = None
     """The idle slots of each host that called in (None: not known; the spare slots count whole)."""
+    stale_pilots: int = 0
+    """Of the queued pilots, those that waited longer than the pool's `queue_patience`: not spare capacity."""
 
     def spare_for(self, cpus: int) -> int:
         """Spare slots a job of `cpus` slots can use: whole blocks of that many on one host, and on each pilot
@@ -160,9 +163,13 @@ def plan(demands: Sequence[BagDemand], pools: Sequence[PoolCapacity]) -> Plan:
         n = -(-added[p.name] // p.pilot_slots)
         if n:
             submit[p.name] = min(n, p.new_pilots)
-        idle_queued = (max(0, p.spare_slots) - existing[p.name]) // p.pilot_slots
-        if idle_queued and p.queued_pilots:
-            cancel[p.name] = min(idle_queued, p.queued_pilots)
+        idle = (max(0, p.spare_slots) - existing[p.name]) // p.pilot_slots
+        fresh = p.queued_pilots - p.stale_pilots
+        # the stale pilots are surplus once no bag wants the pool, or it has a whole pilot's worth beyond the demand
+        wanted = any(p.name in d.pools for d in demands)
+        n = min(idle, fresh) + (p.stale_pilots if idle > 0 or not wanted else 0)
+        if n > 0:
+            cancel[p.name] = n
     return Plan(submit, cancel, {b: n for b, n in unmet.items() if n})
 
 
@@ -189,16 +196,21 @@ def _onto_spare(demands: Sequence[BagDemand], pools: Sequence[PoolCapacity]) -> 
 PilotId = TypeVar("PilotId")
 
 
-def pilots_to_cancel(queued: Sequence[PilotId], n: int) -> list[PilotId]:
-    """Which of a pool's queued pilots to cancel when `Plan.cancel` asks for `n`: the newest first.
+def pilots_to_cancel(queued: Sequence[PilotId], n: int, stale: int = 0) -> list[PilotId]:
+    """Which of a pool's queued pilots to cancel when `Plan.cancel` asks for `n`: the stale ones, then the newest.
 
-    `queued` lists the pool's queued pilots in the order they were submitted. The oldest ones have
-    waited longest and are the likeliest to start soon (a batch queue ages its jobs up), so they are
-    kept. The server's overlay and the simulator both cancel these very pilots (issue 14: the simulator
-    once cancelled whichever pilot started next, so a fresh pilot was eaten by a stale cancellation while
-    a pilot stuck in the queue still counted as spare capacity).
+    `queued` lists the pool's queued pilots in the order they were submitted, its first `stale` those that
+    waited past the pool's `queue_patience` (`PoolCapacity.stale_pilots`). Within the patience the oldest
+    have waited longest and are the likeliest to start soon (a batch queue ages its jobs up), so they are
+    kept; past it a pilot is taken for stuck, and goes first. The server's overlay and the simulator both
+    cancel these very pilots (issue 14: the simulator once cancelled whichever pilot started next, so a fresh
+    pilot was eaten by a stale cancellation while a pilot stuck in the queue still counted as spare capacity).
     """
-    return list(reversed(queued[max(0, len(queued) - n):])) if n > 0 else []
+    if n <= 0:
+        return []
+    stale = max(0, min(stale, n, len(queued)))
+    fresh = queued[stale:]
+    return list(queued[:stale]) + list(reversed(fresh[max(0, len(fresh) - (n - stale)):]))
 
 
 def bag_demands(view: DispatchView, pools: Iterable[str], now: float) -> list[BagDemand]:
@@ -246,9 +258,9 @@ def host_slots(view: DispatchView, now: float) -> dict[str, HostSlots]:
 
 
 def pool_capacity(spec: PoolSpec, queued: int, running: int, hosts: HostSlots | tuple[int, int], can_submit: bool,
-                  max_running: int | None = None) -> PoolCapacity:
-    """A pool's capacity from its pilots (`queued` waiting, `running` started) and the slots of the hosts
-    that called in (`hosts`: busy and idle, from `host_slots`).
+                  max_running: int | None = None, stale: int = 0) -> PoolCapacity:
+    """A pool's capacity from its pilots (`queued` waiting, `stale` of them past the pool's `queue_patience`,
+    `running` started) and the slots of the hosts that called in (`hosts`: busy and idle, from `host_slots`).
 
     Spare slots are those of the running pilots not busy, plus every slot of the queued ones: the pool's
     own count of running pilots bounds it, so a host that left (its worker exited after idling, its
@@ -258,10 +270,19 @@ def pool_capacity(spec: PoolSpec, queued: int, running: int, hosts: HostSlots | 
     pool whose size varies)."""
     busy, idle = hosts[0], hosts[1]
     fragments = hosts.idle_hosts if isinstance(hosts, HostSlots) else None
-    spare = max(0, running * spec.cpus - busy) + queued * spec.cpus if spec.submits else idle
+    stale = max(0, min(stale, queued))
+    spare = max(0, running * spec.cpus - busy) + (queued - stale) * spec.cpus if spec.submits else idle
     can_add = (spec.max_running if max_running is None else max_running) - running - queued
     if spec.queues:  # a local pilot runs at once: there is no queue to limit
         can_add = min(can_add, spec.max_queued - queued)
     can_add = max(0, can_add) if can_submit and spec.submits else 0
     return PoolCapacity(spec.name, spare, queued, can_add, spec.cpus,
-                        (spec.price_per_cpu_hour, spec.level, spec.name), fragments)
+                        (spec.price_per_cpu_hour, spec.level, spec.name), fragments, stale)
+
+
+def stale_count(submitted: Iterable[float], patience: float, now: float) -> int:
+    """How many of a pool's queued pilots, submitted at `submitted`, waited longer than `patience` (0: none)."""
+    if patience <= 0:
+        return 0
+    cutoff = now - patience
+    return sum(1 for t in submitted if t < cutoff)

@@ -36,6 +36,7 @@ from gridbot.schedulers.overlay import (
     pilots_to_cancel,
     plan,
     pool_capacity,
+    stale_count,
 )
 from gridbot.security.access import ServerAccess
 from gridbot.security.keys import AccessError
@@ -267,10 +268,11 @@ class Overlay:
         hosts = host_slots(self.service.dispatcher.view, now)
         out = []
         for name, p in self.pools.items():
-            queued = sum(1 for r in p.pilots.values() if r.state is PilotState.QUEUED)
+            queued = [r.submitted_at for r in p.pilots.values() if r.state is PilotState.QUEUED]
             running = sum(1 for r in p.pilots.values() if r.state is PilotState.RUNNING)
-            out.append(pool_capacity(p.spec, queued, running, hosts.get(name, (0, 0)),
-                                     p.adapter is not None and now >= p.backoff_until))
+            out.append(pool_capacity(p.spec, len(queued), running, hosts.get(name, (0, 0)),
+                                     p.adapter is not None and now >= p.backoff_until,
+                                     stale=stale_count(queued, p.spec.queue_patience, now)))
         return out
 
     def _pilot(self, pool: str, n: int, now: float) -> PilotRequest:
@@ -332,12 +334,15 @@ class Overlay:
                 pool.error = ""
         for name, n in cancel.items():
             pool = self.pools[name]
-            # pilots are recorded in the order they were submitted
-            queued = pilots_to_cancel([i for i, r in pool.pilots.items() if r.state is PilotState.QUEUED], n)
+            waiting = sorted((r for r in pool.pilots.values() if r.state is PilotState.QUEUED),
+                             key=lambda r: r.submitted_at)
+            stale = stale_count((r.submitted_at for r in waiting), pool.spec.queue_patience, now)
+            queued = pilots_to_cancel([r.native_id for r in waiting], n, stale)
             if pool.adapter is not None and queued:
                 try:
                     pool.adapter.cancel(queued)
-                    log.info("pool %s: cancelled %d queued pilots (demand dropped)", name, len(queued))
+                    log.info("pool %s: cancelled %d queued pilots (demand dropped%s)", name, len(queued),
+                             f"; {min(stale, n)} queued past queue_patience" if stale else "")
                 except Exception as e:  # one pool's trouble is never the others'
                     pool.error, pool.pilot_error = f"cancel failed: {e}", False
         self._save()
@@ -360,11 +365,13 @@ class Overlay:
             t0, d0 = p.done_samples[0] if p.done_samples else (now, done)
             rate = (done - d0) / (now - t0) if now > t0 else 0.0
             states = [r.state for r in p.pilots.values()]
+            stale = stale_count((r.submitted_at for r in p.pilots.values() if r.state is PilotState.QUEUED),
+                                p.spec.queue_patience, now)
             out.append(PoolInfo(name, p.spec.kind, sum(s is PilotState.QUEUED for s in states),
                                 sum(s is PilotState.RUNNING for s in states), p.ended,
                                 sum(s is PilotState.FAILED for s in states), p.submitted, n, done, rate,
                                 p.error, p.spec.max_running, p.spec.max_queued, p.reading,
-                                seen[name].bandwidth if name in seen else 0.0))
+                                seen[name].bandwidth if name in seen else 0.0, stale))
         return out
 
     def close(self) -> None:

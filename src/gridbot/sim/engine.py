@@ -48,7 +48,7 @@ from gridbot.model.spec import BagSpec, Parameter
 from gridbot.model.states import BagState, InstanceState, JobState
 from gridbot.model.volunteer import empty_delay, instances_for, rpc_delay, runtime_estimate, volunteer_prefetch
 from gridbot.schedulers import registry
-from gridbot.schedulers.overlay import bag_demands, host_slots, pilots_to_cancel, plan, pool_capacity
+from gridbot.schedulers.overlay import bag_demands, host_slots, pilots_to_cancel, plan, pool_capacity, stale_count
 from gridbot.sim.boinc import BoincClient
 from gridbot.sim.metrics import ClusterResult, Recorder, Results
 from gridbot.sim.scenario import BagModel, PoolModel, Scenario
@@ -907,15 +907,17 @@ class Simulation:
         submitted = [p for p in self.pools.values() if not p.model.volunteer]
         demands = bag_demands(d.view, [p.model.name for p in submitted], self.now)
         hosts = host_slots(d.view, self.now)
+        stale = {p.model.name: stale_count(p.queue.values(), p.model.spec.queue_patience, self.now)
+                 for p in submitted}
         capacity = [pool_capacity(p.model.spec, p.queued, p.running, hosts.get(p.model.name, (0, 0)), True,
-                                  max_running=p.size) for p in submitted]
+                                  max_running=p.size, stale=stale[p.model.name]) for p in submitted]
         decision = plan(demands, capacity)
         for name, n in decision.submit.items():
             for _ in range(n):
                 self._submit(self.pools[name])
         for name, n in decision.cancel.items():
             queue = self.pools[name].queue
-            for ticket in pilots_to_cancel(list(queue), n):  # the very pilots the server would cancel
+            for ticket in pilots_to_cancel(list(queue), n, stale[name]):  # the very pilots the server would cancel
                 del queue[ticket]
         self._at(self.now + self.sc.overlay_interval, _OVERLAY)
 

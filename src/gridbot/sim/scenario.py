@@ -54,7 +54,8 @@ POOL_KINDS = ("grid", "cluster", "cloud", "community")
 DEFAULT_RELIABILITY = {"grid": "unreliable", "cluster": "reliable", "cloud": "reliable", "community": "volunteer"}
 COMMUNITY_KEYS = ("work_buffer_min", "work_buffer_extra", "report_immediately", "next_rpc_delay", "runtime_estimate")
 """A community pool's BOINC settings: its clients' work buffer, and the server's heartbeat and first estimate."""
-POOL_KEYS = ("kind", "size", "hosts", "max_queued", "cpus", "prefetch", "queue_wait", "walltime", "idle_timeout",
+POOL_KEYS = ("kind", "size", "hosts", "max_queued", "cpus", "prefetch", "queue_wait", "queue_patience", "walltime",
+             "idle_timeout",
              "speed", "preemption", "failure_rate", "failure_spread", "black_holes", "turnaround_ratio", "availability",
              "unavailability",
              "price_per_cpu_hour", "price_per_pilot_hour", "charging_period", "reliability", "level", "attributes",
@@ -381,6 +382,7 @@ class _Reader:
             "cpus": cpus,
             "walltime": self.get(t, "walltime", path, 365 * 86400.0, _dur(False)),
             "idle_timeout": self.get(t, "idle_timeout", path, 120.0, _dur(True)),
+            "queue_patience": self.get(t, "queue_patience", path, 0.0, _dur(True)),
             "price_per_cpu_hour": self.get(t, "price_per_cpu_hour", path, 0.0, _fraction(math.inf)),
             "price_per_pilot_hour": self.get(t, "price_per_pilot_hour", path, 0.0, _fraction(math.inf)),
             "charging_period": self.get(t, "charging_period", path, 3600.0, _dur(False)),
