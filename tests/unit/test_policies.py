@@ -86,6 +86,24 @@ def test_a_runaway_policy_is_refused():
         compile_policies({"Rank": f"[x0 = 1; {chain}].x40"}, 60, time.perf_counter)
 
 
+@pytest.mark.parametrize(("name", "text"), [
+    ("JobRequirements", "Host.Memory < 10000000000000000000"),
+    ("Rank", "9223372036854775808"),
+    ("Concurrency", "Host.Slots + 99999999999999999999999"),
+])
+def test_an_integer_beyond_64_bits_is_refused_not_taken_for_0(name, text):
+    """The audit of 2026-11-29: classad2 reads 2**63 and above as 0, so `Host.Memory < 1e19` written as an integer
+    matched no host, a Rank counted 0, and a Concurrency was refused as "0 on every host"."""
+    with pytest.raises(PolicyError) as info:
+        compile_policies({name: text}, 60)
+    assert "beyond what a ClassAd integer holds" in str(info.value) and "write it as a float" in str(info.value)
+
+
+def test_integers_within_64_bits_floats_and_digits_in_strings_or_names_are_kept():
+    compile_policies({"Rank": "9223372036854775807 + 1e19 + 10000000000000000000.0",
+                      "JobRequirements": 'Host.Name != "10000000000000000000" && Host.Slots > 0x10'}, 60)
+
+
 def test_string_literals_are_not_taken_for_attributes():
     compile_policies({"JobRequirements": 'regexp("Host.NoSuchThing", Host.Name)'}, 60)
 

@@ -163,6 +163,13 @@ def parse(name: str, text: str) -> ExprTree:
         raise PolicyError(name, text, "is empty", "write an expression, or leave the policy out for its default")
     if len(text) > MAX_POLICY_CHARS:
         raise PolicyError(name, text[:60] + "...", f"is longer than {MAX_POLICY_CHARS} characters")
+    for m in _INT.finditer(_QUOTED.sub("''", _STRING.sub('""', text))):
+        digits = m.group(1).lstrip("0")
+        if len(digits) > 19 or (len(digits) == 19 and int(digits) > 2**63 - 1):  # (no int() of 5,000 digits)
+            shown = digits if len(digits) <= 30 else f"{digits[:12]}... ({len(digits):,} digits)"
+            raise PolicyError(name, text, f"the integer {shown} is beyond what a ClassAd integer holds (64 bits, at "
+                              "most 9223372036854775807): it would count as 0",
+                              f"write it as a float ({digits[0]}.{digits[1:3] or '0'}e{len(digits) - 1})")
     key = "e" + secrets.token_hex(8)
     try:
         ads = list(parseAds(f"[{key} = ({text}\n)]", ParserType.New))
@@ -176,6 +183,10 @@ def parse(name: str, text: str) -> ExprTree:
 
 
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'")
+"""An attribute name in single quotes, which may hold digits."""
+_INT = re.compile(r"(?<![\w.])(\d+)(?![\w.])")
+"""An integer literal: digits not part of a name, a float (`1.5`, `1e19`) or a hexadecimal number."""
 _LOCAL = re.compile(r"[\[;]\s*([A-Za-z_]\w*)\s*=(?!=)")
 _REF = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\s*\.\s*[A-Za-z_]\w*)*)(\s*\()?")
 
