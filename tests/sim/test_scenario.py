@@ -151,9 +151,18 @@ def test_preemption_is_a_rate_or_a_lifetime_distribution():
     condor = parse_scenario(base.format('{ fta = "nd07cpu" }'), "s.toml").pools[0].preemption
     assert condor is not None and "nd07cpu" in condor.describe
     for bad, words in (('"30m"', "must be a rate"), ("-0.1", "must be a rate"),
-                       ('{ dist = "weibull", shape = 0 , scale = "1h" }', "shape must be more than zero")):
+                       ('{ dist = "weibull", shape = 0 , scale = "1h" }', "shape must be more than zero"),
+                       ('{ dist = "constant", value = 0 }', "is a life of 0: every pilot")):
         with pytest.raises(SpecError, match=words):
             parse_scenario(base.format(bad), "s.toml")
+
+
+@pytest.mark.parametrize("life", ["0", '{ dist = "constant", value = 0 }', '{ dist = "empirical", values = [0, 0] }'])
+def test_an_availability_of_zero_is_refused_not_simulated_to_the_horizon(life):
+    """The audit of 2026-11-29: every pilot ended the moment it started, and the simulation ran to its horizon
+    saying that no worker was connected."""
+    with pytest.raises(SpecError, match="is a life of .*would end the moment it started"):
+        parse_scenario(f'[pools.p]\nsize = 5\navailability = {life}\n[bags.b]\njobs = 1\nruntime = 1\n', "s.toml")
 
 
 # job submit wait run procs cpu mem req-procs req-time req-mem status user group exe queue partition prec think

@@ -402,7 +402,7 @@ class _Reader:
             failure_spread=self.get(t, "failure_spread", path, 0.0, _shape),
             turnaround_ratio=self.get(t, "turnaround_ratio", path, constant(1.0),
                                       _dist(f"turnaround_ratio of {what}", durations=False)),
-            availability=self.get(t, "availability", path, None, _dist(f"availability of {what}")),
+            availability=self.get(t, "availability", path, None, _life(f"availability of {what}")),
             unavailability=self.get(t, "unavailability", path, constant(0.0), _dist(f"unavailability of {what}")),
             latency=self.get(t, "latency", path, None, _dur(True)),
             prefetch=self.get(t, "prefetch", path, 0, _int(0)),
@@ -784,13 +784,27 @@ def _dist(what: str, durations: bool = True) -> Callable[[Any], Dist]:
     return lambda v: parse_dist(v, what, durations)
 
 
+def _life(what: str) -> Callable[[Any], Dist]:
+    """A host's or a pilot's life (`availability`, `preemption` as a table): a distribution whose mean is above
+    zero. A life of 0 ended every pilot the moment it started, and the simulation ran to its horizon saying no
+    worker was connected (the audit of 2026-11-29)."""
+    def convert(v: Any) -> Dist:
+        dist = parse_dist(v, what)
+        if not dist.mean > 0:
+            raise ValueError(f"is a life of {dist.describe}: every pilot (a host, for availability) would end the "
+                             'moment it started; give a life above zero, like { dist = "weibull", shape = 0.5, '
+                             'scale = "90h" }, or leave the key out for none')
+        return dist
+    return convert
+
+
 def _preemption(what: str) -> Callable[[Any], Dist | None]:
     """A pilot's life until preemption: a table is its distribution (`{ fta = "nd07cpu" }`); a number is
     the older form, a constant rate per hour of life, drawn exactly as it always was (so a scenario
     written that way gives the same runs); 0 is no preemption."""
     def convert(v: Any) -> Dist | None:
         if isinstance(v, dict):
-            return parse_dist(v, what)
+            return _life(what)(v)
         if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < math.inf:
             raise ValueError(f"must be a rate (pilots killed per hour of their life, like 0.1) or a table giving "
                              f'the distribution of a pilot\'s life, like {{ dist = "weibull", shape = 0.5, '
