@@ -161,7 +161,7 @@ def test_preemption_is_a_rate_or_a_lifetime_distribution():
 def test_an_availability_of_zero_is_refused_not_simulated_to_the_horizon(life):
     """The audit of 2026-11-29: every pilot ended the moment it started, and the simulation ran to its horizon
     saying that no worker was connected."""
-    with pytest.raises(SpecError, match="is a life of .*would end the moment it started"):
+    with pytest.raises(SpecError, match=r"is a life of .*would end the moment it started"):
         parse_scenario(f'[pools.p]\nsize = 5\navailability = {life}\n[bags.b]\njobs = 1\nruntime = 1\n', "s.toml")
 
 
