@@ -16,6 +16,9 @@ from gridbot.model.records import Assignment, HostInfo, InstanceReport, Int64, L
 from gridbot.model.spec import BagSpec, StrategyChoice
 from gridbot.schedulers.expert.planner import Observed
 
+# The requests a client sends (registration, submission, changes) refuse a field the server does not know, where
+# a misspelled one was dropped without a word; what the server sends keeps taking unknown fields, so that an older
+# client still reads a newer server's answers.
 MSGPACK = "application/msgpack"
 DEFAULT_PORT = 8470
 
@@ -45,7 +48,7 @@ class ExchangeResponse(msgspec.Struct, frozen=True):
     `--leave-when-refused` and an idle timeout leaves as soon as it holds nothing."""
 
 
-class RegisterRequest(msgspec.Struct, frozen=True):
+class RegisterRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A host joining a pool with its pool's worker key: only its name for the log; the server picks its id."""
 
     name: Label = ""
@@ -59,7 +62,7 @@ class Registration(msgspec.Struct, frozen=True):
     pool: str
 
 
-class SubmitRequest(msgspec.Struct, frozen=True):
+class SubmitRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A bag to store: its spec, its commands (each-line bags only) and its input files."""
 
     spec: BagSpec
@@ -122,7 +125,7 @@ class QueueInfo(msgspec.Struct, frozen=True):
     """Instances its bags run on its pools."""
 
 
-class QosChange(msgspec.Struct, frozen=True):
+class QosChange(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A change of a bag's deadline or budget (`gridbot qos`); a field left out keeps its value."""
 
     budget: float | msgspec.UnsetType | None = msgspec.UNSET
@@ -264,14 +267,14 @@ class PoolInfo(msgspec.Struct, frozen=True):
     """Of the queued pilots, those queued longer than the pool's `queue_patience`: no longer counted as capacity."""
 
 
-class PolicyChange(msgspec.Struct, frozen=True):
+class PolicyChange(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Set one policy of a bag."""
 
     name: str
     text: str
 
 
-class RetryRequest(msgspec.Struct, frozen=True):
+class RetryRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Queue failed jobs of a bag again: those at `indices` (None: every failed job), and with `revision`,
     first make its spec, inputs (and lines) the bag's next revision."""
 

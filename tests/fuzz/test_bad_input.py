@@ -280,14 +280,15 @@ def test_a_body_nested_too_deeply_is_a_400_on_every_route_that_reads_one(app, ca
     """Found by the API review of 2026-11-27: a body of 2 KB nesting 1,000 lists made msgspec raise
     RecursionError, answered 500 with a traceback in the log."""
     assert app.submit(SWEEP).status == 201
+    # (a request's unknown field is refused before its value is read, since 2026-11-29)
     deep_json = b'{"name": "Rank", "text": "1", "x": ' + b"[" * 1000 + b"]" * 1000 + b"}"
-    assert "nested too deeply" in refused(app, "POST", "/v1/bags/sweep/policy", deep_json,
+    assert "unknown field `x`" in refused(app, "POST", "/v1/bags/sweep/policy", deep_json,
                                           content_type="application/json")
     deep_msgpack = b"\x82\xa4spec\x81\xa4name\xa2zz\xa1x" + b"\x91" * 2000 + b"\xc0"
-    assert "nested too deeply" in refused(app, "POST", "/v1/bags", deep_msgpack)
-    for path, token in (("/v1/exchange", app.credential), ("/v1/register", app.access.workers["local"])):
-        assert "nested too deeply" in refused(app, "POST", path, b"\x81\xa1x" + b"\x91" * 2000 + b"\xc0",
-                                              token=token)
+    assert "unknown field `x`" in refused(app, "POST", "/v1/bags", deep_msgpack)
+    for path, token, needle in (("/v1/exchange", app.credential, "nested too deeply"),
+                                ("/v1/register", app.access.workers["local"], "unknown field `x`")):
+        assert needle in refused(app, "POST", path, b"\x81\xa1x" + b"\x91" * 2000 + b"\xc0", token=token)
     assert "internal error" not in caplog.text
 
 
@@ -616,3 +617,38 @@ def test_specs_that_lost_something_without_a_word_are_refused(app):
             (BagSpec("o", "true", outputs=["a", "a"]), None, "output 'a' is listed twice")):
         assert needle in submit_refused(app, spec, lines)
     assert app.submit(BagSpec("o", "true", outputs=["x/y", "x/z"])).status == 201
+
+
+def test_a_field_the_server_does_not_know_is_refused_naming_the_closest_not_dropped(app):
+    """Found by the bad-input audit of 2026-11-29: a submitted spec's unknown keys were dropped without a word (a
+    misspelled `instance_deadlin` left the default deadline), and so were a strategy change's (`{"tial":
+    "expert"}` kept GridBot's tail) and a qos change's."""
+    spec = msgspec.to_builtins(SWEEP)
+    spec["instance_deadlin"] = 600
+    message = refused(app, "POST", "/v1/bags", msgspec.msgpack.encode({"spec": spec}))
+    assert "unknown field `instance_deadlin`" in message and "did you mean `instance_deadline`?" in message, message
+    spec = msgspec.to_builtins(SWEEP)
+    spec["strategy"] = {"tial": "expert"}
+    message = refused(app, "POST", "/v1/bags", msgspec.msgpack.encode({"spec": spec}))
+    assert "unknown field `tial`" in message and "did you mean `tail`?" in message, message
+    assert "`lnes`" in refused(app, "POST", "/v1/bags", msgspec.msgpack.encode({"spec": msgspec.to_builtins(SWEEP),
+                                                                                "lnes": ["true"]}))
+    assert app.submit(SWEEP).status == 201
+    for path, body, field in (("/v1/bags/sweep/strategy", b'{"tial": "expert"}', "tial"),
+                              ("/v1/bags/sweep/qos", b'{"budget": 5, "bag_deadlin": "1h"}', "bag_deadlin"),
+                              ("/v1/bags/sweep/policy", b'{"name": "Rank", "text": "1", "txt": "2"}', "txt")):
+        message = refused(app, "POST", path, body, content_type="application/json")
+        assert f"unknown field `{field}`" in message, (path, message)
+
+
+def test_a_spec_sent_with_every_field_it_knows_is_stored_as_a_plain_spec(app):
+    """The strict types that refuse unknown fields are the request's only: what the server keeps and answers is a
+    plain BagSpec, equal to the one sent."""
+    from gridbot.model.spec import StrategyChoice
+
+    spec = msgspec.structs.replace(SWEEP, strategy=StrategyChoice("gridbot", "gridbot", {}))
+    assert app.submit(spec).status == 201
+    stored = app.service.store.bag("sweep").spec
+    [held] = [b.spec for b in app.service.dispatcher.view.bags()]
+    for s in (stored, held):
+        assert type(s) is BagSpec and type(s.strategy) is StrategyChoice and s == spec

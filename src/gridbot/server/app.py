@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import logging
+import re
 import sys
 import threading
 import time
@@ -25,7 +27,7 @@ from gridbot.core.changes import Changes
 from gridbot.errors import GridbotError, ServerUnavailable
 from gridbot.model.pacing import server_hold
 from gridbot.model.records import Verdict
-from gridbot.model.spec import StrategyChoice
+from gridbot.model.spec import BagSpec, Parameter, StrategyChoice
 from gridbot.model.states import BagState
 from gridbot.protocol import (
     MSGPACK,
@@ -56,13 +58,48 @@ SWITCH_INTERVAL = 0.0002
 """Seconds between the interpreter's thread switches while a server runs (issue 6: 15.6k -> 18.2k jobs/s
 with the store on its writer thread; 1 ms gave 17.2k)."""
 
+class _SentStrategy(StrategyChoice, frozen=True, forbid_unknown_fields=True):
+    """A `[strategy]` as a client sends it: a key the server does not know is refused (`{"tial": "expert"}`
+    kept GridBot's tail without a word). Made a StrategyChoice again by `_plain`."""
+
+
+class _SentSpec(BagSpec, frozen=True, forbid_unknown_fields=True):
+    """A spec as a client sends it: a key the server does not know is refused (a misspelled `instance_deadlin`
+    was dropped and the default used). Made a BagSpec again by `_plain` (a subclass is not equal to its base)."""
+
+    strategy: _SentStrategy = msgspec.field(default_factory=_SentStrategy)
+
+
+class _SentSubmit(SubmitRequest, frozen=True, forbid_unknown_fields=True):
+    spec: _SentSpec
+
+
+class _SentRetry(RetryRequest, frozen=True, forbid_unknown_fields=True):
+    revision: _SentSubmit | None = None
+
+
 _exchange_decoder = msgspec.msgpack.Decoder(ExchangeRequest)
-_submit_decoder = msgspec.msgpack.Decoder(SubmitRequest)
+_submit_decoder = msgspec.msgpack.Decoder(_SentSubmit)
 _policy_decoder = msgspec.json.Decoder(PolicyChange)
 _register_decoder = msgspec.msgpack.Decoder(RegisterRequest)
-_retry_decoder = msgspec.msgpack.Decoder(RetryRequest)
-_strategy_decoder = msgspec.json.Decoder(StrategyChoice)
+_retry_decoder = msgspec.msgpack.Decoder(_SentRetry)
+_strategy_decoder = msgspec.json.Decoder(_SentStrategy)
 _qos_decoder = msgspec.json.Decoder(QosChange)
+_FIELDS = sorted({f for t in (_SentSubmit, _SentSpec, _SentStrategy, Parameter, RegisterRequest, PolicyChange,
+                              QosChange, RetryRequest) for f in t.__struct_fields__})
+"""Every field a client may send, for the hint of an unknown one."""
+
+
+def _plain_strategy(choice: StrategyChoice) -> StrategyChoice:
+    return StrategyChoice(choice.tail, choice.placement, choice.options)
+
+
+def _plain(req: SubmitRequest) -> SubmitRequest:
+    """A decoded submission with a plain BagSpec and StrategyChoice, as the rest of the server and the store know
+    them (`_SentSpec` only refused unknown keys)."""
+    fields = {f: getattr(req.spec, f) for f in BagSpec.__struct_fields__}
+    fields["strategy"] = _plain_strategy(req.spec.strategy)
+    return SubmitRequest(BagSpec(**fields), req.lines, req.inputs)
 T = TypeVar("T")
 
 
@@ -100,6 +137,10 @@ def _decode(decoder: msgspec.msgpack.Decoder[T] | msgspec.json.Decoder[T], body:
         return decoder.decode(body)
     except msgspec.ValidationError as e:
         text = str(e)  # it may quote the value: an enum of 100 KB was echoed whole
+        unknown = re.match(r"Object contains unknown field `(.{1,80}?)`", text)
+        if unknown:
+            near = difflib.get_close_matches(unknown.group(1), _FIELDS, n=1)
+            text += f"; did you mean `{near[0]}`?" if near else "; gridbot.protocol gives the fields each request takes"
         raise BadRequest((text if len(text) <= 400 else f"{text[:200]}...{text[-150:]}") + _json_hint(decoder, body)) \
             from None
     except msgspec.DecodeError as e:
@@ -594,7 +635,7 @@ class Server:
         return self.service.bag(request.match_info["bag"], _owner(request))
 
     async def submit(self, request: web.Request) -> web.Response:
-        req = _decode(_submit_decoder, await request.read())
+        req = _plain(_decode(_submit_decoder, await request.read()))
         principal: Principal = request[PRINCIPAL]
         info = self.service.submit(req.spec, req.lines, req.inputs, time.time(), principal.name)
         self._new_work()
@@ -642,7 +683,7 @@ class Server:
     async def set_strategy(self, request: web.Request) -> web.Response:
         """Change a running bag's `[strategy]` (tail, placement and their options), as a policy is changed."""
         row = self._bag(request)  # another owner's bag is a 404 whatever the body
-        choice = _decode(_strategy_decoder, await _read(request, SMALL_BODY, "a strategy change"))
+        choice = _plain_strategy(_decode(_strategy_decoder, await _read(request, SMALL_BODY, "a strategy change")))
         info = self.service.set_strategy(row, choice)
         self._new_work()
         return _reply(request, info)
@@ -675,7 +716,7 @@ class Server:
         req = _decode(_retry_decoder, await request.read())
         row = self._bag(request)
         if req.revision is not None:
-            rev = req.revision
+            rev = _plain(req.revision)
             answer = self.service.revise(row, rev.spec, rev.lines, rev.inputs, time.time())
         else:
             answer = self.service.retry(row, req.indices, time.time())
