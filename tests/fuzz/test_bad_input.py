@@ -397,6 +397,27 @@ def test_a_bad_query_parameter_is_a_400(app, query):
     assert key in message
 
 
+@pytest.mark.parametrize(("path", "query", "says"), [
+    ("/v1/bags/sweep/jobs", "after=-1", "out of range: give a whole number from 0 to 9223372036854775807"),
+    ("/v1/bags/sweep/jobs", "limit=0", "out of range: give a whole number from 1 to 9223372036854775807"),
+    ("/v1/bags/sweep/jobs", "limit=99999999999999999999", "out of range: give a whole number from 1 to"),
+    ("/v1/bags/sweep/jobs", "after=1_000", "is not a whole number: give one from 0 to"),
+    ("/v1/bags/sweep/jobs", "after=1.5", "is not a whole number: give one from 0 to"),
+    ("/v1/console/hosts", "page=-5", "out of range: give a whole number from 0 to 9223372036854775807"),
+    ("/v1/console/hosts", "size=" + "9" * 5000, "9999'... is out of range: give a whole number from 0 to"),
+    ("/v1/console/hosts", "page=x", "is not a whole number: give one from 0 to"),
+    ("/v1/bags/sweep/wait", "timeout=-1", "out of range: give a number of seconds from 0 to 30"),
+    ("/v1/bags/sweep/wait", "timeout=1e400", "out of range: give a number of seconds from 0 to 30"),
+    ("/v1/bags/sweep/wait", "timeout=soon", "is not a number: give a number of seconds from 0 to 30")])
+def test_a_query_number_out_of_range_says_so_and_gives_the_range(app, path, query, says):
+    """Found by the bad-input hunt: `page=-5` was 'is not a whole number', as if it were written wrong; a
+    number out of range now says so, with the range, and a word that is no number still says that."""
+    assert app.submit(SWEEP).status == 201
+    key, _, value = query.partition("=")
+    message = refused(app, "GET", path, params={key: value})
+    assert f"query parameter {key}=" in message and says in message, message
+
+
 def test_only_a_walk_to_the_end_of_the_results_counts_as_downloading_them(app):
     """Found by the API review of 2026-11-27: an empty page, asked with `limit=0` or from beyond the last
     job, marked the bag's results downloaded, and a plain `gridbot delete` then destroyed results nobody

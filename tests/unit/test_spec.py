@@ -106,6 +106,20 @@ def test_durations():
             parse_duration(bad)
 
 
+@pytest.mark.parametrize(("text", "needle"), [
+    ("1e300", "at most 1,000,000,000 s (about 31 years), not 1e+300 s"), ("1e9999", "at most 1,000,000,000 s"),
+    ("-5", "must be positive (more than 0 s, at most 1,000,000,000 s), not -5 s"), ("-2h", "not -7200 s")])
+def test_a_duration_out_of_range_says_so_not_that_it_is_no_duration(text, needle):
+    """Found by the bad-input hunt: `--timeout 1e300` or `-5` (a string, as a command line option gives it)
+    was 'a duration is a number of seconds or a string like ...', as if it were written wrong, not too large."""
+    with pytest.raises(ValueError) as e:
+        parse_duration(text)
+    assert needle in str(e.value) and "a duration is a number" not in str(e.value), str(e.value)
+    assert parse_duration("1e3") == 1000.0, "a number in range is read as one"
+    with pytest.raises(ValueError, match=r"positive or 0 \(at most 1,000,000,000 s\), not -5 s"):
+        parse_duration("-5", zero=True)
+
+
 @pytest.mark.parametrize("text", [
     'command = "true"\n[parameters]\ni = { from = 1, to = 50 }\n',
     'command = "run {i} > out"\n[parameters]\ni = { from = 0, to = 90, step = 3 }\n',

@@ -358,17 +358,20 @@ class SpecError(GridbotError, ValueError):
 
 def parse_duration(value: object, zero: bool = False) -> float:
     """Seconds from `90`, `90.5`, `"90s"`, `"10m"`, `"2h"` or `"1d"` (and 0 written any of those ways if `zero`);
-    raise ValueError otherwise."""
+    raise ValueError otherwise. A number written with a sign or an exponent (`"-5"`, `"1e300"`, as a command
+    line option gives it) is read as a number, so that one out of range says so, not that it is no duration."""
     if isinstance(value, bool):
         raise ValueError("a duration is a number of seconds or a string like '90s', '10m', '2h', '1d'")
     if isinstance(value, int | float):
         seconds = float(value)
-    elif isinstance(value, str) and (m := re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", value)):
+    elif isinstance(value, str) and (m := _DURATION.fullmatch(value)):
         seconds = float(m.group(1)) * _UNITS[m.group(2) or "s"]
     else:
         raise ValueError("a duration is a number of seconds or a string like '90s', '10m', '2h', '1d'")
     if zero and seconds == 0:
         return 0.0
+    if zero and seconds < 0:
+        raise ValueError(f"a duration must be positive or 0 (at most {MAX_DURATION:,.0f} s), not {seconds:g} s")
     problem = duration_problem(seconds)
     if problem:
         raise ValueError(problem)
@@ -445,11 +448,18 @@ def _days_from_civil(year: int, month: int, day: int) -> int:
 
 def duration_problem(seconds: float) -> str:
     """Why `seconds` cannot be a duration of a spec, or "" (shared by the TOML validator and `check_spec`)."""
-    if not seconds > 0:  # NaN too
-        return "a duration must be positive"
+    if math.isnan(seconds):
+        return "a duration must be positive, not NaN"
+    if not seconds > 0:
+        return f"a duration must be positive (more than 0 s, at most {MAX_DURATION:,.0f} s), not {seconds:g} s"
     if not seconds <= MAX_DURATION:
         return f"a duration must be at most {MAX_DURATION:,.0f} s (about 31 years), not {seconds:g} s"
     return ""
+
+
+_DURATION = re.compile(r"\s*([+-]?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)\s*([smhd]?)\s*")
+"""A duration as text: a number (with a sign or an exponent, read so that one out of range is named as such)
+and a unit."""
 
 
 def parse_size(value: object) -> int:

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import difflib
 import logging
+import math
 import re
 import sys
 import threading
@@ -48,7 +49,15 @@ from gridbot.security.keys import Principal, Role
 from gridbot.server.console import PUBLIC, Console
 from gridbot.server.metrics import Metrics
 from gridbot.server.overlay import Overlay
-from gridbot.server.service import BadRequest, Conflict, NotFound, Service, job_state, whole_number
+from gridbot.server.service import (
+    BadRequest,
+    Conflict,
+    NotFound,
+    Service,
+    job_state,
+    query_whole_number,
+    whole_number,
+)
 from gridbot.server.validate import Validation
 from gridbot.store.base import BagExists, BagRow
 
@@ -790,12 +799,12 @@ a proxy's idle timeout; the client asks again."""
 
 
 def _int(query: Any, key: str, default: int, cap: int | None = None, least: int = 0) -> int:
+    """A whole number from the query (`default` when absent; more than `cap` is `cap`); BadRequest names a bad
+    one, and says whether it is no whole number or one out of range."""
     raw = query.get(key)
     if raw is None:
         return default
-    value = whole_number(raw)
-    if value is None or value < least:
-        raise BadRequest(f"query parameter {key}={raw[:40]!r} is not a whole number from {least} to {2**63 - 1}")
+    value = query_whole_number(raw, key, least)
     return min(value, cap) if cap is not None else value
 
 
@@ -807,9 +816,13 @@ def _seconds(query: Any, key: str, default: float, cap: float) -> float:
     try:
         value = float(raw)
     except ValueError:
-        value = -1.0
-    if not 0 <= value < float("inf"):
-        raise BadRequest(f"query parameter {key}={raw[:40]!r} is not a number of seconds from 0 to {cap:g}")
+        value = math.nan
+    if math.isnan(value):
+        raise BadRequest(f"query parameter {key}={raw[:40]!r} is not a number: give a number of seconds from 0 to "
+                         f"{cap:g} (more counts as {cap:g})")
+    if not 0 <= value < math.inf:
+        raise BadRequest(f"query parameter {key}={raw[:40]!r} is out of range: give a number of seconds from 0 to "
+                         f"{cap:g} (more counts as {cap:g})")
     return min(value, cap)
 
 

@@ -31,7 +31,7 @@ from gridbot.core.changes import HostSnapshot
 from gridbot.model.states import PILOT_TERMINAL, BagState
 from gridbot.protocol import BagInfo, PoolInfo
 from gridbot.server.aggregates import RUNTIME_EDGES, Aggregates, Completions, aggregates_of, empty
-from gridbot.server.service import BadRequest, Service, whole_number
+from gridbot.server.service import BadRequest, Service, query_whole_number
 from gridbot.store.base import BagRow
 
 log = logging.getLogger("gridbot.server")
@@ -424,12 +424,7 @@ def _sort_key(value: Any) -> tuple[int, Any]:
 def _number(query: Any, key: str, default: int) -> int:
     """A whole number from the query (`default` when absent); BadRequest names a bad one."""
     raw = query.get(key)
-    if raw is None:
-        return default
-    value = whole_number(raw)
-    if value is None:
-        raise BadRequest(f"query parameter {key}={raw[:40]!r} is not a whole number")
-    return value
+    return default if raw is None else query_whole_number(raw, key)
 
 
 def _assets() -> dict[str, tuple[bytes, str]]:

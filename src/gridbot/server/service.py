@@ -988,6 +988,25 @@ def whole_number(text: str) -> int | None:
     return value if value < 2**63 else None
 
 
+MAX_WHOLE = 2**63 - 1
+"""The largest whole number a request may give (the stores' 64-bit integers)."""
+_SIGNED_DIGITS = re.compile(r"[+-]?[0-9]+")
+
+
+def query_whole_number(raw: str, key: str, least: int = 0) -> int:
+    """Query parameter `key`'s text `raw` as a whole number from `least` to MAX_WHOLE; else BadRequest that says
+    which it is: not a whole number at all (`1.5`, `1_000`), or one out of that range (`-5`, 2^63), as the
+    two need different fixes."""
+    value = whole_number(raw)
+    if value is not None and value >= least:
+        return value
+    shown = f"{raw[:40]!r}" + ("..." if len(raw) > 40 else "")
+    if _SIGNED_DIGITS.fullmatch(raw):
+        raise BadRequest(f"query parameter {key}={shown} is out of range: give a whole number from {least} to "
+                         f"{MAX_WHOLE}")
+    raise BadRequest(f"query parameter {key}={shown} is not a whole number: give one from {least} to {MAX_WHOLE}")
+
+
 def _bag_key(ref: str | int) -> str | int | None:
     """What the store may be asked for a bag named or numbered `ref` in a request: an id below 2^63, or a name
     without NUL of at most 255 characters; None when `ref` can name no bag. (A 30-digit id overflowed SQLite's
