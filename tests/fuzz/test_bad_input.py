@@ -276,6 +276,32 @@ def test_json_that_is_not_json_is_a_400(app):
         refused(app, "POST", "/v1/bags/sweep/policy", body, content_type="application/json")
 
 
+@pytest.mark.parametrize(("path", "body", "at"), [
+    ("/v1/bags/sweep/policy", b'{"name": "Rank", "text": "\\ud800"}', 26),
+    ("/v1/bags/sweep/policy", b'{"name": "Rank", "text": "1", "x": "\\ud800"}', 36),
+    ("/v1/bags/sweep/policy", b'{"name": "Rank", "text": "a\\udc00b"}', 27),
+    ("/v1/bags/sweep/qos", b'{"budget": 5, "x": "\\udbff\\n"}', 20),
+    ("/v1/bags/sweep/strategy", b'{"tail": "\\ud83d\\ud83d\\ude00"}', 10)])
+def test_a_lone_surrogate_in_a_json_string_is_named(app, path, body, at):
+    """Found by the bad-input hunt: a JSON string holding "\ud800" (half of a UTF-16 pair, which no character
+    is) was 'Input data was truncated' at the end of a body, or 'unexpected end of hex escape'."""
+    assert app.submit(SWEEP).status == 201
+    message = refused(app, "POST", path, body, content_type="application/json")
+    assert "the JSON holds an invalid string" in message and f"at byte {at} is a lone UTF-16 surrogate" in message, \
+        message
+    assert "truncated" not in message
+
+
+def test_an_escaped_backslash_or_a_whole_pair_is_no_lone_surrogate(app):
+    assert app.submit(SWEEP).status == 201
+    for text in ("\\\\ud800", "\\ud83d\\ude00"):
+        body = b'{"name": "Rank", "text": "1", "x": "' + text.encode() + b'"}'
+        assert app.call("POST", "/v1/bags/sweep/policy", body, content_type="application/json").status == 200
+    message = refused(app, "POST", "/v1/bags/sweep/policy", b'{"name": ,"text": "\\ud800"}',
+                      content_type="application/json")
+    assert "not a valid JSON message" in message and "surrogate" not in message, "the first error is named"
+
+
 def test_a_body_nested_too_deeply_is_a_400_on_every_route_that_reads_one(app, caplog):
     """Found by the API review of 2026-11-27: a body of 2 KB nesting 1,000 lists made msgspec raise
     RecursionError, answered 500 with a traceback in the log."""

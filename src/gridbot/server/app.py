@@ -153,6 +153,8 @@ def _decode(decoder: msgspec.msgpack.Decoder[T] | msgspec.json.Decoder[T], body:
         raise BadRequest((text if len(text) <= 400 else f"{text[:200]}...{text[-150:]}") + _json_hint(decoder, body)) \
             from None
     except msgspec.DecodeError as e:
+        if isinstance(decoder, msgspec.json.Decoder) and (lone := _lone_surrogate(body, str(e))):
+            raise BadRequest(lone) from None
         kind = "JSON" if isinstance(decoder, msgspec.json.Decoder) else "msgpack"
         raise BadRequest(f"the body is not a valid {kind} message ({e}){_json_hint(decoder, body)}") from None
     except UnicodeDecodeError as e:
@@ -162,6 +164,34 @@ def _decode(decoder: msgspec.msgpack.Decoder[T] | msgspec.json.Decoder[T], body:
     except RecursionError:
         raise BadRequest("the body is nested too deeply to read: no message of gridbot's nests more than a few "
                          "levels") from None
+
+
+_ESCAPE = re.compile(rb"\\(?:u([0-9a-fA-F]{4})|.)", re.DOTALL)
+_AT_BYTE = re.compile(r"\(byte (\d+)\)")
+
+
+def _lone_surrogate(body: bytes, error: str) -> str:
+    """The problem of a JSON body whose first error is a lone UTF-16 surrogate escape (`"\ud800"`: half of a
+    pair, no character alone), or "". msgspec calls it 'Input data was truncated' at the end of the body, and
+    'unexpected end of hex escape' or 'invalid utf-16 surrogate pair' elsewhere: nothing a client can act on."""
+    escapes = [(m.start(), m.end(), int(m.group(1), 16))  # each escape once, from its backslash: `\\ud800` is none
+               for m in _ESCAPE.finditer(body) if m.group(1)]
+    i = 0
+    while i < len(escapes):
+        start, end, code = escapes[i]
+        if (0xD800 <= code <= 0xDBFF and i + 1 < len(escapes) and escapes[i + 1][0] == end
+                and 0xDC00 <= escapes[i + 1][2] <= 0xDFFF):
+            i += 2  # a pair: one character
+            continue
+        if 0xD800 <= code <= 0xDFFF:
+            at = _AT_BYTE.search(error)
+            if at is not None and int(at.group(1)) < start:
+                return ""  # the body's first error is before it
+            return (f"the JSON holds an invalid string: {body[start:end].decode()} at byte {start} is a lone "
+                    "UTF-16 surrogate (half of a pair, no character alone); send the character itself in UTF-8, "
+                    "or both halves of its pair, as \\ud83d\\ude00")
+        i += 1
+    return ""
 
 
 def _json_hint(decoder: object, body: bytes) -> str:
