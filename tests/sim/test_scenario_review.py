@@ -117,9 +117,13 @@ def test_an_infinite_run_time_exits_2_from_the_command_line(tmp_path: Path) -> N
     assert "run time (field 4) of inf" in p.stderr
 
 
-def test_an_infinite_time_scale_is_refused() -> None:
-    message = refused(f'{POOL}[swf_bags.s]\nswf = "NASA-iPSC"\ncount = 2\ntime_scale = inf\n')
-    assert "swf_bags.s.time_scale: must be a number of 0 or more, finite, not inf" in message, message
+@pytest.mark.parametrize("value", ["inf", "0", "0.0", "-1", "-inf", "nan"])
+def test_a_time_scale_not_above_zero_or_infinite_is_refused(value: str) -> None:
+    """`time_scale = 0` was accepted (the bad-input hunt): every bag of the log then arrived at time 0, which
+    the key does not mean (it scales the gaps between submissions), and the message for inf said '0 or more'."""
+    message = refused(f'{POOL}[swf_bags.s]\nswf = "NASA-iPSC"\ncount = 2\ntime_scale = {value}\n')
+    assert "swf_bags.s.time_scale: must be a number above 0, finite, not" in message, message
+    assert "time_scale = 0.01" in message
 
 
 # 4. A bag of a trillion jobs died of MemoryError; a runtime of 1e300 s ran a year without a word.

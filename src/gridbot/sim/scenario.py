@@ -638,7 +638,7 @@ class _Reader:
             return []
         skip = self.get(t, "skip", path, 0, _int(0))
         count = self.get(t, "count", path, 20, _int(1))
-        scale = self.get(t, "time_scale", path, 1.0, _fraction(math.inf))
+        scale = self.get(t, "time_scale", path, 1.0, _time_scale)
         max_jobs = self.get(t, "max_jobs", path, 10_000, _int(1, HARD_MAX_JOBS))
         deadline = self.get(t, "instance_deadline", path, 24 * 3600.0, _dur(False))
         max_failures = self.get(t, "max_failures", path, 3, _int(1))
@@ -757,6 +757,15 @@ def _fraction(high: float) -> Callable[[Any], float]:
             raise ValueError(f"must be a number {rule}, not {v!r}")
         return float(v)
     return convert
+
+
+def _time_scale(v: Any) -> float:
+    """An SWF replay's `time_scale`: a finite number above 0. 0 would put every bag at time 0, a meaning the
+    key does not have (it scales the log's gaps between submissions); `time_scale = inf` made a NaN arrival."""
+    if isinstance(v, bool) or not isinstance(v, int | float) or not (0 < v < math.inf):
+        raise ValueError(f"must be a number above 0, finite, not {v!r}: the log's gaps between submissions are "
+                         "multiplied by it (time_scale = 0.01 replays them 100 times closer)")
+    return float(v)
 
 
 def _shape(v: Any) -> float:
