@@ -3,6 +3,7 @@ core, with monitor readings that lag (RENCI TR-08-02, Protocols 1 and 2)."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from gridbot.core.changes import BagSnapshot
@@ -235,3 +236,23 @@ def test_a_pools_measured_bandwidth_weighs_in_when_inputs_are_large():
     sim.tick(1.0)
     assert routes(sim, small) == ["far"], "no inputs: the faster CPUs win (400 s against 600 s)"
     assert routes(sim, large) == ["near"], "500 MB: 605 s near against 900 s far"
+
+
+@pytest.mark.parametrize("fetched", [(1000, 1e-300), (1000, 5e-324), (2**63 - 1, 1e-9), (2**63 - 1, 999_999.0)])
+def test_a_download_timed_at_no_time_or_of_2_to_the_63_bytes_makes_no_bandwidth_infinite(fetched):
+    """Found by the bad-input hunt: a worker's report of 1000 bytes fetched in 1e-300 s made its pool's bandwidth
+    inf, which `GET /v1/pools` sent as JSON's null (the client then refused the answer) and stateful selection
+    planned with; 2^63 bytes made it absurd. A report counts at most at MAX_FETCH_RATE, and one that would take
+    over MAX_FETCH_SECONDS even so is not counted."""
+    from gridbot.core.records import MAX_FETCH_RATE
+    from gridbot.protocol import PoolInfo
+
+    sim = CoreSim()
+    sim.d.request_work(host("n1", "near", slots=2), 0, [], 0.0, (), (200_000_000, 2.0))
+    sim.d.request_work(host("n1", "near", slots=2), 0, [], 1.0, (), fetched)
+    bandwidth = sim.d.view.pools(1.0)["near"].bandwidth
+    assert 0 < bandwidth <= MAX_FETCH_RATE / 1e6, bandwidth
+    if fetched[0] == 2**63 - 1:
+        assert bandwidth == pytest.approx(100.0), "not counted: it would take years even at 100 GB/s"
+    info = PoolInfo("near", "local", 0, 0, 0, 0, 0, 1, 0, 0.0, "", 1, 1, None, bandwidth)
+    assert msgspec.json.decode(msgspec.json.encode(info), type=PoolInfo).bandwidth == bandwidth

@@ -39,6 +39,7 @@ from gridbot.core.records import (
     PoolRecord,
     SplitMix,
     State,
+    fetch_seconds,
     guarded,
 )
 from gridbot.core.strategy import Choice, LevelReport, Migration, QosReport, StrategyFactory
@@ -347,11 +348,11 @@ class Dispatcher:
         known = self._s.hosts.get(info.host_id)
         same_run = bool(info.session) and (known is None or known.info.session in ("", info.session))
         host = k.touch_host(info, now)
-        nbytes, seconds = fetched
-        if nbytes > 0 and 0 < seconds < 1e6:
+        counted = fetch_seconds(*fetched)
+        if counted:
             pool = self._s.pools.setdefault(info.pool, PoolRecord())
-            pool.fetched_bytes += nbytes
-            pool.fetch_s += seconds
+            pool.fetched_bytes += fetched[0]
+            pool.fetch_s += counted
         self._report(info.host_id, reports, now, changes, verdicts)
         still = set(running)
         for iid in sorted(host.running - still):

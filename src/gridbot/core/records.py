@@ -257,6 +257,25 @@ class PoolRecord:
     """Input bytes its hosts downloaded from the server, and the seconds that took (its measured bandwidth)."""
 
 
+MAX_FETCH_RATE = 1e11
+"""Bytes per second a host's input downloads count at, at most: 100 GB/s, above any network link (400 Gb/s is
+50 GB/s), so a pool's measured bandwidth is never above it (fetch_seconds)."""
+MAX_FETCH_SECONDS = 1e6
+"""Seconds one exchange's report of downloads may take (11 days: a worker reports at every exchange)."""
+
+
+def fetch_seconds(nbytes: int, seconds: float) -> float:
+    """The seconds to count for a host's report of `nbytes` downloaded in `seconds` (`ExchangeRequest.fetched`),
+    as if at most at MAX_FETCH_RATE; 0.0: not counted (no bytes, no time, NaN, or more than MAX_FETCH_SECONDS
+    even at that rate). A download timed at 1e-300 s, or a report of 2^63 bytes, made the pool's bandwidth
+    infinite or absurd, in `gridbot pools` (inf is JSON's null, which the client refused) and in stateful
+    selection's plans."""
+    if not (nbytes > 0 and 0 < seconds < MAX_FETCH_SECONDS):
+        return 0.0
+    counted = max(seconds, nbytes / MAX_FETCH_RATE)
+    return counted if counted < MAX_FETCH_SECONDS else 0.0
+
+
 @dataclass
 class State:
     """Everything the dispatcher holds; the kernel changes it, the view reads it."""
