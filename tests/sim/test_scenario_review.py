@@ -174,9 +174,29 @@ def test_a_bag_arriving_after_the_horizon_is_warned_of(tmp_path: Path) -> None:
     assert warnings('[simulation]\nhorizon = "500d"\n' + bag("10", 'arrival = "400d"\n'), tmp_path) == []
 
 
+def test_a_bag_arriving_at_the_horizon_itself_is_warned_of(tmp_path: Path) -> None:
+    """Found by the bad-input hunt: a bag arriving exactly at the horizon got no warning (only one after it
+    did), and the run reported it "active" having run nothing of it."""
+    text = '[simulation]\nhorizon = "1h"\n' + bag("10", 'arrival = "1h"\n')
+    [said] = warnings(text, tmp_path)
+    assert "bag 'b': it arrives at 1 h, at the simulation's horizon: the run stops as it arrives" in said, said
+    assert '"active" with nothing run' in said
+    assert 'horizon = "2d"' in parse_scenario(text, "s.toml").warnings[0].hint
+    assert warnings(text.replace('arrival = "1h"', 'arrival = "59m"'), tmp_path) == []
+
+
+def test_swf_bags_arriving_at_or_after_the_horizon_are_warned_of_as_such(tmp_path: Path) -> None:
+    (tmp_path / "log.swf").write_text(SWF)
+    # the log's bags arrive 10 s apart, from 0: at 90, 100 and 110 s, three of them at or after 90 s
+    text = f'[simulation]\nhorizon = "90s"\n{POOL}[swf_bags.s]\nswf = "log.swf"\ncount = 12\n'
+    said = warnings(text, tmp_path)
+    assert any("swf_bags 's': 3 of its 12 bags arrive at or after the simulation's horizon (1.5 min)" in w
+               and "(those at the horizon itself \"active\", with nothing run)" in w for w in said), said
+
+
 def test_swf_bags_arriving_after_the_horizon_are_warned_of(tmp_path: Path) -> None:
     (tmp_path / "log.swf").write_text(SWF)
     text = f'[simulation]\nhorizon = "10m"\n{POOL}[swf_bags.s]\nswf = "log.swf"\ncount = 100\n'
     said = warnings(text, tmp_path)
-    assert any("swf_bags 's': 39 of its 100 bags arrive after the simulation's horizon (10 min)" in w
+    assert any("swf_bags 's': 40 of its 100 bags arrive at or after the simulation's horizon (10 min)" in w
                for w in said), said

@@ -575,18 +575,27 @@ class _Reader:
         return True
 
     def arrives_late(self, path: tuple[str, ...], what: str, arrivals: list[float], fix: str) -> None:
-        """Warn of bags that arrive after the horizon: the run stops before they are submitted, and reports them
-        "not arrived"."""
-        late = [a for a in arrivals if a > self.horizon]
+        """Warn of bags that arrive after the horizon, or at it: the run stops before they are submitted, and
+        reports them "not arrived", or as they are, and reports them "active" with nothing run (a bag arriving
+        at the horizon itself was not warned of)."""
+        late = [a for a in arrivals if a >= self.horizon]
         if not late:
             return
-        when = f"after the simulation's horizon ({_span(self.horizon)})"
-        if len(arrivals) == 1:
-            which = f"it arrives at {_span(late[0])}, {when}: the run stops first, and reports it"
+        horizon = _span(self.horizon)
+        if len(arrivals) == 1 and late[0] > self.horizon:
+            which = (f"it arrives at {_span(late[0])}, after the simulation's horizon ({horizon}): the run stops "
+                     'first, and reports it "not arrived"')
+        elif len(arrivals) == 1:
+            which = (f"it arrives at {_span(late[0])}, at the simulation's horizon: the run stops as it arrives, "
+                     'and reports it "active" with nothing run')
+        elif min(late) > self.horizon:
+            which = (f"{len(late)} of its {len(arrivals)} bags arrive after the simulation's horizon ({horizon}), "
+                     f'the last at {_span(max(late))}: the run stops first, and reports them "not arrived"')
         else:
-            which = (f"{len(late)} of its {len(arrivals)} bags arrive {when}, the last at {_span(max(late))}: the "
-                     "run stops first, and reports them")
-        self.warn((*path, "arrival"), f'{what}: {which} "not arrived"',
+            which = (f"{len(late)} of its {len(arrivals)} bags arrive at or after the simulation's horizon "
+                     f"({horizon}), the last at {_span(max(late))}: the run stops first, and reports them "
+                     '"not arrived" (those at the horizon itself "active", with nothing run)')
+        self.warn((*path, "arrival"), f"{what}: {which}",
                   f'raise [simulation] horizon above it (horizon = "{math.ceil(max(late) / 86400) + 1}d"), or {fix}')
 
     def qos(self, t: dict[str, Any], path: tuple[str, ...], name: str) -> BagSpec:
