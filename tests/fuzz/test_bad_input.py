@@ -353,6 +353,16 @@ def test_a_malformed_request_is_one_line_in_the_log_not_a_traceback(app, caplog)
     assert "Traceback" not in caplog.text
 
 
+def test_a_timeout_longer_than_the_instance_deadline_is_accepted_and_said_by_the_bags_diagnostics(app):
+    """Found by the bad-input hunt: the server gives such an instance up at its deadline, and sends its job
+    again, before the job's timeout could fire; it said nothing of it."""
+    spec = msgspec.structs.replace(SWEEP, timeout=2 * 86400.0)
+    assert app.submit(spec).status == 201
+    info = msgspec.json.decode(app.call("GET", "/v1/bags/sweep").body, type=BagInfo)
+    assert any(d.startswith("its timeout (172800 s) is longer than its instance_deadline (86400 s)")
+               for d in info.diagnostics), info.diagnostics
+
+
 @pytest.mark.parametrize(("at", "needle"), [(1.0, "has passed"), (time.time() - 60, "has passed"),
                                             (-1e300, "from 1970"), (1e300, "from 1970"), (0.0, "from 1970")])
 def test_a_bag_deadline_already_past_or_out_of_time_is_refused_at_submission(app, at, needle):

@@ -114,6 +114,50 @@ def test_a_bags_policy_diagnostics_outlive_it():
     assert h.d.diagnostics(plain, 5) == []
 
 
+def _timed(h: CoreSim, name: str, timeout: float, policy: dict[str, str] | None = None) -> int:
+    """A bag of two jobs with `timeout` and an instance_deadline of 100 s."""
+    from gridbot.core.changes import BagSnapshot
+    from gridbot.model.spec import parse_spec
+
+    spec = parse_spec(f'command = "job {{i}}"\ntimeout = {timeout}\ninstance_deadline = 100\n'
+                      '[parameters]\ni = { from = 0, to = 1 }\n', "t", name)
+    row = h.store.create_bag(msgspec.structs.replace(spec, policy=policy or {}), None, {}, 0.0)
+    h.d.add_bag(BagSnapshot(row.bag_id, row.spec, row.counts, row.created_at))
+    return row.bag_id
+
+
+def test_a_timeout_longer_than_the_instance_deadline_is_said_in_the_bags_diagnostics():
+    """Found by the bad-input hunt: `timeout = "2d"` with the default instance_deadline of a day was accepted
+    without a word, and the server counts every such instance lost at its deadline, and sends its job again,
+    before the worker's timeout could end it. Still accepted (a spec may mean it), but said, even of the ended
+    bag; nothing of a timeout no longer than the deadline."""
+    h = CoreSim()
+    bag = _timed(h, "long", 200)
+    [note] = h.d.diagnostics(bag, 0)
+    assert note.startswith("its timeout (200 s) is longer than its instance_deadline (100 s): the server counts an "
+                           "instance lost at its deadline and sends its job again before the worker's timeout"), note
+    assert "raise instance_deadline (or the Deadline policy) to at least the timeout, or lower the timeout" in note
+    for a in h.ask(A, 2, 1):
+        h.ask(A, 0, 2, [ok(a.instance_id)])
+    assert h.store.bag(bag).state is BagState.COMPLETED and h.d.diagnostics(bag, 3) == [note]
+    constant = _timed(h, "constant", 80, {"Deadline": "50"})
+    assert "than its Deadline policy (50 s)" in h.d.diagnostics(constant, 4)[0]
+    for fine in (_timed(h, "same", 100), _timed(h, "short", 50), _timed(h, "longer", 80, {"Deadline": "90"})):
+        assert h.d.diagnostics(fine, 4) == []
+
+
+def test_a_deadline_policy_shorter_than_the_timeout_on_some_hosts_is_said_once_instances_go():
+    h = CoreSim()
+    bag = _timed(h, "expr", 80, {"Deadline": "Host.Slots > 100 ? 3600 : 50"})
+    assert h.d.diagnostics(bag, 0) == [], "an expression: nothing known before an instance goes"
+    h.ask(A, 2, 1)
+    [note] = h.d.diagnostics(bag, 2)
+    assert note.startswith("its timeout (80 s) is longer than the deadline 2 of its instances were sent with (the "
+                           "last: 50 s, on host host-a): the server counts an instance lost"), note
+    h.d.set_policy(bag, msgspec.structs.replace(h.store.bag(bag).spec, policy={"Deadline": "3600"}), 3)
+    assert h.d.diagnostics(bag, 4) == [], "a new Deadline policy: counted again"
+
+
 def test_late_result_after_replacement_wins_and_the_replacement_is_cancelled():
     h = Harness(n=1, deadline=100)
     first = h.ask(A, 1, 0).assignments[0]

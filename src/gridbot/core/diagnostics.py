@@ -5,6 +5,7 @@ from __future__ import annotations
 from gridbot.core.records import BagRecord, State
 from gridbot.core.view import accepts, host_ad_of
 from gridbot.model.states import BagState
+from gridbot.policy.policies import MAX_DEADLINE_S
 
 STUCK_AFTER = 10.0
 """Seconds a bag with queued jobs waits with none running before it says why (`Dispatcher.diagnostics`)."""
@@ -76,3 +77,31 @@ def held_back(s: State, bag: BagRecord, now: float) -> list[str]:
         out.append(f"pool {pool}: {len(r.pilots)} of its pilots in a row left refused by this bag (the last, on "
                    f"{r.host}: {r.why}), so the server sends {due}; change the bag's policies if they are wrong")
     return out
+
+
+def deadline_before_timeout(bag: BagRecord) -> list[str]:
+    """A `timeout` the server does not let fire: instances whose deadline is shorter are counted lost at their
+    deadline and their jobs sent again while the worker still runs them (accepted, as a spec may mean it, but
+    said). Known before anything is sent when the deadline is a constant (instance_deadline, or a constant
+    Deadline policy); else counted as instances go (`BagRecord.short_deadline`). Not of a tail strategy that
+    sets deadlines (ExPERT's): shorter ones are its plan."""
+    timeout = bag.spec.timeout
+    if timeout is None or bag.tail_strategy.sets_deadline:
+        return []
+    try:
+        constant: float | None = float(bag.policies.policies.texts.get("Deadline", ""))
+    except ValueError:
+        constant = None  # an expression: said once an instance goes with a shorter deadline
+    if constant is not None and not 0 < constant <= MAX_DEADLINE_S:
+        constant = None  # (one the policies replace by instance_deadline, as its own diagnostic says)
+    if constant is not None and constant < timeout:
+        given = (f"its Deadline policy ({constant:g} s)" if "Deadline" in bag.spec.policy
+                 else f"its instance_deadline ({constant:g} s)")
+    elif bag.short_deadline is not None:
+        n, deadline, host = bag.short_deadline
+        given = f"the deadline {n} of its instances were sent with (the last: {deadline:g} s, on host {host})"
+    else:
+        return []
+    return [f"its timeout ({timeout:g} s) is longer than {given}: the server counts an instance lost at its "
+            "deadline and sends its job again before the worker's timeout could end it; raise instance_deadline "
+            "(or the Deadline policy) to at least the timeout, or lower the timeout"]

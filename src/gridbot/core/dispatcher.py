@@ -25,7 +25,7 @@ from gridbot.core import feeder
 from gridbot.core.assign import assign
 from gridbot.core.changes import BagSnapshot, Changes, QueuedJob, Snapshot
 from gridbot.core.config import DispatchConfig
-from gridbot.core.diagnostics import held_back, stuck
+from gridbot.core.diagnostics import deadline_before_timeout, held_back, stuck
 from gridbot.core.feeder import FeedRequest
 from gridbot.core.hosts import QUICK_FAILURE_S
 from gridbot.core.kernel import Kernel
@@ -266,6 +266,7 @@ class Dispatcher:
         _use_spec(bag, spec)
         bag.pool_ok.clear()
         bag.refusals.clear()  # pilots refused under the old policies say nothing of the new: send them again
+        bag.short_deadline = None  # (deadlines shorter than the timeout: counted again under the new ones)
         bag.rank = None
         bag.dirty = True
         for job in bag.replicas:  # chosen under the old ReplicationRequirements: the next tick chooses again
@@ -294,7 +295,8 @@ class Dispatcher:
         notes = guarded(bag, f"placement={bag.placement.name} notes", none, bag.placement.notes, self.view,
                         BagView(bag), now)
         failed = [bag.strategy_error] if bag.strategy_error else []
-        return [*stuck(self._s, bag, now), *held_back(self._s, bag, now), *notes, *bag.policies.messages(), *failed]
+        return [*stuck(self._s, bag, now), *held_back(self._s, bag, now), *notes, *bag.policies.messages(), *failed,
+                *deadline_before_timeout(bag)]
 
     def level(self, bag_id: int, now: float) -> LevelReport | None:
         """Where the execution hierarchy holds an active bag (None: its placement has no levels)."""

@@ -25,6 +25,7 @@ from gridbot.core.changes import (
     JobUpdate,
     NewInstance,
 )
+from gridbot.core.diagnostics import deadline_before_timeout
 from gridbot.core.hosts import QUICK_FAILURE_S
 from gridbot.core.records import (
     ENDED_NOTES,
@@ -180,6 +181,9 @@ class Kernel:
         if len(self.deadlines) > 2 * len(self.s.running) + 4096:
             self._compact_deadlines()
         bag.counts.instances += 1
+        timeout = bag.spec.timeout
+        if timeout is not None and instance_deadline < timeout and not bag.tail_strategy.sets_deadline:
+            bag.short_deadline = ((bag.short_deadline or (0,))[0] + 1, instance_deadline, host.info.name)
         self.set_job(job, JobState.RUNNING, changes, sent=True)
         if bag.spec.quorum > 1:
             self._quorum_copies(bag, job, host)
@@ -520,7 +524,8 @@ class Kernel:
         self._touched.pop(bag.bag_id, None)
         changes.bags[bag.bag_id] = BagUpdate(bag.bag_id, state, _copy(bag.counts), now)
         del self.s.bags[bag.bag_id]
-        notes = [*bag.policies.messages(), *([bag.strategy_error] if bag.strategy_error else [])]
+        notes = [*bag.policies.messages(), *([bag.strategy_error] if bag.strategy_error else []),
+                 *deadline_before_timeout(bag)]
         self.s.ended_notes.pop(bag.bag_id, None)  # (a bag reopened and ended again says only its last run's)
         if notes:
             self.s.ended_notes[bag.bag_id] = notes

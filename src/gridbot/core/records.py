@@ -186,6 +186,9 @@ class BagRecord:
     took 13% of the server's time at 18,000 results/s."""
     refusals: dict[str, Refusals] = field(default_factory=dict)
     """Per pool: its pilots the bag refused in a row (the overlay holds the bag's pilots there back)."""
+    short_deadline: tuple[int, float, str] | None = None
+    """Instances sent with a deadline shorter than the spec's `timeout` since its policies last changed: how
+    many, and the last one's deadline (seconds) and host (`diagnostics.deadline_before_timeout`)."""
 
     def __post_init__(self) -> None:
         self.buffer = self.window.buffer
