@@ -142,6 +142,22 @@ def test_bad_ranges_name_their_line():
     assert found[0][2] == "swap 'from' and 'to', or change the sign of 'step'"
 
 
+@pytest.mark.parametrize(("statement", "message"), [
+    ("parameter x integer range from 1 to 10 stepp 1;", "parameter 'x': a range is 'range from A to B step S'"),
+    ("parameter x integer default 1.5", "parameter 'x' is integer: '1.5' is not a whole number"),
+    ("parameter x intger default 1", "parameter 'x': unknown type 'intger'"),
+    ('parameter x text select anyof "a b;', "a quoted string has no closing quote"),
+    ('parameter x label "L integer default 1', "a quoted string has no closing quote")])
+def test_one_bad_parameter_is_one_problem_not_one_more_at_each_use(statement, message):
+    """Found by the bad-input hunt: a parameter whose statement failed was then unknown, and every `$x` of the
+    task was a problem of its own ('$x names no parameter', five of them here), burying the cause."""
+    found = problems(f"{statement}\nparameter y integer default 1\n" + task(
+        "copy model.$x node:model", "node:execute ./model $x ${x} $y > out.$x", "copy node:out.$x out"))
+    assert [(line, text) for line, text, _ in found] == [(1, message)], found
+    [(line, text, _)] = problems(f"{statement}\n" + task("node:execute ./a $xx"))[1:]
+    assert (line, text) == (3, "$xx names no parameter"), "a name no statement defines is still one"
+
+
 def test_a_task_without_endtask_is_named_by_its_first_line():
     assert problems("parameter x integer default 1\n\ntask main\n  node:execute ./a $x\n") == [
         (3, "the task has no 'endtask'", "end it with a line 'endtask'")]

@@ -144,6 +144,8 @@ class _Translator:
         self.source = source
         self.problems: list[Problem] = []
         self.axes: dict[str, _Axis] = {}
+        self.broken: dict[str, int] = {}
+        """Parameters whose statement is a problem, with its line: a use of one is no second problem."""
         self.task: _Task | None = None
 
     def fail(self, line: int | None, message: str, hint: str = "") -> None:
@@ -188,7 +190,10 @@ class _Translator:
     def parameter(self, line: int, text: str) -> None:
         """`parameter NAME [label "..."] TYPE DOMAIN [;]`."""
         tokens = self.tokens(line, text)
-        if tokens is None:
+        if tokens is None:  # (an unclosed quote): its name, if it has one, is no second problem where used
+            name = [*text.split(None, 2), ""][1]
+            if not parameter_name_issue(name) and name not in self.axes:
+                self.broken.setdefault(name, line)
             return
         words = tokens[1:]
         if not words:
@@ -203,6 +208,7 @@ class _Translator:
             self.fail(line, f"parameter '{name}' is defined twice (first at line {self.axes[name].line})",
                       "give each parameter one name")
             return
+        self.broken[name] = line  # until its values are read
         label = ""
         if words[:1] == ["label"]:
             if len(words) < 2 or not words[1].startswith('"'):
@@ -217,6 +223,7 @@ class _Translator:
         if axis is not None:
             axis.label = label
             self.axes[name] = axis
+            del self.broken[name]
 
     def type_problem(self, line: int, name: str, word: str) -> None:
         if word in _UNSUPPORTED:
@@ -511,6 +518,8 @@ class _Translator:
             name = m.group(1) or m.group(2)
             if name in self.axes:
                 return f"{{{name}}}"
+            if name in self.broken:  # its statement's problem is the cause: no second one for each use of it
+                return f"${name}"  # (as written, not a placeholder: the rest of the task reads it as plain text)
             if name in JOB_INDEX and where in ("command", "home"):
                 return "${{GRIDBOT_JOB_INDEX}}"
             self.undefined(line, name, where)
@@ -527,7 +536,7 @@ class _Translator:
                       "each job's outputs land in its own folder, results/<bag>/<job>/, and every job gets the same "
                       "inputs: drop it (it is known in node:execute lines)")
         else:
-            known = list(self.axes)
+            known = [*self.axes, *self.broken]
             hint = closest(name, known) or (f"the parameters are {', '.join(known)}" if known else
                                             "define it with a parameter statement")
             self.fail(line, f"${name} names no parameter", f"{hint}; write $${name} for the shell's ${name}")
