@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import re
 from html.parser import HTMLParser
 
+import pytest
+
+from gridbot.cli import report
 from gridbot.cli.report import ReportData, render
 from gridbot.core.changes import BagCounts
 from gridbot.core.strategy import TailPlan
+from gridbot.errors import GridbotError
 from gridbot.protocol import BagInfo, JobInfo
 from gridbot.server.aggregates import RUNTIME_EDGES, runtime_bin
 from gridbot.server.console import BagSeries, BagSummary, HostPage, HostRow
@@ -70,3 +75,48 @@ def test_the_report_shows_the_bag_and_escapes_what_users_wrote():
     first = re.search(r"<path d='([^']+)'", text)
     assert first is not None and first.group(1).count("L") == 11
     assert text.count("<rect") >= 3
+
+
+def test_the_report_is_never_written_over_a_link_a_pipe_or_a_folder(tmp_path, monkeypatch):
+    """Audit: `--out PATH` renamed the report over whatever was at PATH (a symbolic link became a file, its
+    target untouched; a FIFO was replaced) under a fixed temporary name two reports could share. Now only a
+    regular file or a missing path is written, under a temporary name of its own."""
+    monkeypatch.setattr(report, "fetch", lambda client, bag: _data())
+    target = tmp_path / "target.html"
+    target.write_text("kept")
+    (tmp_path / "link.html").symlink_to(target)
+    os.mkfifo(tmp_path / "pipe.html")
+    (tmp_path / "folder.html").mkdir()
+    for name, kind in (("link.html", "a symbolic link"), ("pipe.html", "a named pipe"), ("folder.html", "a folder")):
+        with pytest.raises(GridbotError, match=f"--out .*{name} is {kind}, not a regular file.*give --out another"):
+            report.write_report(None, "sweep", tmp_path / name)
+    assert (tmp_path / "link.html").is_symlink() and target.read_text() == "kept"
+    assert (tmp_path / "pipe.html").is_fifo() and (tmp_path / "folder.html").is_dir()
+    assert report.write_report(None, "sweep", target) == target
+    assert "sweep&lt;1&gt;" in target.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder.html", "link.html", "pipe.html", "target.html"]
+
+
+def test_concurrent_reports_never_share_a_temporary_file(tmp_path, monkeypatch):
+    """The temporary file was `.NAME.tmp` for every report to NAME: a second report writing it at the same time
+    mixed or lost the first's. Each write now has its own (mkstemp) and leaves none behind on failure."""
+    names: list[str] = []
+    real = os.replace
+
+    def replace(src: str, dst: str) -> None:
+        names.append(os.path.basename(src))
+        real(src, dst)
+
+    monkeypatch.setattr(report, "fetch", lambda client, bag: _data())
+    monkeypatch.setattr(os, "replace", replace)
+    for _ in range(2):
+        report.write_report(None, "sweep", tmp_path / "r.html")
+    assert len(set(names)) == 2 and all(n.startswith(".r.html.") for n in names)
+
+    def fail(src: str, dst: str) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(GridbotError, match=r"cannot write the report .*r\.html: the disk is full"):
+        report.write_report(None, "sweep", tmp_path / "r.html")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html"]

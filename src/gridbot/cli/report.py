@@ -7,9 +7,10 @@ so a million-job bag makes a report of a few tens of kilobytes.
 
 from __future__ import annotations
 
-import contextlib
 import html
 import math
+import os
+import stat
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,6 +20,7 @@ import msgspec
 from gridbot.client import Client
 from gridbot.errors import GridbotError, unwritable
 from gridbot.protocol import CostInfo, JobInfo
+from gridbot.security.keys import write_atomic
 from gridbot.server.console import BagSeries, HostPage
 
 COLORS = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777")
@@ -48,21 +50,47 @@ def fetch(client: Client, bag: str) -> ReportData:
 
 
 def write_report(client: Client, bag: str, out: Path) -> Path:
-    """Write the report of `bag` to `out` (made atomically: a reader never sees half a file); a GridbotError
-    naming `out` and what is wrong with it if it names no file or cannot be written there."""
+    """Write the report of `bag` to `out` (made atomically: a reader never sees half a file, and concurrent
+    reports never share a temporary file); a GridbotError naming `out` and what is wrong with it if it names
+    no file, names something that is not a regular file (which the report would replace), or cannot be
+    written there."""
 
     if not out.name or out.name in (".", ".."):
         raise GridbotError(f"--out {str(out)!r} names no file; give the HTML file to write, such as report.html")
+    _refuse_not_regular(out)
     text = render(fetch(client, bag))
-    tmp = out.with_name(f".{out.name}.tmp")
     try:
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(out)
+        write_atomic(out, text.encode("utf-8"), _file_mode())
     except OSError as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         raise unwritable(out, e, "the report", "give --out a file in a folder you may write") from None
     return out
+
+
+NOT_REGULAR = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe"),
+               (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"))
+"""What may be at `--out` that is not a regular file, as the refusal names it."""
+
+
+def _refuse_not_regular(out: Path) -> None:
+    """Refuse (GridbotError) an `out` that exists and is not a regular file: the report is renamed over what
+    is there, so it would turn a link into a file (its target untouched), a pipe or a device into a file.
+    A missing `out`, or one that cannot be looked at, is left to the write to take or explain."""
+    try:
+        mode = os.lstat(out).st_mode
+    except OSError:
+        return
+    if stat.S_ISREG(mode):
+        return
+    kind = next((name for test, name in NOT_REGULAR if test(mode)), "something")
+    raise GridbotError(f"--out {out} is {kind}, not a regular file, and a report is written over nothing else; "
+                       "give --out another name, such as report.html")
+
+
+def _file_mode() -> int:
+    """The mode a new file gets here (0666 less the umask), which the report has as any file the user writes."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def render(data: ReportData) -> str:

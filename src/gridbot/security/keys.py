@@ -137,13 +137,23 @@ def default_user() -> str:
 
 
 def write_private(path: Path, data: bytes) -> None:
-    """Write `data` to `path` readable by its owner alone (mode 0600), atomically (temporary file, rename)."""
+    """Write `data` to `path` readable by its owner alone (mode 0600), atomically, making its folder."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)  # O_EXCL, mode 0600
+    write_atomic(path, data, 0o600)
+
+
+def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """Replace `path` with `data` whole, as a file of `mode`: written and synced under a temporary name beside
+    it that no other writer picks (mkstemp, O_EXCL), then renamed over it, so a reader sees the old file or
+    the new one, never half of one, and two writers never share a temporary file. The temporary file is
+    removed on any failure; an OSError says why. Whatever is at `path` is replaced, so a caller that must
+    not replace a link, pipe or device checks first."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:180]}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
+            os.fchmod(f.fileno(), mode)
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
