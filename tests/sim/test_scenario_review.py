@@ -101,6 +101,7 @@ def test_a_cut_log_exits_2_from_the_command_line(tmp_path: Path, name: str) -> N
     ("1 inf 10 50 4 -1 -1 4 -1 -1 1 1 1 -1 1 -1 -1 -1", "submit time (field 2) of inf"),
     ("1 nan 10 50 4 -1 -1 4 -1 -1 1 1 1 -1 1 -1 -1 -1", "submit time (field 2) of nan"),
     ("1 -1e300 10 50 4 -1 -1 4 -1 -1 1 1 1 -1 1 -1 -1 -1", "submit time (field 2) of -1e+300"),
+    ("1 1e300 10 50 4 -1 -1 4 -1 -1 1 1 1 -1 1 -1 -1 -1", "submit time (field 2) of 1e+300"),  # audit
     ("1 0 10 50 inf -1 -1 4 -1 -1 1 1 1 -1 1 -1 -1 -1", "holds a field that is not a number"),
 ])
 def test_an_swf_record_with_impossible_times_is_named(tmp_path: Path, record: str, words: str) -> None:
@@ -108,6 +109,18 @@ def test_an_swf_record_with_impossible_times_is_named(tmp_path: Path, record: st
     for text in (f'{POOL}[swf_bags.s]\nswf = "bad.swf"\n', bag(f'{{ swf = "{tmp_path / "bad.swf"}" }}')):
         message = refused(text, tmp_path)
         assert f"line {record!r}" in message and words in message, message
+
+
+def test_an_swf_log_out_of_submission_order_is_replayed_in_submission_order(tmp_path: Path) -> None:
+    """Audit: bags arrived in file order counted from the first line's submit time, so a log whose job 2 was
+    submitted an hour before job 1 made bag s-2 arrive at -3600 s, and its makespan an hour too long."""
+    (tmp_path / "uns.swf").write_text("1 3600 10 60 4 -1 -1 4 -1 -1 1 1 1 -1 1 -1 -1 -1\n"
+                                      "2 0 10 60 4 -1 -1 4 -1 -1 1 1 1 -1 1 -1 -1 -1\n"
+                                      "3 1800 10 60 4 -1 -1 4 -1 -1 1 1 1 -1 1 -1 -1 -1\n")
+    sc = parse_scenario(f'{POOL}[swf_bags.s]\nswf = "uns.swf"\n', str(tmp_path / "s.toml"))
+    assert [(b.name, b.arrival) for b in sc.bags] == [("s-2", 0.0), ("s-3", 1800.0), ("s-1", 3600.0)]
+    sc = parse_scenario(f'{POOL}[swf_bags.s]\nswf = "uns.swf"\nskip = 1\ncount = 1\n', str(tmp_path / "s.toml"))
+    assert [(b.name, b.arrival) for b in sc.bags] == [("s-3", 0.0)]  # skip and count go in submission order too
 
 
 def test_an_infinite_run_time_exits_2_from_the_command_line(tmp_path: Path) -> None:

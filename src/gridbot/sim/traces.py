@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from gridbot.errors import GridbotError
+from gridbot.model.spec import MAX_DURATION
 
 TASK_RUNTIMES = "task_runtimes.csv.gz"
 FTA_FITS = "fta_fitted_interval_distributions_from_opendc.csv"
@@ -175,10 +176,11 @@ def swf_jobs(name_or_path: str) -> tuple[SwfJob, ...]:
 
 def _swf_times_problem(job: SwfJob) -> str:
     """Why a record's submit or run time cannot be replayed, or "": an infinite run time crashed the check of
-    overdue jobs, and an infinite, NaN or negative submit time made a bag that never arrives."""
-    if not (math.isfinite(job.submit) and job.submit >= 0):
-        return (f"has a submit time (field 2) of {job.submit:g}: it is seconds from the log's start, a finite "
-                "number of zero or more")
+    overdue jobs, and an infinite, NaN or negative submit time made a bag that never arrives (one of 1e300 s,
+    one that arrives in an absurdly far future)."""
+    if not (math.isfinite(job.submit) and 0 <= job.submit <= MAX_DURATION):
+        return (f"has a submit time (field 2) of {job.submit:g}: it is seconds from the log's start, a number "
+                f"from 0 to {MAX_DURATION:,.0f} (about 31 years)")
     if not math.isfinite(job.run):
         return f"has a run time (field 4) of {job.run:g}: it is a finite number of seconds (-1 when not recorded)"
     return ""
@@ -250,8 +252,12 @@ def lanl_intervals(kind: str) -> tuple[float, ...]:
 
 
 def swf_records(name_or_path: str, keep: SwfFilter = SwfFilter()) -> tuple[SwfJob, ...]:
-    """The SWF jobs that ran (a positive run time and processor count) and that `keep` keeps, in file order."""
-    out = tuple(j for j in swf_jobs(name_or_path) if j.run > 0 and j.procs > 0 and keep.keeps(j))
+    """The SWF jobs that ran (a positive run time and processor count) and that `keep` keeps, in order of
+    submission (file order among equal submit times). The archive's logs are in submission order, but a log
+    in job-number order, merged, or written by hand need not be: replayed in file order, a job submitted
+    before the first line's made a bag arriving before time 0, and a wrong makespan, without a word."""
+    kept = (j for j in swf_jobs(name_or_path) if j.run > 0 and j.procs > 0 and keep.keeps(j))
+    out = tuple(sorted(kept, key=lambda j: j.submit))
     if not out:
         raise TraceError(f"{name_or_path}: no job with a positive run time and processor count{_filtered(keep)}")
     return out
