@@ -5,9 +5,10 @@ download leaves each file as it was or as it should be, never cut; `jobs.jsonl` 
 and renamed last, so an earlier index stays whole until the new one is complete. The folder is marked with
 the bag whose results it holds (`.gridbot-results.json`: its name, id, creation time, spec hash and
 revision). Writing into a folder that holds another bag's results, or files that are not results at all,
-is refused unless forced: it used to merge silently. A file-system error (a file where a folder should
-be, no permission, a folder that takes no files such as /proc) is a GridbotError naming the path, the
-cause and what to do.
+is refused unless forced: it used to merge silently. Forced over another bag's results, it removes them
+first (what that bag's `jobs.jsonl` names), keeping files of the user's. A file-system error (a file
+where a folder should be, no permission, a folder that takes no files such as /proc) is a GridbotError
+naming the path, the cause and what to do.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ class ResultsFolder:
             if self.root.exists() and not self.root.is_dir():
                 raise GridbotError(f"{self.root} is a file, not a folder; give a folder for the results")
             self._check()
+            if self.force:
+                self._clear_another_bags()
             self.root.mkdir(parents=True, exist_ok=True)
             _write_atomic(self.root / MARKER, (json.dumps(self.mark, indent=1) + "\n").encode(), sync=True)
 
@@ -58,13 +61,9 @@ class ResultsFolder:
         """Refuse a folder that holds another bag's results or files that are not results (unless forced)."""
         if self.force or not self.root.is_dir():
             return
-        marker = self.root / MARKER
-        if marker.is_file():
-            try:
-                theirs = json.loads(marker.read_text())
-            except (ValueError, UnicodeDecodeError):
-                theirs = {}
-            if isinstance(theirs, dict) and all(theirs.get(k) == self.mark[k] for k in IDENTITY):
+        theirs = _marker(self.root)
+        if theirs is not None:
+            if self._ours(theirs):
                 return
             twin = isinstance(theirs, dict) and all(theirs.get(k) == self.mark[k] for k in ("bag", "bag_id"))
             other = "a bag of the same name and id from another store, or deleted and submitted again" if twin else \
@@ -77,6 +76,35 @@ class ResultsFolder:
             raise GridbotError(f"{self.root} is not empty (it holds {what}) and holds no results of bag "
                                f"'{self.info.name}'; give a new or empty folder, or --force to write into it")
 
+    def _ours(self, mark: Any) -> bool:
+        """Whether a folder's marker names this bag (`IDENTITY`), not another one or nothing readable."""
+        return isinstance(mark, dict) and all(mark.get(k) == self.mark[k] for k in IDENTITY)
+
+    def _clear_another_bags(self) -> None:
+        """Before results are forced over another bag's, remove that bag's: each job folder its `jobs.jsonl`
+        names with the stdout, stderr and outputs written there, then the index, so the folder never holds two
+        bags' results (it used to keep every file the new results did not replace: bag b's 3 jobs over bag a's
+        5 left a's folders 3 and 4). Only what gridbot wrote goes: a file of the user's, and the folder that
+        holds it, stay. Without a readable index the job folders cannot be told from the user's, so a folder
+        that has any is refused. The old marker stays until all is removed, so a failure half-way can be
+        forced again."""
+        theirs = _marker(self.root)
+        if theirs is None or self._ours(theirs):
+            return
+        folders: dict[int, list[Path]] = {}
+        for p in self.root.iterdir():
+            if p.name.isascii() and p.name.isdigit() and p.is_dir() and not p.is_symlink():
+                folders.setdefault(int(p.name), []).append(p)
+        rows = _index_rows(self.root / INDEX)
+        if rows is None and folders:
+            raise GridbotError(f"{self.root} holds the results of another bag ({_describe(theirs)}) but no readable "
+                               f"{INDEX} naming the files written for it, so --force cannot tell them from yours; "
+                               "remove its job folders yourself, or give another folder")
+        for index, outputs in rows or []:
+            for jobdir in folders.get(index, []):
+                _remove_written(jobdir, outputs)
+        (self.root / INDEX).unlink(missing_ok=True)
+
     @staticmethod
     def refuse_for_a_new_bag(directory: str | Path, name: str, force: bool = False) -> None:
         """Refuse (GridbotError) a folder that could not take a bag not yet submitted, before it is: anything in
@@ -88,11 +116,8 @@ class ResultsFolder:
                 raise GridbotError(f"{root} is a file, not a folder; give a folder for the results")
             if force or not root.is_dir() or not any(root.iterdir()):
                 return
-            if (root / MARKER).is_file():
-                try:
-                    theirs = json.loads((root / MARKER).read_text())
-                except (ValueError, UnicodeDecodeError):
-                    theirs = {}
+            theirs = _marker(root)
+            if theirs is not None:
                 same = isinstance(theirs, dict) and theirs.get("bag") == name
                 other = "an earlier bag of that name, from another store or deleted since" if same else "another bag"
                 raise GridbotError(f"{root} holds the results of {other} ({_describe(theirs)}), not of the new bag "
@@ -134,6 +159,51 @@ class ResultsFolder:
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)  # outputs may be paths: "out/a.txt"
             _write_atomic(target, data)
+
+
+def _marker(root: Path) -> Any:
+    """The folder's marker as written (a dict, if gridbot wrote it), {} if it cannot be read, None if none."""
+    marker = root / MARKER
+    if not marker.is_file():
+        return None
+    try:
+        return json.loads(marker.read_text())
+    except (ValueError, UnicodeDecodeError):
+        return {}
+
+
+def _index_rows(path: Path) -> list[tuple[int, list[str]]] | None:
+    """(job index, output names) of each line of a `jobs.jsonl`, or None if it is missing or not one."""
+    try:
+        lines = path.read_text().splitlines()
+        rows = [json.loads(line) for line in lines if line.strip()]
+    except (FileNotFoundError, ValueError, UnicodeDecodeError):
+        return None
+    out = []
+    for row in rows:
+        if not isinstance(row, dict):
+            return None
+        index, outputs = row.get("index"), row.get("outputs", [])
+        if not (isinstance(index, int) and index >= 0 and isinstance(outputs, list)
+                and all(isinstance(o, str) for o in outputs)):
+            return None
+        out.append((index, outputs))
+    return out
+
+
+def _remove_written(jobdir: Path, outputs: list[str]) -> None:
+    """Remove from a job folder the files gridbot wrote there (stdout, stderr, the outputs named), then the
+    folders that leaves empty; nothing outside the folder, and nothing else in it."""
+    inside = jobdir.resolve()
+    emptied = {jobdir}
+    for name in ("stdout", "stderr", *outputs):
+        target = jobdir / name
+        if target.resolve().is_relative_to(inside) and target.is_file() and not target.is_symlink():
+            target.unlink()
+            emptied.update(p for p in target.parents if p.is_relative_to(jobdir))
+    for folder in sorted(emptied, key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):  # not empty: it holds a file of the user's
+            folder.rmdir()
 
 
 def _index_line(index: IO[str], r: ResultInfo) -> None:

@@ -96,11 +96,17 @@ def test_a_folder_with_another_bags_results_is_refused_unless_forced(cluster, tm
     no_traceback(proc)
     assert "holds the results of another bag ('a'" in proc.stderr and "--force" in proc.stderr
     assert (out / "jobs.jsonl").read_bytes() == index and (out / "0" / "o").read_text() == "0\n"
+    (out / "notes.txt").write_text("mine")
+    (out / "3" / "plot.png").write_text("mine too")
     forced = gridbot("results", "b", str(out), "--force")
     assert forced.returncode == 0, forced.stderr
     rows = [json.loads(x) for x in (out / "jobs.jsonl").read_text().splitlines()]
     assert [r["command"] for r in rows] == ["echo b0 > o", "echo b1 > o", "echo b2 > o"]
     assert json.loads((out / ".gridbot-results.json").read_text())["bag"] == "b"
+    # audit: bag a's results were left beside b's (its job 3's folder and output): now they go, the user's stay
+    assert sorted(p.name for p in out.iterdir()) == [".gridbot-results.json", "0", "1", "2", "3", "jobs.jsonl",
+                                                     "notes.txt"]
+    assert [p.name for p in (out / "3").iterdir()] == ["plot.png"] and (out / "0" / "o").read_text() == "b0\n"
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("my own file")

@@ -928,7 +928,8 @@ def logs(bag: str, job: int, server: str | None, access: Path | None, admin: boo
 @click.argument("bag")
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--force", is_flag=True,
-              help="Write into DIRECTORY even if it holds another bag's results or other files.")
+              help="Write into DIRECTORY even if it holds another bag's results (which go first) or other "
+                   "files.")
 @server_option
 @access_option
 @admin_option
