@@ -67,6 +67,21 @@ def test_a_bound_no_strategy_keeps_is_said_with_what_is_possible_and_exit_1(tmp_
     assert as_json.returncode == 1 and json.loads(as_json.stdout)["chosen"] is None
 
 
+def test_a_utility_that_is_no_number_is_not_blamed_on_a_bound_nobody_gave(tmp_path: Path) -> None:
+    """Audit: `--utility "1/0"` (or "Makespan / Cost" where every strategy is free) printed "no strategy keeps to
+    '1/0' ... give a looser --deadline or --budget", though neither was given."""
+    (tmp_path / "free.toml").write_text(FREE)
+    proc = gridbot("plan", "--scenario", "free.toml", "--utility", "Makespan / Cost", cwd=tmp_path)
+    text = " ".join(proc.stdout.split())
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "the utility 'Makespan / Cost' is not a finite number for any strategy sampled (e.g. a division by " \
+           "zero" in text and "such as 'Makespan * Cost'" in text, text
+    assert "--deadline" not in text and "no strategy keeps to" not in text
+    proc = gridbot("plan", "--scenario", "free.toml", "--utility", "1/0", cwd=tmp_path)
+    said = " ".join(proc.stderr.split())
+    assert proc.returncode == 2 and "utility '1/0' is not a finite number whatever the makespan and cost" in said, said
+
+
 def test_a_choice_whose_whole_tail_estimate_breaks_the_bound_says_so(tmp_path: Path) -> None:
     """The second walkthrough of 2026-11-29: `--deadline 40m` chose on the sampled estimate (37m34s) and printed
     the whole tail's (44m42s) without a word on the deadline it broke."""

@@ -348,6 +348,24 @@ def test_a_named_utility_whose_bound_no_strategy_can_meet_is_refused(text):
         utility(text)
 
 
+@pytest.mark.parametrize("text", ["1/0", "Cost / 0", "10 ** 400", "(-1) ** 0.5", "Makespan - 1/0", "-1/0"])
+def test_an_expression_that_is_no_finite_number_is_refused_when_read(text):
+    """Audit: '1/0' was read (and taken as a bag's [strategy] utility), then chose no strategy, and `gridbot plan`
+    said to "give a looser --deadline or --budget" that nobody had given."""
+    with pytest.raises(ExpressionError, match=r"is not a finite number whatever the makespan and cost \(e\.g\. a "
+                                              r"division by zero.*such as 'Makespan \* Cost'"):
+        utility(text)
+
+
+def test_an_expression_infinite_only_on_some_points_is_read_and_never_taken_for_a_bound():
+    """'Makespan / Cost' is a number unless a strategy is free: read, and where every strategy is free it has no
+    best, which is told apart from a bound nobody meets by `bounded`."""
+    ratio = utility("Makespan / Cost")
+    assert best(M, C, ratio) is not None and best(M, np.zeros_like(C), ratio) is None
+    assert not ratio.bounded and not utility("product").bounded
+    assert utility("deadline:20").bounded and utility("budget:1").bounded
+
+
 # -- the range stated with a prediction --------------------------------------------------------------------------
 
 

@@ -74,6 +74,22 @@ def test_the_server_refuses_a_bag_naming_an_unknown_strategy_and_stores_nothing(
     assert store.bags() == []
 
 
+def test_the_server_refuses_an_expert_utility_that_is_no_finite_number(tmp_path):
+    """Audit: a bag's `utility = "1/0"` was only syntax-checked, so the server took it (on submission and as a new
+    strategy) and its ExPERT tail never chose a strategy, without a word."""
+    store = SQLiteStore(tmp_path / "g.db")
+    store.migrate()
+    service = Service(store, ServiceConfig())
+    spec = parse_spec(BASE + '[strategy]\ntail = "expert"\nutility = "1/0"\n', "s.toml", "s")
+    with pytest.raises(BadRequest, match=r"tail = 'expert': utility '1/0' is not a finite number whatever"):
+        service.submit(spec, None, {}, 0.0)
+    assert store.bags() == []
+    info = service.submit(parse_spec(BASE, "s.toml", "s"), None, {}, 0.0)
+    with pytest.raises(BadRequest, match=r"utility '1/0' is not a finite number"):
+        service.set_strategy(service.bag(info.bag_id), StrategyChoice("expert", options={"utility": "1/0"}))
+    assert service.bag(info.bag_id).spec.strategy == StrategyChoice()
+
+
 # -- the worked example of docs/architecture.md ---------------------------------------------------------
 
 def docs_example() -> type[Placement]:

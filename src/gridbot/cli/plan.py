@@ -20,7 +20,7 @@ from gridbot.errors import GridbotError, unwritable
 from gridbot.model.spec import StrategyChoice
 from gridbot.protocol import BagHistory, PlanInput
 from gridbot.schedulers.expert.characterize import Characterization, CharacterizationError, from_runtimes
-from gridbot.schedulers.expert.frontier import best, dominating, utility
+from gridbot.schedulers.expert.frontier import FINITE_FIX, NOT_FINITE, best, dominating, utility
 from gridbot.schedulers.expert.planner import (
     Observed,
     Planning,
@@ -287,7 +287,10 @@ def show(r: Report) -> None:
     out(statics)
     if p.chosen is None:
         front = [p.point(i) for i in p.distinct_frontier()]
-        if front:
+        if front and not p.utility.bounded:
+            out(f"the utility '{p.utility.name}' is not a finite number for any strategy sampled (e.g. {NOT_FINITE}; "
+                f"the table above shows their tail makespans and costs); {FINITE_FIX}", soft_wrap=True)
+        elif front:
             fast, cheap = min(front), min(front, key=lambda x: (x[1], x[0]))
             out(f"no strategy keeps to '{p.utility.name}': the fastest tail estimated takes "
                 f"{render.duration(fast[0])} at {fast[1]:.4g} per task, the cheapest costs {cheap[1]:.4g} per task "
@@ -312,7 +315,9 @@ def show(r: Report) -> None:
             sm, sc = p.point(p.chosen)
             out(f"on the whole tail its estimate is outside '{p.utility.name}', which the sampled estimate "
                 f"({render.duration(sm)}, {sc:.4g} per task) kept: the bound is at the edge of what these pools "
-                "can do", soft_wrap=True)
+                "can do" if p.utility.bounded else
+                f"on the whole tail '{p.utility.name}' is not a finite number for its estimate, though it is for the "
+                f"sampled estimate ({render.duration(sm)}, {sc:.4g} per task); {FINITE_FIX}", soft_wrap=True)
         ahead = [name for name, point in r.statics.items()
                  if len(dominating([point[0]], [point[1]], p.point(p.chosen)))]
         if ahead:

@@ -58,6 +58,8 @@ class Utility:
 
     name: str
     score: Score
+    bounded: bool = False
+    """A deadline or a budget: an infinite score means out of bounds (else it means the score is no number)."""
 
     @classmethod
     def makespan(cls) -> Utility:
@@ -74,17 +76,26 @@ class Utility:
     @classmethod
     def deadline(cls, seconds: float) -> Utility:
         """The cheapest strategy that finishes within `seconds`."""
-        return cls(f"cheapest within {seconds:g} s", lambda m, c: np.where(m <= seconds, c, np.inf))
+        return cls(f"cheapest within {seconds:g} s", lambda m, c: np.where(m <= seconds, c, np.inf), True)
 
     @classmethod
     def budget(cls, amount: float) -> Utility:
         """The fastest strategy that costs at most `amount` per task."""
-        return cls(f"fastest within {amount:g} per task", lambda m, c: np.where(c <= amount, m, np.inf))
+        return cls(f"fastest within {amount:g} per task", lambda m, c: np.where(c <= amount, m, np.inf), True)
 
     @classmethod
     def expression(cls, text: str) -> Utility:
-        """A user's expression over Makespan and Cost (see the module's docstring)."""
-        return cls(text, _Parser(text).parse())
+        """A user's expression over Makespan and Cost (see the module's docstring); an ExpressionError if it is
+        no finite number wherever it is evaluated ('1/0', '10 ** 400', '(-1) ** 0.5'): no strategy would ever
+        be chosen by it, which a bag's [strategy] used to accept and the planner to blame on a bound."""
+        score = _Parser(text).parse()
+        m, c = np.meshgrid(_PROBES, _PROBES)
+        with np.errstate(all="ignore"):
+            values = np.asarray(score(m.ravel(), c.ravel()), dtype=float)
+        if not np.isfinite(values).any():
+            raise ExpressionError(f"utility {text!r} is not a finite number whatever the makespan and cost (e.g. "
+                                  f"{NOT_FINITE}); {FINITE_FIX}")
+        return cls(text, score)
 
 
 def utility(spec: str) -> Utility:
@@ -107,9 +118,17 @@ def utility(spec: str) -> Utility:
     return Utility.expression(spec)
 
 
+NOT_FINITE = "a division by zero, a number too large, or a fractional power of a negative number"
+"""Why an expression is not a finite number."""
+FINITE_FIX = "write one that is, such as 'Makespan * Cost', or name one: makespan, cost or product"
+_PROBES = np.array([0.0, 1e-3, 1.0, 60.0, 3600.0, 1e6])
+"""Makespans and costs an expression is tried on when it is read: it must be a finite number at one of them."""
+
+
 def best(makespan: ArrayLike, cost: ArrayLike, chosen: Utility, among: ArrayLike | None = None) -> int | None:
-    """The index of the best point for `chosen` (among `among` if given); None when every score is
-    infinite (no strategy meets the deadline or the budget)."""
+    """The index of the best point for `chosen` (among `among` if given); None when no score is a finite
+    number: no strategy meets the deadline or the budget (`chosen.bounded`), or the expression is infinite
+    or NaN at every point ('Makespan / Cost' where every strategy is free)."""
     m, c = np.asarray(makespan, dtype=float), np.asarray(cost, dtype=float)
     idx = np.arange(m.size) if among is None else np.asarray(among, dtype=np.int64)
     if idx.size == 0:
