@@ -354,3 +354,22 @@ def test_an_upload_whose_header_stalls_is_answered(tmp_path, monkeypatch):
             return r.status
 
     assert _run(go()) == 408
+
+
+def test_an_upload_header_with_a_negative_offset_is_told_so(tmp_path):
+    """Audit: `<offset>-1</offset>` was answered "offset -1 is past the 0 bytes received"."""
+    _, pool, key = _pool(tmp_path)
+
+    async def go() -> list[tuple[int, str]]:
+        async with TestClient(TestServer(pool.app)) as c:
+            _, [(name, max_nbytes, token), *_] = await _first_work(c, key)
+            out = []
+            for offset in (-1, 5):
+                header = _header(f"{name}_out", token, max_nbytes, 1, offset)
+                r = await c.post("/file_upload_handler", data=header + b"x")
+                out.append((r.status, await r.text()))
+            return out
+
+    negative, past = _run(go())
+    assert negative[0] == 400 and "offset -1 is negative: an upload resumes at 0 or more" in negative[1], negative
+    assert past[0] == 400 and "offset 5 is past the 0 bytes received" in past[1], past

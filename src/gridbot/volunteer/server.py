@@ -618,8 +618,11 @@ class VolunteerPool:
             if done.exists():
                 return _upload_reply(0)
             have = part.stat().st_size if part.exists() else 0
-        if not 0 <= offset <= have:
-            return _upload_reply(-1, f"offset {offset} is past the {have} bytes received", 400)
+        if offset < 0:
+            return _upload_reply(-1, f"offset {offset:,} is negative: an upload resumes at 0 or more, up to the "
+                                 f"{have:,} bytes received", 400)
+        if offset > have:
+            return _upload_reply(-1, f"offset {offset:,} is past the {have:,} bytes received", 400)
         if name in self._receiving:  # two writers of one file would mix their bytes
             return _upload_reply(1, "another upload of this file is under way; try again later")
         self._receiving.add(name)
