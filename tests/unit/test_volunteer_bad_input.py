@@ -373,3 +373,24 @@ def test_an_upload_header_with_a_negative_offset_is_told_so(tmp_path):
     negative, past = _run(go())
     assert negative[0] == 400 and "offset -1 is negative: an upload resumes at 0 or more" in negative[1], negative
     assert past[0] == 400 and "offset 5 is past the 0 bytes received" in past[1], past
+
+
+def test_an_upload_header_with_a_huge_size_is_answered_in_a_few_digits(tmp_path):
+    """Audit: `<nbytes>1e300</nbytes>` got a 413 that echoed a 301-digit number."""
+    _, pool, key = _pool(tmp_path)
+
+    async def go() -> list[tuple[int, str]]:
+        async with TestClient(TestServer(pool.app)) as c:
+            _, [(name, max_nbytes, token), *_] = await _first_work(c, key)
+            out = []
+            for nbytes in ("1e300", "-1e300"):
+                header = _header(f"{name}_out", token, max_nbytes, 0).replace(
+                    b"<nbytes>0</nbytes>", f"<nbytes>{nbytes}</nbytes>".encode())
+                r = await c.post("/file_upload_handler", data=header + b"x")
+                out.append((r.status, await r.text()))
+            return out
+
+    huge, below = _run(go())
+    assert huge[0] == 413 and "a file of 1e+300 bytes is over its limit of" in huge[1], huge
+    assert below[0] == 400 and "nbytes is -1e+300: a file's size is 0 or more" in below[1], below
+    assert not re.search(r"\d{20}", huge[1] + below[1])

@@ -605,9 +605,10 @@ class VolunteerPool:
         if not self.tokens.check(fields["xml_signature"], "upload", name, max_nbytes):
             return _upload_reply(-1, "bad upload token", 403)
         if nbytes < 0:
-            return _upload_reply(-1, f"nbytes is {nbytes:,}: a file's size is 0 or more", 400)
+            return _upload_reply(-1, f"nbytes is {_count(nbytes)}: a file's size is 0 or more", 400)
         if nbytes > max_nbytes:
-            return _upload_reply(-1, f"a file of {nbytes:,} bytes is over its limit of {max_nbytes:,}", 413)
+            return _upload_reply(-1, f"a file of {_count(nbytes)} bytes is over its limit of {_count(max_nbytes)}",
+                                 413)
         if self.server.service.dispatcher.view.instance(iid) is None:
             # reported, cancelled or never sent: a token has no expiry, so whether its result is still out decides
             return _upload_reply(-1, "this result is no longer out: its file is not needed")
@@ -619,10 +620,10 @@ class VolunteerPool:
                 return _upload_reply(0)
             have = part.stat().st_size if part.exists() else 0
         if offset < 0:
-            return _upload_reply(-1, f"offset {offset:,} is negative: an upload resumes at 0 or more, up to the "
+            return _upload_reply(-1, f"offset {_count(offset)} is negative: an upload resumes at 0 or more, up to the "
                                  f"{have:,} bytes received", 400)
         if offset > have:
-            return _upload_reply(-1, f"offset {offset:,} is past the {have:,} bytes received", 400)
+            return _upload_reply(-1, f"offset {_count(offset)} is past the {have:,} bytes received", 400)
         if name in self._receiving:  # two writers of one file would mix their bytes
             return _upload_reply(1, "another upload of this file is under way; try again later")
         self._receiving.add(name)
@@ -715,6 +716,12 @@ async def _read_rest(request: web.Request, limit: int) -> bytes:
             raise _TooLarge
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _count(n: int) -> str:
+    """A number from an upload header as a reply says it: 1,234 or, when too long to read, 1e+300 (a header's
+    1e300 is a 301-digit integer once read)."""
+    return f"{n:,}" if abs(n) < 10**15 else f"{float(n):g}"
 
 
 async def _read_upload(request: web.Request, first: bytes, received: int, nbytes: int,
