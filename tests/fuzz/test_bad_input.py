@@ -388,6 +388,17 @@ def test_a_bad_deadline_or_budget_change_is_a_400_naming_the_fix(app):
         assert needle in message, (body, message)
 
 
+def test_a_retry_with_both_indices_and_a_revision_is_a_400_naming_both(app):
+    """Audit: `POST /v1/bags/{bag}/retry` with `indices` and `revision` made the revision and queued every job
+    not done, ignoring `indices` without a word (the command line refuses --jobs with --spec)."""
+    from gridbot.protocol import RetryRequest, SubmitRequest
+
+    assert app.submit(SWEEP).status == 201
+    revised = SubmitRequest(msgspec.structs.replace(SWEEP, command="echo again {x}"))
+    message = refused(app, "POST", "/v1/bags/sweep/retry", msgspec.msgpack.encode(RetryRequest([3], revised)))
+    assert "give indices (failed jobs to queue again) or revision" in message and "not both" in message, message
+
+
 @pytest.mark.parametrize("value", [2**63, 2**64 - 1, -1])
 def test_integers_beyond_what_the_store_holds_are_a_400(app, value):
     assert app.submit(SWEEP).status == 201

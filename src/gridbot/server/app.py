@@ -753,6 +753,9 @@ class Server:
     async def retry(self, request: web.Request) -> web.Response:
         """Queue failed jobs again, or make a new revision of the bag first (`RetryRequest`)."""
         req = _decode(_retry_decoder, await request.read())
+        if req.revision is not None and req.indices is not None:  # the indices were ignored without a word
+            raise BadRequest("give indices (failed jobs to queue again) or revision (a new revision, which queues "
+                             "every job not done), not both")
         row = self._bag(request)
         if req.revision is not None:
             rev = _plain(req.revision)
