@@ -388,6 +388,21 @@ def test_a_bad_deadline_or_budget_change_is_a_400_naming_the_fix(app):
         assert needle in message, (body, message)
 
 
+def test_a_strategy_change_naming_no_placement_on_a_bag_with_a_deadline_says_what_is_wrong(app):
+    """Audit: `POST /v1/bags/{bag}/strategy {}` on a bag with a deadline said "the strategies 'gridbot' and 'gridbot'
+    cannot start": the tail's name and the placement's, unlabelled, both 'gridbot' by default; the trouble is that
+    a change naming no placement asks for 'gridbot', which keeps no deadline, where the bag has cost-time."""
+    assert app.submit(msgspec.structs.replace(SWEEP, bag_deadline=3600.0)).status == 201
+    message = refused(app, "POST", "/v1/bags/sweep/strategy", b"{}", content_type="application/json")
+    assert "'gridbot' and 'gridbot'" not in message and "cannot start" not in message, message
+    assert "placement 'gridbot' does not keep a bag's bag_deadline" in message, message
+    assert "bag sweep has placement 'cost-time' now, and a change that names no placement asks for 'gridbot'" \
+        in message, message
+    ok = app.call("POST", "/v1/bags/sweep/strategy", b'{"tail": "gridbot", "placement": "cost-time"}',
+                  content_type="application/json")
+    assert ok.status == 200, ok.body[:300]
+
+
 def test_a_retry_with_both_indices_and_a_revision_is_a_400_naming_both(app):
     """Audit: `POST /v1/bags/{bag}/retry` with `indices` and `revision` made the revision and queued every job
     not done, ignoring `indices` without a word (the command line refuses --jobs with --spec)."""

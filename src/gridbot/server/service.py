@@ -711,10 +711,15 @@ class Service:
         spec = msgspec.structs.replace(row.spec, strategy=choice)
         try:
             registry.check_bag(spec, bool(self.config.queues))
+        except StrategyError as e:  # said as such: it was "the strategies 'gridbot' and 'gridbot' cannot start"
+            now = row.spec.strategy.placement
+            raise BadRequest(f"{e}; bag {row.name} has placement {now!r} now, and a change that names no placement "
+                             "asks for 'gridbot'") from None
+        try:
             # made once on trial (with a hierarchy of its own): a strategy that cannot start changes nothing
             registry.factory(self.config.dispatch.seed, self.config.queues)(row.bag_id, spec)
         except Exception as e:
-            raise BadRequest(f"the strategies {choice.tail!r} and {choice.placement!r} cannot start: {e}") from None
+            raise BadRequest(f"tail {choice.tail!r} with placement {choice.placement!r} cannot start: {e}") from None
         self.store.set_spec(row.bag_id, spec)
         self.dispatcher.set_strategy(row.bag_id, spec, time.time())
         log.info("bag %d strategy: tail %s, placement %s, %s", row.bag_id, choice.tail, choice.placement,
