@@ -123,6 +123,14 @@ def test_an_swf_log_out_of_submission_order_is_replayed_in_submission_order(tmp_
     assert [(b.name, b.arrival) for b in sc.bags] == [("s-3", 0.0)]  # skip and count go in submission order too
 
 
+@pytest.mark.parametrize("log", ["NASA-iPSC", "CESNET-wagap"])
+def test_the_shipped_logs_replay_their_first_bags_from_time_0(log: str) -> None:
+    """The review of 2026-11-29: a cap of 1e9 s on submit times refused CESNET-wagap, whose are Unix times."""
+    sc = parse_scenario(f'{POOL}[swf_bags.s]\nswf = "{log}"\ncount = 3\n', "s.toml")
+    arrivals = [b.arrival for b in sc.bags]
+    assert len(arrivals) == 3 and arrivals[0] == 0.0 and arrivals == sorted(arrivals), arrivals
+
+
 def test_an_infinite_run_time_exits_2_from_the_command_line(tmp_path: Path) -> None:
     (tmp_path / "inf.swf").write_text("1 0 10 inf 4 -1 -1 4 -1 -1 1 1 1 -1 1 -1 -1 -1\n")
     p = simulate(f'{POOL}[swf_bags.s]\nswf = "inf.swf"\n', tmp_path)

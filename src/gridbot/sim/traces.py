@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from gridbot.errors import GridbotError
-from gridbot.model.spec import MAX_DURATION
 
 TASK_RUNTIMES = "task_runtimes.csv.gz"
 FTA_FITS = "fta_fitted_interval_distributions_from_opendc.csv"
@@ -174,13 +173,18 @@ def swf_jobs(name_or_path: str) -> tuple[SwfJob, ...]:
     return tuple(out)
 
 
+MAX_SUBMIT = 1e11
+"""The latest submit time of an SWF record: seconds from the log's start, or a Unix time (CESNET-wagap's are about
+1.36e9), up to the year 5138; a bag's arrival, counted from the first bag taken, is warned of if past the horizon."""
+
+
 def _swf_times_problem(job: SwfJob) -> str:
     """Why a record's submit or run time cannot be replayed, or "": an infinite run time crashed the check of
     overdue jobs, and an infinite, NaN or negative submit time made a bag that never arrives (one of 1e300 s,
     one that arrives in an absurdly far future)."""
-    if not (math.isfinite(job.submit) and 0 <= job.submit <= MAX_DURATION):
-        return (f"has a submit time (field 2) of {job.submit:g}: it is seconds from the log's start, a number "
-                f"from 0 to {MAX_DURATION:,.0f} (about 31 years)")
+    if not (math.isfinite(job.submit) and 0 <= job.submit <= MAX_SUBMIT):
+        return (f"has a submit time (field 2) of {job.submit:g}: it is seconds from the log's start (or a Unix "
+                f"time, as CESNET's logs have), a number from 0 to {MAX_SUBMIT:g}")
     if not math.isfinite(job.run):
         return f"has a run time (field 4) of {job.run:g}: it is a finite number of seconds (-1 when not recorded)"
     return ""
