@@ -296,3 +296,32 @@ def test_the_servers_overlay_counts_pilots_queued_past_patience_as_stale_and_can
     assert "4 (2 stale)" in cap.get(), cap.get()
     overlay._act({}, {"p": 3}, 4000.0)
     assert adapter.cancelled == ["1", "2", "4"], "the stale ones, oldest first, then the newest fresh one"
+
+
+def test_a_queued_pilot_a_wide_job_is_routed_to_is_not_cancelled_for_a_running_hosts_narrow_fragments():
+    """Found by review: two running hosts with 2 idle slots each counted as a pilot's worth of spare capacity, so
+    the plan cancelled the one queued pilot of 4 slots that the job of 4 slots had just been routed to, and the
+    next step (no pilot queued) submitted it again."""
+    pool = PoolCapacity("A", spare_slots=8, queued_pilots=1, new_pilots=5, pilot_slots=4, idle_hosts=(2, 2))
+    p = plan([BagDemand(1, 4, frozenset({"A"}), cpus=4)], [pool])
+    assert p.cancel == {} and p.submit == {} and p.unmet == {}
+    stale = PoolCapacity("A", spare_slots=8, queued_pilots=2, new_pilots=5, pilot_slots=4, idle_hosts=(2, 2),
+                         stale_pilots=1)
+    assert plan([BagDemand(1, 4, frozenset({"A"}), cpus=4)], [stale]).cancel == {}, "the job still wants the pool"
+    assert plan([], [stale]).cancel == {"A": 2}
+
+
+def test_for_one_slot_jobs_without_stale_pilots_the_cancellations_are_those_of_before():
+    """The surplus counted as wide jobs use the slots is, for jobs of one slot, the old count: the idle pilots'
+    worth of spare slots beyond the demand, at most the queued ones."""
+    rng = random.Random(7)
+    for _ in range(2000):
+        slots = rng.randint(1, 4)
+        queued = rng.randint(0, 5)
+        spare = queued * slots + rng.randint(0, 10)
+        pool = PoolCapacity("a", spare, queued, rng.randint(0, 5), slots)
+        demands = [BagDemand(1, rng.randint(0, 30), frozenset({"a"}))] if rng.random() < 0.8 else []
+        p = plan(demands, [pool])
+        existing = min(spare, sum(d.slots for d in demands))
+        old = min((spare - existing) // slots, queued)
+        assert p.cancel.get("a", 0) == old, (slots, queued, spare, demands, p)

@@ -163,14 +163,27 @@ def plan(demands: Sequence[BagDemand], pools: Sequence[PoolCapacity]) -> Plan:
         n = -(-added[p.name] // p.pilot_slots)
         if n:
             submit[p.name] = min(n, p.new_pilots)
-        idle = (max(0, p.spare_slots) - existing[p.name]) // p.pilot_slots
-        fresh = p.queued_pilots - p.stale_pilots
-        # the stale pilots are surplus once no bag wants the pool, or it has a whole pilot's worth beyond the demand
-        wanted = any(p.name in d.pools for d in demands)
-        n = min(idle, fresh) + (p.stale_pilots if idle > 0 or not wanted else 0)
+        n = _surplus(p, existing[p.name], [d.cpus for d in demands if p.name in d.pools])
         if n > 0:
             cancel[p.name] = n
     return Plan(submit, cancel, {b: n for b, n in unmet.items() if n})
+
+
+def _surplus(p: PoolCapacity, taken: int, widths: Sequence[int]) -> int:
+    """How many of a pool's queued pilots no demand needs: the fresh ones beyond what the demand took of the
+    pool's spare slots (`taken`) past those of its running pilots, and the stale ones too once no bag wants the
+    pool or it has a whole pilot's worth beyond the demand. The slots are counted as the widest job that wants
+    the pool can use them (`PoolCapacity.spare_for`): a running host's idle fragment narrower than that job is
+    no capacity for it, and counting it as such cancelled the very queued pilot the job was routed to, which
+    the next step submitted again (found by review)."""
+    width = max(widths, default=1)
+    per_pilot = max(1, p.pilot_slots // width * width if width > 1 else p.pilot_slots)
+    fresh = p.queued_pilots - p.stale_pilots
+    usable = max(0, p.spare_for(width))
+    on_running = max(0, usable - fresh * per_pilot)
+    needed = -(-max(0, taken - on_running) // per_pilot)
+    spare_pilot = usable - taken >= per_pilot
+    return max(0, min(fresh - needed, fresh)) + (p.stale_pilots if spare_pilot or not widths else 0)
 
 
 def _onto_spare(demands: Sequence[BagDemand], pools: Sequence[PoolCapacity]) -> tuple[dict[str, int], list[int]]:
