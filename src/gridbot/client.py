@@ -62,6 +62,7 @@ from gridbot.protocol import (
     RetryAnswer,
     RetryRequest,
     SubmitRequest,
+    lean,
 )
 from gridbot.results import ResultsFolder
 from gridbot.schedulers import registry
@@ -306,7 +307,8 @@ class Client:
     def submit(self, spec: BagSpec, lines: Sequence[str] | None = None,
                inputs: dict[str, bytes] | None = None) -> BagInfo:
         """Submit a validated spec (with its commands, for each-line bags, and its input files)."""
-        body = msgspec.msgpack.encode(SubmitRequest(spec, list(lines) if lines is not None else None, inputs or {}))
+        body = msgspec.msgpack.encode(lean(SubmitRequest(spec, list(lines) if lines is not None else None,
+                                                         inputs or {})))
         return self._request("POST", "/v1/bags", body, BagInfo)  # type: ignore[no-any-return]
 
     def submit_file(self, path: str | Path, name: str | None = None, max_jobs: int = DEFAULT_MAX_JOBS) -> BagInfo:
@@ -384,7 +386,7 @@ class Client:
 
     def set_strategy(self, ref: str | int, choice: StrategyChoice) -> BagInfo:
         """Change a running bag's `[strategy]`; its strategies are made anew from the next decision on."""
-        body = msgspec.json.encode(choice)
+        body = msgspec.json.encode(lean(choice))
         return self._request("POST", f"/v1/bags/{_q(ref)}/strategy", body, BagInfo,  # type: ignore[no-any-return]
                              "application/json")
 
@@ -475,7 +477,7 @@ class Client:
 
     def retry(self, ref: str | int, indices: Sequence[int] | None = None) -> RetryAnswer:
         """Queue the bag's failed jobs again (those at `indices`, else all), re-opening it if it had ended."""
-        body = msgspec.msgpack.encode(RetryRequest(list(indices) if indices is not None else None))
+        body = msgspec.msgpack.encode(lean(RetryRequest(list(indices) if indices is not None else None)))
         return self._request("POST", f"/v1/bags/{_q(ref)}/retry", body, RetryAnswer)  # type: ignore[no-any-return]
 
     def revise(self, spec: BagSpec, lines: Sequence[str] | None = None,
@@ -483,7 +485,7 @@ class Client:
         """Make `spec` (its lines, its inputs) the next revision of the bag of its name and queue its failed
         jobs again: done jobs keep their results, the others run the new command."""
         revision = SubmitRequest(spec, list(lines) if lines is not None else None, inputs or {})
-        body = msgspec.msgpack.encode(RetryRequest(None, revision))
+        body = msgspec.msgpack.encode(lean(RetryRequest(None, revision)))
         return self._request("POST", f"/v1/bags/{_q(spec.name)}/retry", body,  # type: ignore[no-any-return]
                              RetryAnswer)
 

@@ -6,6 +6,8 @@ msgpack to clients that ask for it. Version 1 of the protocol lives under `/v1/`
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from gridbot.core.changes import BagCounts, Decision, Event
@@ -20,6 +22,34 @@ from gridbot.schedulers.expert.planner import Observed
 # a misspelled one was dropped without a word; what the server sends keeps taking unknown fields, so that an older
 # client still reads a newer server's answers.
 MSGPACK = "application/msgpack"
+
+
+def lean(message: msgspec.Struct) -> dict[str, Any]:
+    """A request as the fields set away from their defaults, nested messages alike, for the wire: the server
+    refuses a field it does not know, so a client that sent every field, defaults included, would be refused by
+    every older server as soon as a field was added, though its user never set it. Sent lean, only a request
+    that uses what the server lacks is refused (the review of 2026-11-29)."""
+    out: dict[str, Any] = {}
+    for f in msgspec.structs.fields(message):
+        value = getattr(message, f.name)
+        if f.default is not msgspec.NODEFAULT and _same(value, f.default):
+            continue
+        if f.default_factory is not msgspec.NODEFAULT and _same(value, f.default_factory()):
+            continue
+        out[f.encode_name] = _lean_value(value)
+    return out
+
+
+def _same(value: object, default: object) -> bool:
+    return type(value) is type(default) and value == default
+
+
+def _lean_value(value: object) -> object:
+    if isinstance(value, msgspec.Struct):
+        return lean(value)
+    if isinstance(value, list) and value and isinstance(value[0], msgspec.Struct):
+        return [_lean_value(v) for v in value]
+    return value
 DEFAULT_PORT = 8470
 
 

@@ -735,3 +735,27 @@ def test_a_spec_sent_with_every_field_it_knows_is_stored_as_a_plain_spec(app):
     [held] = [b.spec for b in app.service.dispatcher.view.bags()]
     for s in (stored, held):
         assert type(s) is BagSpec and type(s.strategy) is StrategyChoice and s == spec
+
+
+def test_a_parameters_unknown_field_is_refused_too(app):
+    spec = msgspec.to_builtins(SWEEP)
+    spec["parameters"][0]["stpe"] = "2"
+    message = refused(app, "POST", "/v1/bags", msgspec.msgpack.encode({"spec": spec}))
+    assert "unknown field `stpe`" in message and "did you mean `step`?" in message, message
+
+
+def test_a_client_sends_only_the_fields_set_so_a_field_added_later_does_not_break_an_older_server(app):
+    """The review of 2026-11-29: clients sent every field, defaults included, so once a field was added to a spec,
+    every submission of a newer client to an older server would be refused. `lean` sends what was set."""
+    from gridbot.protocol import SubmitRequest, lean
+
+    class NewerSpec(BagSpec, frozen=True):
+        a_field_of_a_later_version: int = 0
+
+    newer = NewerSpec(SWEEP.name, SWEEP.command, SWEEP.parameters)
+    assert lean(SubmitRequest(newer)) == {"spec": {"name": "sweep", "command": "echo {x}", "parameters": [
+        {"name": "x", "start": "1", "stop": "100", "step": "1"}]}}
+    assert app.call("POST", "/v1/bags", msgspec.msgpack.encode(lean(SubmitRequest(newer)))).status == 201
+    used = msgspec.structs.replace(newer, name="b2", a_field_of_a_later_version=3)
+    message = refused(app, "POST", "/v1/bags", msgspec.msgpack.encode(lean(SubmitRequest(used))))
+    assert "unknown field `a_field_of_a_later_version`" in message, "a request using what the server lacks is told"

@@ -72,10 +72,16 @@ class _SentStrategy(StrategyChoice, frozen=True, forbid_unknown_fields=True):
     kept GridBot's tail without a word). Made a StrategyChoice again by `_plain`."""
 
 
+class _SentParameter(Parameter, frozen=True, forbid_unknown_fields=True):
+    """A parameter as a client sends it: `{"name": "x", "values": ["1"], "stpe": "2"}` is refused, not taken for
+    `values` alone."""
+
+
 class _SentSpec(BagSpec, frozen=True, forbid_unknown_fields=True):
     """A spec as a client sends it: a key the server does not know is refused (a misspelled `instance_deadlin`
     was dropped and the default used). Made a BagSpec again by `_plain` (a subclass is not equal to its base)."""
 
+    parameters: list[_SentParameter] = msgspec.field(default_factory=list)  # type: ignore[assignment]
     strategy: _SentStrategy = msgspec.field(default_factory=_SentStrategy)
 
 
@@ -94,21 +100,33 @@ _register_decoder = msgspec.msgpack.Decoder(RegisterRequest)
 _retry_decoder = msgspec.msgpack.Decoder(_SentRetry)
 _strategy_decoder = msgspec.json.Decoder(_SentStrategy)
 _qos_decoder = msgspec.json.Decoder(QosChange)
-_FIELDS = sorted({f for t in (_SentSubmit, _SentSpec, _SentStrategy, Parameter, RegisterRequest, PolicyChange,
-                              QosChange, RetryRequest) for f in t.__struct_fields__})
-"""Every field a client may send, for the hint of an unknown one."""
+_NESTED: dict[str, type[msgspec.Struct]] = {"spec": BagSpec, "parameters": Parameter, "strategy": StrategyChoice,
+                                            "revision": SubmitRequest}
+"""The message a request's field holds, by the field's name: where msgspec says an unknown field is (`$.spec`),
+the fields it could have meant."""
+
+
+S = TypeVar("S", bound=msgspec.Struct)
+
+
+def _as(base: type[S], sent: S) -> S:
+    """`sent`, a strict subclass's instance (`_SentSpec`, ...), as its plain `base`, every field copied."""
+    return base(**{f: getattr(sent, f) for f in base.__struct_fields__})
 
 
 def _plain_strategy(choice: StrategyChoice) -> StrategyChoice:
-    return StrategyChoice(choice.tail, choice.placement, choice.options)
+    return _as(StrategyChoice, choice)
 
 
 def _plain(req: SubmitRequest) -> SubmitRequest:
-    """A decoded submission with a plain BagSpec and StrategyChoice, as the rest of the server and the store know
-    them (`_SentSpec` only refused unknown keys)."""
-    fields = {f: getattr(req.spec, f) for f in BagSpec.__struct_fields__}
-    fields["strategy"] = _plain_strategy(req.spec.strategy)
-    return SubmitRequest(BagSpec(**fields), req.lines, req.inputs)
+    """A decoded submission with a plain BagSpec, StrategyChoice and Parameters, as the rest of the server and the
+    store know them (the `_Sent` types only refused unknown keys; a subclass is not equal to its base)."""
+    spec = req.spec
+    fields = {f: getattr(spec, f) for f in BagSpec.__struct_fields__ if f not in ("strategy", "parameters")}
+    return SubmitRequest(BagSpec(**fields, strategy=_plain_strategy(spec.strategy),
+                                 parameters=[_as(Parameter, p) for p in spec.parameters]), req.lines, req.inputs)
+
+
 T = TypeVar("T")
 
 
@@ -146,9 +164,13 @@ def _decode(decoder: msgspec.msgpack.Decoder[T] | msgspec.json.Decoder[T], body:
         return decoder.decode(body)
     except msgspec.ValidationError as e:
         text = str(e)  # it may quote the value: an enum of 100 KB was echoed whole
-        unknown = re.match(r"Object contains unknown field `(.{1,80}?)`", text)
+        unknown = re.match(r"Object contains unknown field `(.{1,80}?)`(?: - at `\$((?:\.\w+(?:\[\d+\])?)*)`)?", text)
         if unknown:
-            near = difflib.get_close_matches(unknown.group(1), _FIELDS, n=1)
+            where = re.sub(r"\[\d+\]", "", (unknown.group(2) or "").rpartition(".")[2])
+            message = _NESTED.get(where) or getattr(decoder, "type", None)
+            known = list(getattr(message, "__struct_fields__", ()))
+            word = unknown.group(1)  # two letters swapped first: difflib takes `stop` for `stpe`
+            near = [k for k in known if sorted(k) == sorted(word)][:1] or difflib.get_close_matches(word, known, n=1)
             text += f"; did you mean `{near[0]}`?" if near else "; gridbot.protocol gives the fields each request takes"
         raise BadRequest((text if len(text) <= 400 else f"{text[:200]}...{text[-150:]}") + _json_hint(decoder, body)) \
             from None

@@ -30,7 +30,15 @@ import msgspec
 from gridbot.errors import GridbotError
 from gridbot.model.pacing import PaceConfig, Pacing
 from gridbot.model.records import Assignment, HostInfo, InstanceReport, Outcome
-from gridbot.protocol import MSGPACK, ErrorBody, ExchangeRequest, ExchangeResponse, RegisterRequest, Registration
+from gridbot.protocol import (
+    MSGPACK,
+    ErrorBody,
+    ExchangeRequest,
+    ExchangeResponse,
+    RegisterRequest,
+    Registration,
+    lean,
+)
 from gridbot.security import tls
 from gridbot.security.keys import write_private
 from gridbot.worker import hostid
@@ -249,7 +257,7 @@ class Worker:
 
     async def _register(self) -> Registration | None:
         assert self._session is not None
-        body = msgspec.msgpack.encode(RegisterRequest(self.host.name))
+        body = msgspec.msgpack.encode(lean(RegisterRequest(self.host.name)))
         first_failure = 0.0
         for attempt in range(1, 1_000_000):
             try:
