@@ -468,6 +468,9 @@ def test_a_bad_query_parameter_is_a_400(app, query):
     ("/v1/console/hosts", "page=-5", "out of range: give a whole number from 0 to 9223372036854775807"),
     ("/v1/console/hosts", "size=" + "9" * 5000, "9999'... is out of range: give a whole number from 0 to"),
     ("/v1/console/hosts", "page=x", "is not a whole number: give one from 0 to"),
+    ("/v1/console/hosts", "page=+5", "is written with a sign or leading zeros: give the number in digits alone"),
+    ("/v1/bags/sweep/jobs", "after=" + "0" * 19 + "1", "written with a sign or leading zeros"),  # (review)
+    ("/v1/bags/sweep/jobs", "after=-" + "9" * 5000, "out of range"),
     ("/v1/bags/sweep/wait", "timeout=-1", "out of range: give a number of seconds from 0 to 30"),
     ("/v1/bags/sweep/wait", "timeout=1e400", "out of range: give a number of seconds from 0 to 30"),
     ("/v1/bags/sweep/wait", "timeout=soon", "is not a number: give a number of seconds from 0 to 30")])

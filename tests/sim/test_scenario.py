@@ -163,6 +163,10 @@ def test_an_availability_of_zero_is_refused_not_simulated_to_the_horizon(life):
     saying that no worker was connected."""
     with pytest.raises(SpecError, match=r"is a life of .*would end the moment it started"):
         parse_scenario(f'[pools.p]\nsize = 5\navailability = {life}\n[bags.b]\njobs = 1\nruntime = 1\n', "s.toml")
+    half_normal = '{ dist = "normal", mean = 0, sd = "10h" }'  # (review: its draws, clipped at 0, live ~8 h)
+    sc = parse_scenario(f'[pools.p]\nsize = 5\navailability = {half_normal}\n[bags.b]\njobs = 1\nruntime = 1\n',
+                        "s.toml")
+    assert sc.pools[0].availability is not None
 
 
 # job submit wait run procs cpu mem req-procs req-time req-mem status user group exe queue partition prec think

@@ -352,9 +352,14 @@ def test_a_named_utility_whose_bound_no_strategy_can_meet_is_refused(text):
 def test_an_expression_that_is_no_finite_number_is_refused_when_read(text):
     """Audit: '1/0' was read (and taken as a bag's [strategy] utility), then chose no strategy, and `gridbot plan`
     said to "give a looser --deadline or --budget" that nobody had given."""
-    with pytest.raises(ExpressionError, match=r"is not a finite number whatever the makespan and cost \(e\.g\. a "
-                                              r"division by zero.*such as 'Makespan \* Cost'"):
+    with pytest.raises(ExpressionError, match=r"is not a finite number at any makespan and cost tried \(0 to 1e10; "
+                                              r"e\.g\. a division by zero.*such as 'Makespan \* Cost'"):
         utility(text)
+
+
+def test_an_expression_finite_only_at_long_makespans_is_read():
+    """The review of 2026-11-29: probes up to 1e6 s refused one finite from 23 days on."""
+    utility("(Makespan - 2e6) ** 0.5")
 
 
 def test_an_expression_infinite_only_on_some_points_is_read_and_never_taken_for_a_bound():

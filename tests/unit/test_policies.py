@@ -102,6 +102,9 @@ def test_an_integer_beyond_64_bits_is_refused_not_taken_for_0(name, text):
 def test_integers_within_64_bits_floats_and_digits_in_strings_or_names_are_kept():
     compile_policies({"Rank": "9223372036854775807 + 1e19 + 10000000000000000000.0",
                       "JobRequirements": 'Host.Name != "10000000000000000000" && Host.Slots > 0x10'}, 60)
+    # (the review: in comments, and INT64_MIN, which classad2 reads right)
+    compile_policies({"JobRequirements": "Host.Memory > 100 // was 10000000000000000000\n",
+                      "Rank": "-9223372036854775808 + Host.Memory /* 10000000000000000000 */"}, 60)
 
 
 def test_string_literals_are_not_taken_for_attributes():

@@ -163,9 +163,11 @@ def parse(name: str, text: str) -> ExprTree:
         raise PolicyError(name, text, "is empty", "write an expression, or leave the policy out for its default")
     if len(text) > MAX_POLICY_CHARS:
         raise PolicyError(name, text[:60] + "...", f"is longer than {MAX_POLICY_CHARS} characters")
-    for m in _INT.finditer(_QUOTED.sub("''", _STRING.sub('""', text))):
+    bare = _QUOTED.sub("''", _bare(text))
+    for m in _INT.finditer(bare):
         digits = m.group(1).lstrip("0")
-        if len(digits) > 19 or (len(digits) == 19 and int(digits) > 2**63 - 1):  # (no int() of 5,000 digits)
+        top = 2**63 if bare[:m.start()].rstrip().endswith("-") else 2**63 - 1  # -9223372036854775808 is one
+        if len(digits) > 19 or (len(digits) == 19 and int(digits) > top):  # (no int() of 5,000 digits)
             shown = digits if len(digits) <= 30 else f"{digits[:12]}... ({len(digits):,} digits)"
             raise PolicyError(name, text, f"the integer {shown} is beyond what a ClassAd integer holds (64 bits, at "
                               "most 9223372036854775807): it would count as 0",
@@ -185,10 +187,18 @@ def parse(name: str, text: str) -> ExprTree:
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 _QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'")
 """An attribute name in single quotes, which may hold digits."""
+_COMMENT = re.compile(r"//[^\n]*|/\*.*?(?:\*/|$)", re.DOTALL)
+"""A comment, which the ClassAd parser skips."""
 _INT = re.compile(r"(?<![\w.])(\d+)(?![\w.])")
 """An integer literal: digits not part of a name, a float (`1.5`, `1e19`) or a hexadecimal number."""
 _LOCAL = re.compile(r"[\[;]\s*([A-Za-z_]\w*)\s*=(?!=)")
 _REF = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\s*\.\s*[A-Za-z_]\w*)*)(\s*\()?")
+
+
+def _bare(text: str) -> str:
+    """`text` without what the ClassAd parser reads as no expression: its strings' contents and its comments
+    (a `// was 10000000000000000000` was taken for an integer, `// was` for an attribute)."""
+    return _COMMENT.sub(" ", _STRING.sub('""', text))
 
 
 def check_references(name: str, text: str) -> None:
@@ -196,7 +206,7 @@ def check_references(name: str, text: str) -> None:
 
     Names defined inside a nested ad literal of the expression (`[x = 1; y = x + 1].y`) are its own.
     """
-    bare = _STRING.sub('""', text)
+    bare = _bare(text)
     local = {m.group(1).lower() for m in _LOCAL.finditer(bare)}
     for m in _REF.finditer(bare):
         if m.group(2):  # a function call
@@ -261,7 +271,7 @@ request (the security review of 2026-11-29)."""
 
 def regex_calls(text: str) -> int:
     """How many regular-expression functions `text` calls."""
-    bare = _STRING.sub('""', text)
+    bare = _bare(text)
     return sum(1 for m in _REF.finditer(bare) if m.group(2) and m.group(1).lower() in REGEX_FUNCTIONS)
 
 
@@ -365,7 +375,7 @@ def is_number(value: object) -> bool:
 def references(text: str) -> list[str]:
     """The attribute references of an expression (`Host.Slots`, `Tail`), without keywords, function names and
     strings: none means that its value is the same on every host."""
-    bare = _STRING.sub('""', text)
+    bare = _bare(text)
     return [m.group(1) for m in _REF.finditer(bare) if not m.group(2) and m.group(1).lower() not in KEYWORDS]
 
 

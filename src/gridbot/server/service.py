@@ -712,9 +712,10 @@ class Service:
         try:
             registry.check_bag(spec, bool(self.config.queues))
         except StrategyError as e:  # said as such: it was "the strategies 'gridbot' and 'gridbot' cannot start"
-            now = row.spec.strategy.placement
-            raise BadRequest(f"{e}; bag {row.name} has placement {now!r} now, and a change that names no placement "
-                             "asks for 'gridbot'") from None
+            now, default = row.spec.strategy.placement, StrategyChoice().placement
+            unnamed = (f"; bag {row.name} has placement {now!r} now, and a change that names no placement asks for "
+                       f"{default!r}") if choice.placement == default != now else ""
+            raise BadRequest(f"{e}{unnamed}") from None
         try:
             # made once on trial (with a hierarchy of its own): a strategy that cannot start changes nothing
             registry.factory(self.config.dispatch.seed, self.config.queues)(row.bag_id, spec)
@@ -1007,6 +1008,11 @@ def query_whole_number(raw: str, key: str, least: int = 0) -> int:
         return value
     shown = f"{raw[:40]!r}" + ("..." if len(raw) > 40 else "")
     if _SIGNED_DIGITS.fullmatch(raw):
+        digits = raw.lstrip("+-").lstrip("0")
+        number = None if len(digits) > 19 else -int(digits or "0") if raw.startswith("-") else int(digits or "0")
+        if number is not None and least <= number <= MAX_WHOLE:  # `+5`, `-0`, `0001`: in range, written otherwise
+            raise BadRequest(f"query parameter {key}={shown} is written with a sign or leading zeros: give the "
+                             f"number in digits alone, from {least} to {MAX_WHOLE}, like {number}")
         raise BadRequest(f"query parameter {key}={shown} is out of range: give a whole number from {least} to "
                          f"{MAX_WHOLE}")
     raise BadRequest(f"query parameter {key}={shown} is not a whole number: give one from {least} to {MAX_WHOLE}")

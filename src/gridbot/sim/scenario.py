@@ -808,7 +808,8 @@ def _life(what: str) -> Callable[[Any], Dist]:
     worker was connected (the audit of 2026-11-29)."""
     def convert(v: Any) -> Dist:
         dist = parse_dist(v, what)
-        if not dist.mean > 0:
+        rng = random.Random(0)  # (a normal's mean is not its clipped draws': mean 0, sd 10h lives about 8 h)
+        if not dist.mean > 0 and not any(dist.sample(rng) > 0 for _ in range(64)):
             raise ValueError(f"is a life of {dist.describe}: every pilot (a host, for availability) would end the "
                              'moment it started; give a life above zero, like { dist = "weibull", shape = 0.5, '
                              'scale = "90h" }, or leave the key out for none')

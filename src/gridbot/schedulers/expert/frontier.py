@@ -93,7 +93,7 @@ class Utility:
         with np.errstate(all="ignore"):
             values = np.asarray(score(m.ravel(), c.ravel()), dtype=float)
         if not np.isfinite(values).any():
-            raise ExpressionError(f"utility {text!r} is not a finite number whatever the makespan and cost (e.g. "
+            raise ExpressionError(f"utility {text!r} is not a finite number at any makespan and cost tried (0 to 1e10; e.g. "
                                   f"{NOT_FINITE}); {FINITE_FIX}")
         return cls(text, score)
 
@@ -121,7 +121,7 @@ def utility(spec: str) -> Utility:
 NOT_FINITE = "a division by zero, a number too large, or a fractional power of a negative number"
 """Why an expression is not a finite number."""
 FINITE_FIX = "write one that is, such as 'Makespan * Cost', or name one: makespan, cost or product"
-_PROBES = np.array([0.0, 1e-3, 1.0, 60.0, 3600.0, 1e6])
+_PROBES = np.array([0.0, 1e-3, 1.0, 60.0, 3600.0, 1e6, 1e8, 1e10])
 """Makespans and costs an expression is tried on when it is read: it must be a finite number at one of them."""
 
 
