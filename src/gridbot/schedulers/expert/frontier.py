@@ -93,8 +93,8 @@ class Utility:
         with np.errstate(all="ignore"):
             values = np.asarray(score(m.ravel(), c.ravel()), dtype=float)
         if not np.isfinite(values).any():
-            raise ExpressionError(f"utility {text!r} is not a finite number at any makespan and cost tried (0 to 1e10; e.g. "
-                                  f"{NOT_FINITE}); {FINITE_FIX}")
+            raise ExpressionError(f"utility {text!r} is not a finite number at any makespan and cost tried (0 to "
+                                  f"1e10; e.g. {NOT_FINITE}); {FINITE_FIX}")
         return cls(text, score)
 
 
