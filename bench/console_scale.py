@@ -75,6 +75,8 @@ def main() -> None:
     ap.add_argument("--hosts", type=int, default=10_000)
     ap.add_argument("--dir", default=None)
     args = ap.parse_args()
+    if args.dir is not None:
+        Path(args.dir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         path = Path(tmp) / "big.db"
         t = time.perf_counter()

@@ -27,6 +27,8 @@ class PlainHostInfo(msgspec.Struct, frozen=True):
     pool: str = "local"
     prefetch: int = 0
     session: str = ""
+    account: str = ""
+    speed: float = 0.0
 
 
 class PlainReport(msgspec.Struct, frozen=True):
@@ -46,6 +48,7 @@ class PlainExchange(msgspec.Struct, frozen=True):
     want: int
     running: list[int]
     reports: list[PlainReport] = msgspec.field(default_factory=list)
+    fetched: tuple[int, float] = (0, 0.0)
 
 
 def message(n: int) -> bytes:
@@ -68,8 +71,9 @@ def main() -> None:
     body = message(args.reports)
     decoders = {"constrained": msgspec.msgpack.Decoder(ExchangeRequest),
                 "plain": msgspec.msgpack.Decoder(PlainExchange)}
-    assert msgspec.to_builtins(decoders["constrained"].decode(body)) == \
-        msgspec.to_builtins(decoders["plain"].decode(body))
+    if msgspec.to_builtins(decoders["constrained"].decode(body)) != msgspec.to_builtins(decoders["plain"].decode(body)):
+        raise SystemExit("the plain copies of the protocol's Structs no longer match gridbot.protocol's: add the "
+                         "fields they lack (PlainHostInfo, PlainReport, PlainExchange)")
     number = max(1, 200_000 // args.reports)
     times: dict[str, list[float]] = {k: [] for k in decoders}
     for run in range(args.runs):
