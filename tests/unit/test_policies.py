@@ -224,3 +224,19 @@ def test_a_policy_that_backtracks_on_its_own_bags_name_is_refused_and_regexps_ar
     many = " || ".join([clause] * (MAX_REGEX_CALLS + 1))
     with pytest.raises(PolicyError, match=f"over the limit of {MAX_REGEX_CALLS}"):
         validate_policies({"JobRequirements": many}, 86400, time.perf_counter, "sweep")
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("Pool.'//' =?= undefined || " + " || ".join(['regexp("a", Host.Name)'] * 8), "calls regular-expression"),
+    ("Pool.'//' =?= undefined || Hots.Slots > 2", "Hots.Slots is not an attribute"),
+    ("Pool.'/*' =?= undefined || Host.Slots > 99999999999999999999", "beyond what a ClassAd integer holds"),
+    ('Host.Slots > 1 // a "quote\n&& Hots.Slots == "x"', "Hots.Slots is not an attribute"),
+    ("Host.Memory - 9223372036854775808", "beyond what a ClassAd integer holds"),
+])
+def test_a_comment_marker_in_a_quoted_name_hides_nothing_from_the_checks(text, needle):
+    """The review of 2026-11-29: comments were stripped after strings but before quoted names, so a `//` inside
+    `Pool.'//'` hid the rest of the policy from the regexp cap and the attribute and integer checks; and 2**63
+    after a binary minus was taken for INT64_MIN (classad2 reads it as 0 there)."""
+    with pytest.raises(PolicyError) as info:
+        validate_policies({"JobRequirements" if "Memory -" not in text else "Rank": text}, 60)
+    assert needle in str(info.value)

@@ -166,7 +166,7 @@ def parse(name: str, text: str) -> ExprTree:
     bare = _QUOTED.sub("''", _bare(text))
     for m in _INT.finditer(bare):
         digits = m.group(1).lstrip("0")
-        top = 2**63 if bare[:m.start()].rstrip().endswith("-") else 2**63 - 1  # -9223372036854775808 is one
+        top = 2**63 if _negated(bare[:m.start()]) else 2**63 - 1  # -9223372036854775808 is one
         if len(digits) > 19 or (len(digits) == 19 and int(digits) > top):  # (no int() of 5,000 digits)
             shown = digits if len(digits) <= 30 else f"{digits[:12]}... ({len(digits):,} digits)"
             raise PolicyError(name, text, f"the integer {shown} is beyond what a ClassAd integer holds (64 bits, at "
@@ -187,8 +187,10 @@ def parse(name: str, text: str) -> ExprTree:
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 _QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'")
 """An attribute name in single quotes, which may hold digits."""
-_COMMENT = re.compile(r"//[^\n]*|/\*.*?(?:\*/|$)", re.DOTALL)
-"""A comment, which the ClassAd parser skips."""
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|//[^\n]*|/\*.*?(?:\*/|$)', re.DOTALL)
+"""A string, an attribute name in single quotes or a comment, whichever starts first: a `//` inside a quoted name
+is no comment, nor a `"` inside a comment a string (the review of 2026-11-29: `Pool.'Host//y' || ...` hid the
+rest of a policy from the regexp cap and the attribute and integer checks)."""
 _INT = re.compile(r"(?<![\w.])(\d+)(?![\w.])")
 """An integer literal: digits not part of a name, a float (`1.5`, `1e19`) or a hexadecimal number."""
 _LOCAL = re.compile(r"[\[;]\s*([A-Za-z_]\w*)\s*=(?!=)")
@@ -198,7 +200,17 @@ _REF = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\s*\.\s*[A-Za-z_]\w*)*)(\s*\()?")
 def _bare(text: str) -> str:
     """`text` without what the ClassAd parser reads as no expression: its strings' contents and its comments
     (a `// was 10000000000000000000` was taken for an integer, `// was` for an attribute)."""
-    return _COMMENT.sub(" ", _STRING.sub('""', text))
+    return _TOKEN.sub(lambda m: '""' if m[0][0] == '"' else m[0] if m[0][0] == "'" else " ", text)
+
+
+def _negated(before: str) -> bool:
+    """Whether the number after `before` has a unary minus: `-` with nothing, an operator or an opening bracket
+    before it (`5 - 9223372036854775808` subtracts, and there the literal is read as 0)."""
+    head = before.rstrip()
+    if not head.endswith("-"):
+        return False
+    rest = head[:-1].rstrip()
+    return not rest or rest[-1] in "([{,;?:!=<>&|+-*/%^~"
 
 
 def check_references(name: str, text: str) -> None:
