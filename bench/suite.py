@@ -478,7 +478,9 @@ def main() -> None:
             parts.append(harness.pg_settings())
         except Exception as e:  # said in the header; scenario 2 then fails on its own
             parts.append(f"PostgreSQL at {harness.PG_ADMIN}: cannot read its settings ({e})")
-    if (args.peers and 1 in args.only) or (capacity_peers and 2 in args.only):
+    # gridbot-loop is gridbot's own worker, run from gridbot's virtualenv: it needs no peers' one
+    if ([p for p in args.peers if p != LOOP] and 1 in args.only) or \
+            ([p for p in capacity_peers if p != LOOP] and 2 in args.only):
         parts.append(ensure_peers())
     parts.append("")
     print("\n".join(parts), flush=True)

@@ -35,10 +35,12 @@ SCRIPTS = [
 
 @pytest.mark.parametrize(("command", "says"), SCRIPTS, ids=[c.split()[0] for c, _ in SCRIPTS])
 def test_the_benchmark_script_runs_and_prints_its_figures(tmp_path: Path, command: str, says: list[str]) -> None:
-    script, *args = command.format(tmp=tmp_path).split()
+    script, *args = [word.format(tmp=tmp_path) for word in command.split()]
+    peers = (ROOT / ".venv-peers").exists()
     p = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], cwd=tmp_path, capture_output=True,
-                       text=True, timeout=600)
+                       text=True, timeout=280)  # (under pytest's own 300 s, so the script is stopped, not orphaned)
     out = p.stdout + p.stderr
     assert p.returncode == 0 and "Traceback" not in out, out[-3000:]
+    assert (ROOT / ".venv-peers").exists() == peers, "gridbot's own rows install no peers' virtualenv"
     for words in says:
         assert words in out, (words, out[-3000:])

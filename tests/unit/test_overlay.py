@@ -309,6 +309,12 @@ def test_a_queued_pilot_a_wide_job_is_routed_to_is_not_cancelled_for_a_running_h
                          stale_pilots=1)
     assert plan([BagDemand(1, 4, frozenset({"A"}), cpus=4)], [stale]).cancel == {}, "the job still wants the pool"
     assert plan([], [stale]).cancel == {"A": 2}
+    # the second review: hosts that left are still listed (until the host timeout), so the fragments (2, 2) are
+    # more than the running pilots' 2 free slots; they were taken for a pilot's worth, and the queued pilot was
+    # cancelled and submitted again at every step
+    gone = PoolCapacity("A", spare_slots=6, queued_pilots=1, new_pilots=5, pilot_slots=4, idle_hosts=(2, 2))
+    p = plan([BagDemand(1, 4, frozenset({"A"}), cpus=4)], [gone])
+    assert p.cancel == {} and p.submit == {}, p
 
 
 def test_for_one_slot_jobs_without_stale_pilots_the_cancellations_are_those_of_before():

@@ -59,10 +59,12 @@ class PoolCapacity:
         spare = max(0, self.spare_slots)
         if cpus <= 1 or self.idle_hosts is None:
             return spare
-        on_hosts = sum(self.idle_hosts)
-        whole = sum(i // cpus * cpus for i in self.idle_hosts)
-        pilots = max(0, spare - on_hosts) // max(1, self.pilot_slots)
-        return min(spare, whole + pilots * (self.pilot_slots // cpus * cpus))
+        fresh = max(0, self.queued_pilots - self.stale_pilots)
+        running = max(0, spare - fresh * self.pilot_slots)  # free slots of the running pilots
+        # (hosts that left are listed until the host timeout: their fragments are no more than the running pilots')
+        whole = min(sum(i // cpus * cpus for i in self.idle_hosts), running // cpus * cpus)
+        not_called = max(0, running - sum(self.idle_hosts)) // max(1, self.pilot_slots)
+        return min(spare, whole + (fresh + not_called) * (self.pilot_slots // cpus * cpus))
 
 
 class HostSlots(NamedTuple):
@@ -175,7 +177,8 @@ def _surplus(p: PoolCapacity, taken: int, widths: Sequence[int]) -> int:
     pool or it has a whole pilot's worth beyond the demand. The slots are counted as the widest job that wants
     the pool can use them (`PoolCapacity.spare_for`): a running host's idle fragment narrower than that job is
     no capacity for it, and counting it as such cancelled the very queued pilot the job was routed to, which
-    the next step submitted again (found by review)."""
+    the next step submitted again (found by review). With jobs of several widths this keeps a queued pilot the
+    narrow ones could do without, never cancels one a wide one needs."""
     width = max(widths, default=1)
     per_pilot = max(1, p.pilot_slots // width * width if width > 1 else p.pilot_slots)
     fresh = p.queued_pilots - p.stale_pilots
