@@ -81,7 +81,8 @@ def test_the_server_refuses_an_expert_utility_that_is_no_finite_number(tmp_path)
     store.migrate()
     service = Service(store, ServiceConfig())
     spec = parse_spec(BASE + '[strategy]\ntail = "expert"\nutility = "1/0"\n', "s.toml", "s")
-    with pytest.raises(BadRequest, match=r"tail = 'expert': utility '1/0' is not a finite number whatever"):
+    with pytest.raises(BadRequest, match=r"tail = 'expert': utility '1/0' is not a finite number at any makespan "
+                                         r"and cost tried"):
         service.submit(spec, None, {}, 0.0)
     assert store.bags() == []
     info = service.submit(parse_spec(BASE, "s.toml", "s"), None, {}, 0.0)
