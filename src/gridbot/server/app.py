@@ -67,6 +67,7 @@ SWITCH_INTERVAL = 0.0002
 """Seconds between the interpreter's thread switches while a server runs (issue 6: 15.6k -> 18.2k jobs/s
 with the store on its writer thread; 1 ms gave 17.2k)."""
 
+
 class _SentStrategy(StrategyChoice, frozen=True, forbid_unknown_fields=True):
     """A `[strategy]` as a client sends it: a key the server does not know is refused (`{"tial": "expert"}`
     kept GridBot's tail without a word). Made a StrategyChoice again by `_plain`."""
@@ -106,25 +107,20 @@ _NESTED: dict[str, type[msgspec.Struct]] = {"spec": BagSpec, "parameters": Param
 the fields it could have meant."""
 
 
-S = TypeVar("S", bound=msgspec.Struct)
+_PLAIN: dict[type, type[msgspec.Struct]] = {_SentStrategy: StrategyChoice, _SentParameter: Parameter,
+                                            _SentSpec: BagSpec, _SentSubmit: SubmitRequest}
+S = TypeVar("S")
 
 
-def _as(base: type[S], sent: S) -> S:
-    """`sent`, a strict subclass's instance (`_SentSpec`, ...), as its plain `base`, every field copied."""
-    return base(**{f: getattr(sent, f) for f in base.__struct_fields__})
-
-
-def _plain_strategy(choice: StrategyChoice) -> StrategyChoice:
-    return _as(StrategyChoice, choice)
-
-
-def _plain(req: SubmitRequest) -> SubmitRequest:
-    """A decoded submission with a plain BagSpec, StrategyChoice and Parameters, as the rest of the server and the
-    store know them (the `_Sent` types only refused unknown keys; a subclass is not equal to its base)."""
-    spec = req.spec
-    fields = {f: getattr(spec, f) for f in BagSpec.__struct_fields__ if f not in ("strategy", "parameters")}
-    return SubmitRequest(BagSpec(**fields, strategy=_plain_strategy(spec.strategy),
-                                 parameters=[_as(Parameter, p) for p in spec.parameters]), req.lines, req.inputs)
+def _plain(value: S) -> S:
+    """A decoded request's `_Sent` messages, nested ones too, as the plain types the rest of the server and the
+    store know (they only refused unknown keys; a subclass is not equal to its base), every field copied."""
+    base = _PLAIN.get(type(value))
+    if base is not None:
+        return base(**{f: _plain(getattr(value, f)) for f in base.__struct_fields__})  # type: ignore[return-value]
+    if isinstance(value, list) and value and type(value[0]) in _PLAIN:
+        return [_plain(v) for v in value]  # type: ignore[return-value]
+    return value
 
 
 T = TypeVar("T")
@@ -744,7 +740,7 @@ class Server:
     async def set_strategy(self, request: web.Request) -> web.Response:
         """Change a running bag's `[strategy]` (tail, placement and their options), as a policy is changed."""
         row = self._bag(request)  # another owner's bag is a 404 whatever the body
-        choice = _plain_strategy(_decode(_strategy_decoder, await _read(request, SMALL_BODY, "a strategy change")))
+        choice = _plain(_decode(_strategy_decoder, await _read(request, SMALL_BODY, "a strategy change")))
         info = self.service.set_strategy(row, choice)
         self._new_work()
         return _reply(request, info)
