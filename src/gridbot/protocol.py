@@ -18,12 +18,13 @@ from gridbot.model.records import Assignment, HostInfo, InstanceReport, Int64, L
 from gridbot.model.spec import BagSpec, StrategyChoice
 from gridbot.schedulers.expert.planner import Observed
 
+MSGPACK = "application/msgpack"
+DEFAULT_PORT = 8470
+
+
 # The requests a client sends (registration, submission, changes) refuse a field the server does not know, where
 # a misspelled one was dropped without a word; what the server sends keeps taking unknown fields, so that an older
 # client still reads a newer server's answers.
-MSGPACK = "application/msgpack"
-
-
 def lean(message: msgspec.Struct) -> dict[str, Any]:
     """A request as the fields set away from their defaults, nested messages alike, for the wire: the server
     refuses a field it does not know, so a client that sent every field, defaults included, would be refused by
@@ -50,7 +51,6 @@ def _lean_value(value: object) -> object:
     if isinstance(value, list) and value and isinstance(value[0], msgspec.Struct):
         return [_lean_value(v) for v in value]
     return value
-DEFAULT_PORT = 8470
 
 
 class ExchangeRequest(msgspec.Struct, frozen=True):
