@@ -180,13 +180,13 @@ def _surplus(p: PoolCapacity, taken: int, widths: Sequence[int]) -> int:
     the next step submitted again (found by review). With jobs of several widths this keeps a queued pilot the
     narrow ones could do without, never cancels one a wide one needs."""
     width = max(widths, default=1)
-    per_pilot = max(1, p.pilot_slots // width * width if width > 1 else p.pilot_slots)
+    per_pilot = max(1, p.pilot_slots // width * width)
     fresh = p.queued_pilots - p.stale_pilots
     usable = max(0, p.spare_for(width))
     on_running = max(0, usable - fresh * per_pilot)
     needed = -(-max(0, taken - on_running) // per_pilot)
     spare_pilot = usable - taken >= per_pilot
-    return max(0, min(fresh - needed, fresh)) + (p.stale_pilots if spare_pilot or not widths else 0)
+    return max(0, fresh - needed) + (p.stale_pilots if spare_pilot or not widths else 0)
 
 
 def _onto_spare(demands: Sequence[BagDemand], pools: Sequence[PoolCapacity]) -> tuple[dict[str, int], list[int]]:

@@ -77,6 +77,13 @@ class _Pool:
     reading: PoolMonitor | None = None
     done_samples: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=120))
 
+    def queued(self, now: float) -> tuple[list[PilotRow], int]:
+        """Its queued pilots in the order they were submitted (a restarted server may hold them in another), and
+        how many of the first waited past its `queue_patience` (`schedulers.overlay.stale_count`)."""
+        waiting = sorted((r for r in self.pilots.values() if r.state is PilotState.QUEUED),
+                         key=lambda r: r.submitted_at)
+        return waiting, stale_count((r.submitted_at for r in waiting), self.spec.queue_patience, now)
+
 
 class Overlay:
     """Keeps the pools' pilots matched to the bags' demand."""
@@ -268,11 +275,10 @@ class Overlay:
         hosts = host_slots(self.service.dispatcher.view, now)
         out = []
         for name, p in self.pools.items():
-            queued = [r.submitted_at for r in p.pilots.values() if r.state is PilotState.QUEUED]
+            queued, stale = p.queued(now)
             running = sum(1 for r in p.pilots.values() if r.state is PilotState.RUNNING)
             out.append(pool_capacity(p.spec, len(queued), running, hosts.get(name, (0, 0)),
-                                     p.adapter is not None and now >= p.backoff_until,
-                                     stale=stale_count(queued, p.spec.queue_patience, now)))
+                                     p.adapter is not None and now >= p.backoff_until, stale=stale))
         return out
 
     def _pilot(self, pool: str, n: int, now: float) -> PilotRequest:
@@ -334,9 +340,7 @@ class Overlay:
                 pool.error = ""
         for name, n in cancel.items():
             pool = self.pools[name]
-            waiting = sorted((r for r in pool.pilots.values() if r.state is PilotState.QUEUED),
-                             key=lambda r: r.submitted_at)
-            stale = stale_count((r.submitted_at for r in waiting), pool.spec.queue_patience, now)
+            waiting, stale = pool.queued(now)
             queued = pilots_to_cancel([r.native_id for r in waiting], n, stale)
             if pool.adapter is not None and queued:
                 try:
@@ -365,8 +369,7 @@ class Overlay:
             t0, d0 = p.done_samples[0] if p.done_samples else (now, done)
             rate = (done - d0) / (now - t0) if now > t0 else 0.0
             states = [r.state for r in p.pilots.values()]
-            stale = stale_count((r.submitted_at for r in p.pilots.values() if r.state is PilotState.QUEUED),
-                                p.spec.queue_patience, now)
+            stale = p.queued(now)[1]
             out.append(PoolInfo(name, p.spec.kind, sum(s is PilotState.QUEUED for s in states),
                                 sum(s is PilotState.RUNNING for s in states), p.ended,
                                 sum(s is PilotState.FAILED for s in states), p.submitted, n, done, rate,
