@@ -7,6 +7,7 @@ Real `gridbot` processes, as a user types them; a real server where the command 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -29,6 +30,13 @@ runtime = { dist = "uniform", low = "1m", high = "3m" }
 """
 
 NOT_UTF8 = b"\xff\xfe[pools.local]\n"
+
+
+def _umask() -> int:
+    """This process's umask (the gridbot it runs inherits it)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def refused(proc: subprocess.CompletedProcess[str], *words: str) -> None:
@@ -106,6 +114,20 @@ def test_plan_refuses_a_plot_it_cannot_write_naming_it(tmp_path):
             "cannot write a .txt image", ".png")
     refused(gridbot("plan", "--scenario", str(path), "--plot", "", cwd=tmp_path), "names no file")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "s.toml"], "nothing written"
+    # the plot was saved through whatever was at the name: a link's target overwritten, a pipe waited on
+    # forever; now refused before the planning, and a plot is renamed into place whole
+    (tmp_path / "link.png").symlink_to(tmp_path / "afile")
+    os.mkfifo(tmp_path / "pipe.png")
+    refused(gridbot("plan", "--scenario", str(path), "--plot", "link.png", cwd=tmp_path),
+            "--plot link.png is a symbolic link, not a regular file", "give --plot another name")
+    refused(gridbot("plan", "--scenario", str(path), "--plot", "pipe.png", cwd=tmp_path),
+            "--plot pipe.png is a named pipe")
+    assert (tmp_path / "afile").read_text() == "" and (tmp_path / "pipe.png").is_fifo()
+    done = gridbot("plan", "--scenario", str(path), "--plot", "f.png", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "f.png").stat().st_mode & 0o777 == 0o666 & ~_umask()
+    assert not list(tmp_path.glob(".*.tmp")), "no temporary file left behind"
 
 
 # -- 4 and 5: gridbot access -------------------------------------------------------------------------------

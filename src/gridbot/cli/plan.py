@@ -9,6 +9,7 @@ and the best strategy is marked for each of the utilities of the paper's Figure 
 
 from __future__ import annotations
 
+import io
 import math
 import random
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gridbot import history
+from gridbot.cli.outfile import refuse_not_regular, write_user_file
 from gridbot.errors import GridbotError, unwritable
 from gridbot.model.spec import StrategyChoice
 from gridbot.protocol import BagHistory, PlanInput
@@ -327,12 +329,14 @@ def show(r: Report) -> None:
 
 def plot_format(path: Path) -> str:
     """The format `--plot path` is written in: its suffix's (png, pdf, svg, ...), PNG without one; a
-    GridbotError for a path with no file name or a suffix matplotlib cannot write. `gridbot plan` asks
+    GridbotError for a path with no file name, one taken by something not a regular file (a link, a pipe,
+    a device: the plot is renamed over it), or a suffix matplotlib cannot write. `gridbot plan` asks
     before it plans, so a wrong name fails at once and not after the work (or after --apply)."""
     from matplotlib.backend_bases import FigureCanvasBase
 
     if not path.name or path.name in (".", ".."):
         raise GridbotError(f"--plot {str(path)!r} names no file; give the image to write, such as frontier.png")
+    refuse_not_regular(path, "--plot", "the plot", "frontier.png")
     formats = FigureCanvasBase.get_supported_filetypes()
     suffix = path.suffix[1:].lower() or "png"
     if suffix not in formats:
@@ -375,13 +379,16 @@ def write_plot(r: Report, path: Path) -> None:
     ax.legend(fontsize=7, loc="upper right")
     ax.grid(alpha=0.3)
     fig.tight_layout()
+    image = io.BytesIO()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, format=kind)
-    except OSError as e:
-        raise unwritable(path, e, "the plot", "give --plot a file in a folder you may write") from None
+        fig.savefig(image, format=kind)
     finally:
         plt.close(fig)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise unwritable(path, e, "the plot", "give --plot a file in a folder you may write") from None
+    write_user_file(path, image.getvalue(), "--plot", "the plot", "frontier.png")
 
 
 def apply_choice(current: StrategyChoice, chosen: str) -> StrategyChoice:

@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import html
 import math
-import os
-import stat
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import msgspec
 
+from gridbot.cli.outfile import refuse_not_regular, write_user_file
 from gridbot.client import Client
-from gridbot.errors import GridbotError, unwritable
+from gridbot.errors import GridbotError
 from gridbot.protocol import CostInfo, JobInfo
-from gridbot.security.keys import write_atomic
 from gridbot.server.console import BagSeries, HostPage
 
 COLORS = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777")
@@ -57,40 +55,9 @@ def write_report(client: Client, bag: str, out: Path) -> Path:
 
     if not out.name or out.name in (".", ".."):
         raise GridbotError(f"--out {str(out)!r} names no file; give the HTML file to write, such as report.html")
-    _refuse_not_regular(out)
-    text = render(fetch(client, bag))
-    try:
-        write_atomic(out, text.encode("utf-8"), _file_mode())
-    except OSError as e:
-        raise unwritable(out, e, "the report", "give --out a file in a folder you may write") from None
+    refuse_not_regular(out, "--out", "the report", "report.html")
+    write_user_file(out, render(fetch(client, bag)).encode("utf-8"), "--out", "the report", "report.html")
     return out
-
-
-NOT_REGULAR = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe"),
-               (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"))
-"""What may be at `--out` that is not a regular file, as the refusal names it."""
-
-
-def _refuse_not_regular(out: Path) -> None:
-    """Refuse (GridbotError) an `out` that exists and is not a regular file: the report is renamed over what
-    is there, so it would turn a link into a file (its target untouched), a pipe or a device into a file.
-    A missing `out`, or one that cannot be looked at, is left to the write to take or explain."""
-    try:
-        mode = os.lstat(out).st_mode
-    except OSError:
-        return
-    if stat.S_ISREG(mode):
-        return
-    kind = next((name for test, name in NOT_REGULAR if test(mode)), "something")
-    raise GridbotError(f"--out {out} is {kind}, not a regular file, and a report is written over nothing else; "
-                       "give --out another name, such as report.html")
-
-
-def _file_mode() -> int:
-    """The mode a new file gets here (0666 less the umask), which the report has as any file the user writes."""
-    umask = os.umask(0o022)
-    os.umask(umask)
-    return 0o666 & ~umask
 
 
 def render(data: ReportData) -> str:
