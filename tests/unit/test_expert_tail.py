@@ -375,3 +375,38 @@ def test_a_cpu_hour_price_is_paid_by_the_second_and_a_pilot_hour_price_by_its_pe
     assert pool_price(10.0, 0.0, 2, 3600.0) == (10.0, None)
     assert pool_price(None, None, 1, 3600.0) == (None, None)
     assert pool_price(1.0, 0.68, 2, 3600.0) == (1.34, 3600.0), "the instance's hour shared by its 2 slots"
+
+
+def test_a_tail_that_sends_no_replicas_says_why_while_the_bag_runs_and_after_it_ends():
+    """Review: a bag whose utility no strategy keeps to (a tail of 1 s), or whose tail began before any result
+    came back, got no replica and not a word in `gridbot status`: the reason was kept in the strategy only."""
+    sim, bag, t_tail = throughput('utility = "deadline:1"')
+    tail = tail_of(sim, bag)
+    assert tail.planning is not None and tail.planning.chosen is None
+    said = sim.d.diagnostics(bag, t_tail)
+    assert any(d.startswith("ExPERT sends no replicas: no strategy keeps to 'cheapest within 1 s': the fastest "
+                            "tail estimated takes") and "gridbot plan b --deadline ... --apply" in d
+               for d in said), said
+    assert sim.d.view.bag(bag).tail_plan is None
+    now = t_tail
+    while sim.d.view.bag(bag) is not None and now < t_tail + 5000:
+        now += 10.0
+        for h in GRID:
+            sim.ask(h, 1, now, [ok(i, 10.0) for i in sorted(sim.held.get(h.host_id, set()))])
+        sim.tick(now)
+    assert sim.d.view.bag(bag) is None, "the bag did not end"
+    assert not [d for d in decisions(sim, bag) if d.strategy == "tail=expert"]
+    assert any(d.startswith("ExPERT sends no replicas") for d in sim.d.diagnostics(bag, now))
+
+    sim = CoreSim()
+    sim.d.pool_ads = ADS
+    bag = sim.bag("quiet", 2, deadline=1000, strategy='[strategy]\ntail = "expert"\n')
+    for h in GRID[6:]:  # the two hosts that keep what they are sent: the tail begins with no result
+        sim.ask(h, 1, 0.0)
+    sim.tick(0.0)
+    assert sim.d.view.bag(bag).queued == 0
+    assert "ExPERT has not planned the tail yet: no instance of the bag has returned a result yet; until it " \
+           "does, no replica is sent" in sim.d.diagnostics(bag, 0.0)
+    planned, bag, t_tail = throughput('utility = "makespan"')  # a strategy chosen: nothing to say
+    assert tail_of(planned, bag).strategy is not None
+    assert "ExPERT" not in " ".join(planned.d.diagnostics(bag, t_tail))

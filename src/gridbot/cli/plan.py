@@ -22,7 +22,7 @@ from gridbot.errors import GridbotError, unwritable
 from gridbot.model.spec import StrategyChoice
 from gridbot.protocol import BagHistory, PlanInput
 from gridbot.schedulers.expert.characterize import Characterization, CharacterizationError, from_runtimes
-from gridbot.schedulers.expert.frontier import FINITE_FIX, NOT_FINITE, best, dominating, utility
+from gridbot.schedulers.expert.frontier import FINITE_FIX, best, dominating, utility
 from gridbot.schedulers.expert.planner import (
     Observed,
     Planning,
@@ -288,17 +288,13 @@ def show(r: Report) -> None:
                         "none: on the frontier")
     out(statics)
     if p.chosen is None:
-        front = [p.point(i) for i in p.distinct_frontier()]
-        if front and not p.utility.bounded:
-            out(f"the utility '{p.utility.name}' is not a finite number for any strategy sampled (e.g. {NOT_FINITE}; "
-                f"the table above shows their tail makespans and costs); {FINITE_FIX}", soft_wrap=True)
-        elif front:
-            fast, cheap = min(front), min(front, key=lambda x: (x[1], x[0]))
-            out(f"no strategy keeps to '{p.utility.name}': the fastest tail estimated takes "
-                f"{render.duration(fast[0])} at {fast[1]:.4g} per task, the cheapest costs {cheap[1]:.4g} per task "
-                f"in {render.duration(cheap[0])}; give a looser --deadline or --budget", soft_wrap=True)
+        why = p.unchosen(render.duration)
+        if not p.distinct_frontier():
+            out(why, soft_wrap=True)
+        elif not p.utility.bounded:
+            out(f"{why}; the table above shows their tail makespans and costs; {FINITE_FIX}", soft_wrap=True)
         else:
-            out(f"no strategy keeps to '{p.utility.name}': none of those sampled ends its tail", soft_wrap=True)
+            out(f"{why}; give a looser --deadline or --budget", soft_wrap=True)
     else:
         m, c = p.prediction()
         ms, cs = p.error

@@ -292,8 +292,10 @@ class Dispatcher:
         if bag is None:
             return list(self._s.ended_notes.get(bag_id, ()))
         none: list[str] = []
-        notes = guarded(bag, f"placement={bag.placement.name} notes", none, bag.placement.notes, self.view,
-                        BagView(bag), now)
+        notes = [*guarded(bag, f"tail={bag.tail_strategy.name} notes", none, bag.tail_strategy.notes, self.view,
+                          BagView(bag), now),
+                 *guarded(bag, f"placement={bag.placement.name} notes", none, bag.placement.notes, self.view,
+                          BagView(bag), now)]
         failed = [bag.strategy_error] if bag.strategy_error else []
         return [*stuck(self._s, bag, now), *held_back(self._s, bag, now), *notes, *bag.policies.messages(), *failed,
                 *deadline_before_timeout(bag)]

@@ -524,7 +524,9 @@ class Kernel:
         self._touched.pop(bag.bag_id, None)
         changes.bags[bag.bag_id] = BagUpdate(bag.bag_id, state, _copy(bag.counts), now)
         del self.s.bags[bag.bag_id]
-        notes = [*bag.policies.messages(), *([bag.strategy_error] if bag.strategy_error else []),
+        tail: list[str] = guarded(bag, f"tail={bag.tail_strategy.name} notes", [], bag.tail_strategy.notes,
+                                  self.view, BagView(bag), now)
+        notes = [*bag.policies.messages(), *tail, *([bag.strategy_error] if bag.strategy_error else []),
                  *deadline_before_timeout(bag)]
         self.s.ended_notes.pop(bag.bag_id, None)  # (a bag reopened and ended again says only its last run's)
         if notes:

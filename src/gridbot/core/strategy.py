@@ -160,6 +160,11 @@ class TailStrategy(Protocol):
         asked after the bag ended, with the bag's last view."""
         ...
 
+    def notes(self, view: DispatchView, bag: BagView, now: float) -> list[str]:
+        """Sentences for the bag's owner about a tail the strategy cannot serve as asked (e.g. no replica
+        strategy keeps to the bag's utility), shown with the bag's diagnostics and kept when it ends."""
+        ...
+
 
 class PlacementStrategy(Protocol):
     """How much a bag wants a host, the pilots it wants per pool, and jobs it moves between pools."""

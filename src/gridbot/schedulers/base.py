@@ -74,6 +74,9 @@ class TailStrategy(Strategy):
     def summary(self, bag: BagView) -> TailPlan | None:
         return None
 
+    def notes(self, view: DispatchView, bag: BagView, now: float) -> list[str]:
+        return []
+
 
 class Placement(Strategy):
     """How much the bag wants a host, pilots per pool, jobs moved between pools.

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -43,7 +43,7 @@ from gridbot.schedulers.expert.characterize import (
     from_runtimes,
 )
 from gridbot.schedulers.expert.estimate import Estimate, Setup, estimate
-from gridbot.schedulers.expert.frontier import Utility, best, pareto, utility
+from gridbot.schedulers.expert.frontier import NOT_FINITE, Utility, best, pareto, utility
 from gridbot.schedulers.expert.strategy import NTDMr, Plan, Prices, StrategyValueError, sample_space, static_plans
 
 BUDGET = 300 * 10 * 50
@@ -185,6 +185,20 @@ class Planning:
             if not out or self.point(out[-1]) != self.point(i):
                 out.append(i)
         return out
+
+    def unchosen(self, duration: Callable[[float], str] = lambda s: f"{s:.0f} s") -> str:
+        """Why no strategy was chosen (`chosen` is None), for people, with `duration` writing seconds: the
+        utility is no finite number at any strategy sampled, or none keeps to its deadline or budget (with
+        the fastest and the cheapest tails estimated, to say how far), or none ends its tail."""
+        front = [self.point(i) for i in self.distinct_frontier()]
+        name = self.utility.name
+        if front and not self.utility.bounded:
+            return f"the utility '{name}' is not a finite number for any strategy sampled (e.g. {NOT_FINITE})"
+        if front:
+            fast, cheap = min(front), min(front, key=lambda x: (x[1], x[0]))
+            return (f"no strategy keeps to '{name}': the fastest tail estimated takes {duration(fast[0])} at "
+                    f"{fast[1]:.4g} per task, the cheapest costs {cheap[1]:.4g} per task in {duration(cheap[0])}")
+        return f"no strategy keeps to '{name}': none of those sampled ends its tail"
 
     def spread(self, index: int) -> tuple[float, float]:
         """One standard deviation over the repetitions of a strategy's tail makespan and cost."""

@@ -46,7 +46,7 @@ from gridbot.model.spec import StrategyOption
 from gridbot.model.states import JobState
 from gridbot.schedulers.base import StrategyError, TailStrategy
 from gridbot.schedulers.expert.characterize import CharacterizationError, InstanceRecord
-from gridbot.schedulers.expert.frontier import ExpressionError, utility
+from gridbot.schedulers.expert.frontier import FINITE_FIX, ExpressionError, utility
 from gridbot.schedulers.expert.planner import Observed, Planning, PoolFacts, Settings, parse_pin, plan, pool_price
 from gridbot.schedulers.expert.strategy import NTDMr, StrategyValueError
 
@@ -224,6 +224,23 @@ class ExpertTail(TailStrategy):
         self.spent_at_plan = self.spent(bag.history, planning)
         self.strategy = planning.strategy
         self.plans += 1
+
+    def notes(self, view: DispatchView, bag: BagView, now: float) -> list[str]:
+        """Why the tail sends no replicas although it began: not planned yet (no result to characterize the
+        pools with), or planned with no strategy to choose (the utility is no number anywhere, or no strategy
+        keeps to its deadline or budget), with what to do."""
+        if self.tail_start is None:
+            return []
+        planning = self.planning
+        if planning is None:
+            return [f"ExPERT has not planned the tail yet: {self.why_not}; until it does, no replica is sent"
+                    ] if self.why_not else []
+        if planning.chosen is not None:
+            return []
+        fix = (f"`gridbot plan {bag.spec.name}` shows the frontier; a looser bound applies with `gridbot plan "
+               f"{bag.spec.name} --deadline ... --apply` (or --budget)" if planning.utility.bounded else
+               f"{FINITE_FIX}, with `gridbot plan {bag.spec.name} --utility ... --apply`")
+        return [f"ExPERT sends no replicas: {planning.unchosen()}; {fix}"]
 
     def observe(self, view: DispatchView, bag: BagView, now: float) -> Observed:
         observed = observe(view, bag, now, self.reliable, self.tail_start, self.throughput_deadline)
