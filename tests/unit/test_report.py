@@ -120,3 +120,17 @@ def test_concurrent_reports_never_share_a_temporary_file(tmp_path, monkeypatch):
     with pytest.raises(GridbotError, match=r"cannot write the report .*r\.html: the disk is full"):
         report.write_report(None, "sweep", tmp_path / "r.html")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html"]
+
+
+def test_plan_refuses_a_plot_name_taken_by_a_link_when_the_name_is_read_and_suggests_another_name(tmp_path):
+    """(review) `gridbot plan --plot` asks `plot_format` before the planning, which takes seconds: a link at
+    the name must be refused there, not only when the plot is written; and the example given is not the
+    very name refused."""
+    from gridbot.cli.plan import plot_format
+
+    (tmp_path / "frontier.png").symlink_to(tmp_path / "elsewhere.png")
+    with pytest.raises(GridbotError, match=r"--plot .*frontier.png is a symbolic link, not a regular file, and the "
+                                           r"plot is written over nothing else; give --plot another name, such as "
+                                           r"new-frontier.png$"):
+        plot_format(tmp_path / "frontier.png")
+    assert plot_format(tmp_path / "f.svg") == "svg"

@@ -1,6 +1,7 @@
 """Files the command line writes where the user says (`report --out`, `plan --plot`): refused where the name
 is taken by something that is not a regular file, written whole or not at all, with the mode any file the
-user makes gets."""
+user makes gets. A regular file already there is replaced by a rename, as an editor saves: one read-only,
+or with other hard links, is replaced, not written through."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ def refuse_not_regular(path: Path, option: str, what: str, example: str) -> None
     if stat.S_ISREG(mode):
         return
     kind = next((name for test, name in NOT_REGULAR if test(mode)), "something")
+    example = f"new-{example}" if path.name == example else example
     raise GridbotError(f"{option} {path} is {kind}, not a regular file, and {what} is written over nothing else; "
                        f"give {option} another name, such as {example}")
 

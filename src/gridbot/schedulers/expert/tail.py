@@ -43,7 +43,7 @@ from gridbot.core.records import Ended
 from gridbot.core.strategy import Choice, TailPlan
 from gridbot.core.view import BagView, DispatchView, HostView, JobView
 from gridbot.model.spec import StrategyOption
-from gridbot.model.states import JobState
+from gridbot.model.states import BagState, JobState
 from gridbot.schedulers.base import StrategyError, TailStrategy
 from gridbot.schedulers.expert.characterize import CharacterizationError, InstanceRecord
 from gridbot.schedulers.expert.frontier import FINITE_FIX, ExpressionError, utility
@@ -227,20 +227,30 @@ class ExpertTail(TailStrategy):
 
     def notes(self, view: DispatchView, bag: BagView, now: float) -> list[str]:
         """Why the tail sends no replicas although it began: not planned yet (no result to characterize the
-        pools with), or planned with no strategy to choose (the utility is no number anywhere, or no strategy
-        keeps to its deadline or budget), with what to do."""
+        pools with; said while the bag runs only, as a bag may end before its next tick plans), or its last
+        plan chose no strategy (the utility is no number anywhere, no strategy keeps to its deadline or
+        budget, or none ends its tail), with what to do: on the running bag, or for a next run once it ended
+        (`gridbot plan` characterizes running bags only)."""
         if self.tail_start is None:
             return []
-        planning = self.planning
+        planning, name, active = self.planning, bag.spec.name, bag.state is BagState.ACTIVE
         if planning is None:
             return [f"ExPERT has not planned the tail yet: {self.why_not}; until it does, no replica is sent"
-                    ] if self.why_not else []
+                    ] if self.why_not and active else []
         if planning.chosen is not None:
             return []
-        fix = (f"`gridbot plan {bag.spec.name}` shows the frontier; a looser bound applies with `gridbot plan "
-               f"{bag.spec.name} --deadline ... --apply` (or --budget)" if planning.utility.bounded else
-               f"{FINITE_FIX}, with `gridbot plan {bag.spec.name} --utility ... --apply`")
-        return [f"ExPERT sends no replicas: {planning.unchosen()}; {fix}"]
+        if not planning.distinct_frontier():
+            fix = ""
+        elif not planning.utility.bounded:
+            fix = f"; {FINITE_FIX}" + (f", with `gridbot plan {name} --utility ... --apply`" if active else "")
+        elif active:
+            fix = (f"; `gridbot plan {name}` shows the frontier, and `gridbot plan {name} --deadline ... --apply` "
+                   "(or --budget) sets a looser bound")
+        else:
+            fix = (f"; a next run can be planned from this bag's instances with `gridbot plan --scenario FILE "
+                   f"--from-bag {name} --deadline ...` (or --budget)")
+        after = "until a later plan does, no replica is sent" if active else "no replica was sent after it"
+        return [f"ExPERT's last plan chose no strategy: {planning.unchosen()}; {after}{fix}"]
 
     def observe(self, view: DispatchView, bag: BagView, now: float) -> Observed:
         observed = observe(view, bag, now, self.reliable, self.tail_start, self.throughput_deadline)
