@@ -46,6 +46,7 @@ import contextlib
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -197,6 +198,18 @@ def take_turns(systems: list[str], rep: int) -> list[str]:
     return systems[k:] + systems[:k]
 
 
+def by_repetition(grid: Row, other: Row, form: str) -> str:
+    """gridbot's rate over `other`'s within each repetition, where both ran in the same turn (minutes apart at
+    most, while the machine's speed drifts by a third on some VMs between turns): the spread of the ratio that
+    the ratio of the medians hides. "" with fewer than two repetitions. A peer that failed stopped taking turns,
+    so the values of both still line up repetition by repetition."""
+    ratios = [g / o for g, o in zip(grid.values, other.values, strict=False) if o > 0]
+    if len(ratios) < 2:
+        return ""
+    low, mid, high = (form.format(v) for v in (min(ratios), statistics.median(ratios), max(ratios)))
+    return f"; repetition by repetition {low} to {high}, median {mid}"
+
+
 def scenario_1(jobs: int, runs: int, peers: list[str], task: str) -> str:
     systems = ["gridbot", *peers]
     names = {"gridbot": "gridbot", **PEER_NAMES}
@@ -240,10 +253,12 @@ def scenario_1(jobs: int, runs: int, peers: list[str], task: str) -> str:
     best = max(middleware, key=lambda r: r.median, default=None)
     lines = []
     if best is not None:
-        lines.append(f"gridbot / best middleware peer ({best.name}): {grid.median / best.median:.2f}x (target 2x)")
+        lines.append(f"gridbot / best middleware peer ({best.name}): {grid.median / best.median:.2f}x (target 2x)"
+                     + by_repetition(grid, best, "{:.2f}x"))
     for s, target in ((CEILING, " (the spawn ceiling; target 85%)"), (DUTIES, ""), ("ppe", "")):
         if s in rate and rate[s].values:
-            lines.append(f"gridbot / {rate[s].name}: {grid.median / rate[s].median:.0%}{target}")
+            lines.append(f"gridbot / {rate[s].name}: {grid.median / rate[s].median:.0%}{target}"
+                         + by_repetition(grid, rate[s], "{:.0%}"))
     if all(s in rate and rate[s].values for s in (DUTIES, CEILING)):
         lines.append(f"{rate[DUTIES].name} / {rate[CEILING].name}: {rate[DUTIES].median / rate[CEILING].median:.0%} "
                      "(the most a worker doing those duties could reach, with no server, report or event loop)")
