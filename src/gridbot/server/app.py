@@ -390,6 +390,9 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _error(request, 400, f"bad request: {e}", "bad_request")
     except (RequestPayloadError, HttpProcessingError) as e:  # a body aiohttp cannot read: a bad gzip, a cut chunk
         return _error(request, 400, f"bad request: {unreadable_body(e)}", "bad_request")
+    except ConnectionResetError:  # the client left while its body came: nobody reads the answer, nothing was done
+        log.info("%s %s: the client left before its request's body had come", request.method, request.path[:200])
+        return _error(request, 400, "the connection was reset while the request came", "bad_request")
     except ServerUnavailable as e:
         response = _error(request, 503, str(e), "unavailable")
         response.headers["Retry-After"] = "2"
