@@ -16,7 +16,7 @@ from gridbot.core.config import DispatchConfig
 from gridbot.core.dispatcher import Dispatcher
 from gridbot.core.ledger import Prices
 from gridbot.model.records import HostInfo, InstanceReport, Outcome
-from gridbot.model.spec import BagSpec, SpecError, StrategyChoice, parse_bag_deadline, parse_spec
+from gridbot.model.spec import BagSpec, SpecError, StrategyChoice, parse_bag_deadline, parse_duration, parse_spec
 from gridbot.schedulers import registry
 from gridbot.schedulers.base import Placement, StrategyError
 from gridbot.schedulers.economy import (
@@ -568,6 +568,23 @@ def test_what_is_no_bag_deadline_is_refused(value):
 def test_a_day_its_month_does_not_have_is_refused(text):
     with pytest.raises(ValueError, match="not a valid time"):
         parse_bag_deadline(text)
+
+
+@pytest.mark.parametrize("text", ["2030-01-01T00:00:00+99:00", "2030-01-01T00:00:00-05:99", "2030-01-01T00:00:00+24:00",
+                                  "2030-01-01T00:00:00-2400"])
+def test_an_offset_no_time_zone_has_is_refused_naming_it(text):
+    """Found by the API review of 2026-12-07: the zone's hours and minutes were never checked, so +99:00 moved the
+    deadline by 99 hours without a word (datetime refuses offsets of a day or more)."""
+    with pytest.raises(ValueError, match="is not a time zone's offset: its hours go from 00 to 23"):
+        parse_bag_deadline(text)
+    assert parse_bag_deadline("2030-01-01T00:00:00+23:59") == {"bag_deadline_at": pytest.approx(utc(2030, 1, 1) - 86340)}
+
+
+@pytest.mark.parametrize("value", ["\u0661\u0660s", "\u0661\u0660", "\uff11\uff10m"])
+def test_a_duration_in_digits_other_than_ascii_is_refused(value):
+    """A regular expression's \\d matches any script's digits and float() reads them: "١٠s" was 10 seconds."""
+    with pytest.raises(ValueError, match="a duration is a number of seconds"):
+        parse_duration(value)
 
 
 # -- after a restart ----------------------------------------------------------------------------------------

@@ -400,7 +400,8 @@ def budget_problem(value: object) -> str:
     return ""
 
 
-_ISO = re.compile(r"\s*(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2})(?::(\d{2})(\.\d+)?)?\s*(Z|z|[+-]\d{2}:?\d{2})?\s*")
+_ISO = re.compile(r"\s*(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2})(?::(\d{2})(\.\d+)?)?\s*(Z|z|[+-]\d{2}:?\d{2})?\s*",
+                  re.ASCII)
 
 
 def parse_bag_deadline(value: object) -> dict[str, float]:
@@ -424,6 +425,9 @@ def parse_bag_deadline(value: object) -> dict[str, float]:
         days = (31, 29 if leap else 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
         if not (1 <= month <= 12 and 1 <= day <= days[month - 1] and hour <= 23 and minute <= 59 and second < 61):
             raise ValueError(f"{value.strip()!r} is not a valid time")
+        if zone not in "Zz" and (int(zone[1:3]) > 23 or int(zone[-2:]) > 59):
+            raise ValueError(f"{zone!r} in {value.strip()!r} is not a time zone's offset: its hours go from 00 to 23 "
+                             "and its minutes from 00 to 59 (+01:00, -05:30, or Z for UTC)")
         offset = 0 if zone in "Zz" else (1 if zone[0] == "+" else -1) * (int(zone[1:3]) * 3600 + int(zone[-2:]) * 60)
         return {"bag_deadline_at": _days_from_civil(year, month, day) * 86400.0 + hour * 3600 + minute * 60 + second
                 - offset}
@@ -457,7 +461,7 @@ def duration_problem(seconds: float) -> str:
     return ""
 
 
-_DURATION = re.compile(r"\s*([+-]?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)\s*([smhd]?)\s*")
+_DURATION = re.compile(r"\s*([+-]?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)\s*([smhd]?)\s*", re.ASCII)
 """A duration as text: a number (with a sign or an exponent, read so that one out of range is named as such)
 and a unit."""
 
