@@ -77,7 +77,12 @@ def test_every_problem_is_reported_with_its_line_and_a_hint():
     ('command = "x"\n[parameters]\na = { form = 1, to = 2 }\n', 3, "unknown key 'form'"),
     ('command = "x"\noutputs = ["../escape"]\n', 2, "relative path inside"),
     ('command = "x"\ninstance_deadline = "soon"\n', 2, "duration"),
-    ('command = "x {a:03d}"\n[parameters]\na = [1]\n', 1, "is not a placeholder"),
+    ('command = "x {a:03d}"\n[parameters]\na = [1]\n', 1, "in 'command': '{a:03d}' is not a placeholder"),
+    # a lone brace was Python's words alone ("Single '{' encountered in format string"), naming neither the key
+    # nor the fix (API review of 2026-12-07)
+    ('command = "echo {"\n', 1, "in 'command': a brace that opens or closes no placeholder"),
+    ('command = "echo {a}}"\n[parameters]\na = [1]\n', 1, "write {name} for a parameter, and {{ or }} for a literal"),
+    ('command = "x"\n[env]\nA = "{"\n', 2, "in 'env': a brace that opens or closes no placeholder"),
     ('name = "has space"\ncommand = "x"\n', 1, "not allowed"),
     ('command = "x"\ninputs = ["a/data.txt", "b/data.txt"]\n', 2, "both be staged"),
     ('name = "x"\n', None, "no 'command'"),

@@ -538,7 +538,12 @@ def parse_lines(text: str, source: str, max_jobs: int = DEFAULT_MAX_JOBS) -> lis
 def placeholders(template: str) -> list[str]:
     """Names of the `{name}` placeholders in `template`; raise ValueError on other format syntax."""
     names = []
-    for _, field, spec, conv in string.Formatter().parse(template):
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as e:  # a lone brace, in Python's words ("Single '{' encountered in format string")
+        raise ValueError(f"a brace that opens or closes no placeholder ({str(e)[:100]}); write {{name}} for a "
+                         "parameter, and {{ or }} for a literal brace") from None
+    for _, field, spec, conv in parsed:
         if field is None:
             continue
         if spec or conv or not PARAM_RE.match(field):
@@ -958,7 +963,7 @@ def template_issues(key: str, templates: Sequence[str], names: Sequence[str]) ->
         try:
             used = placeholders(template)
         except ValueError as e:
-            out.append((str(e), ""))
+            out.append((f"in '{key}': {e}", ""))
             continue
         for field in used:
             if field not in names:
