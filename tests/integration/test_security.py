@@ -342,6 +342,31 @@ def test_a_host_cannot_return_outputs_its_bag_did_not_declare(cluster, tmp_path)
     assert job.state == "failed" and "did not declare" in (job.reason or "")
 
 
+def test_a_host_cannot_report_success_without_a_declared_output(cluster, tmp_path):
+    """Found by the API review of 2026-12-07: the server refused outputs a bag did not declare but took a success
+    that lacked a declared one, and the job was done with nothing to show for it (the worker and the volunteer side
+    fail such a job themselves; the server does not take a host's word for it)."""
+    cluster.start_server()
+    (tmp_path / "s.toml").write_text('name = "s"\ncommand = "true"\noutputs = ["o.txt", "p_{i}.txt"]\n'
+                                     'max_failures = 1\n[parameters]\ni = [1, 2, 3]\n')
+    with cluster.client() as c:
+        c.submit_file(tmp_path / "s.toml")
+    host_id, cred = cluster.register()
+    host = HostInfo(host_id, "h", ncpus=3, slots=3)
+    _, resp = _exchange(cluster.url, cred, ExchangeRequest(host, 3, []))
+    assert resp is not None and len(resp.assignments) == 3
+    first, second, third = sorted(resp.assignments, key=lambda a: a.job_id)
+    reports = [InstanceReport(first.instance_id, Outcome.SUCCESS, 0, outputs={"o.txt": b"ok"}),
+               InstanceReport(second.instance_id, Outcome.SUCCESS, 0),
+               InstanceReport(third.instance_id, Outcome.SUCCESS, 0, outputs={"o.txt": b"ok", "p_3.txt": b"3"})]
+    assert _exchange(cluster.url, cred, ExchangeRequest(host, 0, [], reports))[0] == 200
+    with cluster.client() as c:
+        jobs = sorted(c.jobs("s"), key=lambda j: j.index)
+    assert [j.state for j in jobs] == ["failed", "failed", "done"], jobs
+    assert "without the declared output 'p_1.txt'" in (jobs[0].reason or ""), jobs[0].reason
+    assert "without the declared output 'o.txt' and 1 more" in (jobs[1].reason or ""), jobs[1].reason
+
+
 def test_pilots_get_their_pools_worker_key_in_the_environment_not_on_the_command_line(tmp_path):
     from gridbot.model.pools import PoolSpec
     from gridbot.pools.adapters import LocalAdapter

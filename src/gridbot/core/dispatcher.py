@@ -416,21 +416,29 @@ class Dispatcher:
             self._k.end(inst, r, now, changes, verdicts.get(r.instance_id) if verdicts and not problem else None)
 
     def _report_problem(self, inst: Instance, r: InstanceReport) -> str:
-        """Why a successful report cannot be kept as it is (too large, or outputs the bag did not declare)."""
-        if r.outcome is not Outcome.SUCCESS or not (r.outputs or r.stdout_tail or r.stderr_tail):
+        """Why a successful report cannot be kept as it is: too large, outputs the bag did not declare, or a
+        declared one missing (a success without it is none, docs/spec.md: the worker and the volunteer side
+        fail such a job, and the server does not take a host's word for it)."""
+        if r.outcome is not Outcome.SUCCESS:
+            return ""
+        bag = self._s.bags[inst.job.bag_id]
+        if not (r.outputs or r.stdout_tail or r.stderr_tail or bag.spec.outputs):
             return ""
         limit = self.config.max_result_bytes
         if r.result_bytes > limit:
             return (f"result of {r.result_bytes:,} bytes is over the server's limit of {limit:,} bytes "
                     "(server option --max-result-size)")
-        if not r.outputs:
+        if not (r.outputs or bag.spec.outputs):
             return ""
-        render = self._s.bags[inst.job.bag_id].render
-        assert render is not None
-        declared = render(inst.job.index, inst.job.line)[2]
+        assert bag.render is not None
+        declared = bag.render(inst.job.index, inst.job.line)[2]
         extra = sorted(set(r.outputs) - set(declared))
         if extra:
             return f"the host returned outputs the bag did not declare: {', '.join(n[:60] for n in extra[:5])}"
+        missing = [name for name in declared if name not in r.outputs]
+        if missing:
+            return (f"the host reported success without the declared output '{missing[0][:100]}'"
+                    + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
         bad = [problem for name in r.outputs if (problem := output_name_problem(name))]
         return bad[0] if bad else ""
 
