@@ -92,6 +92,25 @@ def test_bad_specs(text, line, needle):
     assert any(needle in msg and ln == line for ln, msg, _ in found), found
 
 
+BIG = "1" + "0" * 400
+
+
+@pytest.mark.parametrize(("key", "needle"), [
+    ("timeout", "a duration must be at most 1,000,000,000 s (about 31 years), not a number that large"),
+    ("instance_deadline", "a duration must be at most"),
+    ("bag_deadline", "a bag deadline is a duration after submission"),
+    ("budget", "'budget' must be a finite number >= 0, not a number that large"),
+    ("memory", "a size must be at most 1 EiB"),
+    ("max_failures", "is more than 2,147,483,647"),
+])
+def test_an_integer_too_large_for_a_float_is_refused_not_a_crash(key, needle):
+    """TOML takes integers of any size; float() of one of 401 digits raised OverflowError out of `gridbot run` and
+    `gridbot submit` (CLI review of 2026-12-07). The message shows the value cut, not its 401 digits."""
+    found = problems(f'command = "true"\n{key} = {BIG}\n')
+    assert [(ln, needle in msg) for ln, msg, _ in found] == [(2, True)], found
+    assert all(len(msg) < 300 for _, msg, _ in found), found
+
+
 def test_sweep_over_the_limit_is_refused():
     found = problems('command = "x {a}"\n[parameters]\na = { from = 1, to = 1000 }\n', max_jobs=999)
     assert found == [(2, "the sweep has 1,000 jobs, over the limit of 999",

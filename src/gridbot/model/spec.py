@@ -363,6 +363,9 @@ def parse_duration(value: object, zero: bool = False) -> float:
     if isinstance(value, bool):
         raise ValueError("a duration is a number of seconds or a string like '90s', '10m', '2h', '1d'")
     if isinstance(value, int | float):
+        if not _fits_float(value):
+            raise ValueError(f"a duration must be at most {MAX_DURATION:,.0f} s (about 31 years), not a number that "
+                             "large")
         seconds = float(value)
     elif isinstance(value, str) and (m := _DURATION.fullmatch(value)):
         seconds = float(m.group(1)) * _UNITS[m.group(2) or "s"]
@@ -391,10 +394,18 @@ def with_qos_placement(spec: BagSpec) -> BagSpec:
     return msgspec.structs.replace(spec, strategy=msgspec.structs.replace(spec.strategy, placement=QOS_PLACEMENT))
 
 
+def _fits_float(value: int | float) -> bool:
+    """Whether `value` is a float or an integer a float can hold (TOML and JSON take integers of any size, and
+    float() of one of 400 digits raises OverflowError: a crash on user input, found by the CLI review)."""
+    return not isinstance(value, int) or abs(value) < 2**1023
+
+
 def budget_problem(value: object) -> str:
     """Why `value` cannot be a bag's budget, or ""."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return f"'budget' must be a number, not {_show(value)}"
+    if not _fits_float(value):
+        return "'budget' must be a finite number >= 0, not a number that large"
     if not 0 <= value < math.inf:
         return f"'budget' must be a finite number >= 0, not {value!r}"
     return ""
@@ -701,7 +712,7 @@ class _Validator:
             self.fail((key,), f"'{key}' must be a whole number of at least 1, not {_show(value)}")
             return default
         if value > MAX_COUNT:
-            self.fail((key,), f"'{key}' = {value:,} is more than {MAX_COUNT:,}")
+            self.fail((key,), f"'{key}' = {_show(value)} is more than {MAX_COUNT:,}")
             return default
         return value
 
@@ -711,7 +722,7 @@ class _Validator:
         try:
             size = parse_size(data[key])
         except ValueError as e:
-            self.fail((key,), f"'{key}' = {data[key]!r}: {e}", f'write {key} = "512M" or "2G"')
+            self.fail((key,), f"'{key}' = {_show(data[key])}: {e}", f'write {key} = "512M" or "2G"')
             return None
         if size < minimum:
             hint = f'did you mean {key} = "{data[key]}M"?' if isinstance(data[key], int) else ""
@@ -726,7 +737,7 @@ class _Validator:
         try:
             return parse_duration(data[key])
         except ValueError as e:
-            self.fail((key,), f"'{key}' = {data[key]!r}: {e}")
+            self.fail((key,), f"'{key}' = {_show(data[key])}: {e}")
             return None
 
     def budget(self, data: dict[str, Any]) -> float | None:
