@@ -208,6 +208,20 @@ def _named(spec: BagSpec, source: str) -> BagSpec:
     return spec
 
 
+def _server_url(url: str) -> tuple[str, str, int]:
+    """The scheme, host and port of `url` (the scheme's port if it names none); a GridbotError if it is no
+    http(s)://host:port. urllib checks an IPv6 host's brackets and the port only as it reads them, and says
+    so with a ValueError of its own."""
+    try:
+        parsed = urllib.parse.urlsplit(url)
+        port = parsed.port
+    except ValueError as e:
+        raise GridbotError(f"server URL {url!r} is not http://host:port ({e})") from None
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise GridbotError(f"server URL {url!r} is not http://host:port")
+    return parsed.scheme, parsed.hostname, port or (443 if parsed.scheme == "https" else 80)
+
+
 class Client:
     """A connection to one gridbot server, as the submitter (or, with `admin=True`, the admin) of an
     access file."""
@@ -216,15 +230,12 @@ class Client:
                  admin: bool = False) -> None:
         self.access = access if isinstance(access, Access) else find_access(access)
         url = url or self.access.server or DEFAULT_SERVER
-        parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise GridbotError(f"server URL {url!r} is not http://host:port")
-        if parsed.scheme == "http" and self.access.fingerprint:
+        scheme, self._host, self._port = _server_url(url)
+        if scheme == "http" and self.access.fingerprint:
             raise GridbotError(f"the access file pins a TLS certificate, but {url} is plain http: the key would "
                                "cross the network in clear; use the https:// URL the access file names")
         self.url = url.rstrip("/")
-        self._host, self._port = parsed.hostname, parsed.port or (443 if parsed.scheme == "https" else 80)
-        self._https = parsed.scheme == "https"
+        self._https = scheme == "https"
         self._timeout = timeout
         self._conn: http.client.HTTPConnection | None = None
         self._old_server = False

@@ -196,3 +196,21 @@ def test_delete_checks_where_the_results_go_before_it_cancels(cluster, tmp_path)
     done = gridbot("delete", "q", "--keep-results", str(kept))
     assert done.returncode == 0, done.stderr
     assert "deleted bag" in done.stdout and (kept / "jobs.jsonl").exists()
+
+
+# -- 8: server URLs urllib cannot take apart ---------------------------------------------------------------
+
+
+def test_a_server_url_with_a_bad_port_or_ipv6_host_is_refused_as_garbage_is(tmp_path):
+    access = tmp_path / "a.json"
+    access.write_text(json.dumps({"server": "http://[::1"}))
+    access.chmod(0o600)
+    for args, env, url, why in (
+            (("status",), {"GRIDBOT_SERVER": "http://[::1"}, "http://[::1", "Invalid IPv6 URL"),
+            (("status", "--server", "http://127.0.0.1:99999"), {}, "http://127.0.0.1:99999", "Port out of range"),
+            (("status", "--server", "http://127.0.0.1:abc"), {}, "http://127.0.0.1:abc", "'abc'"),
+            (("status", "--access", str(access)), {}, "http://[::1", "Invalid IPv6 URL"),
+            (("worker", "--slots", "1", "--allow-root", "--access", str(access), "--server", "http://127.0.0.1:99999"),
+             {}, "http://127.0.0.1:99999", "Port out of range"),
+            (("status", "--server", "garbage"), {}, "garbage", "")):
+        refused(gridbot(*args, cwd=tmp_path, timeout=60, env=env), f"server URL {url!r} is not http://host:port", why)
