@@ -214,3 +214,30 @@ def test_a_server_url_with_a_bad_port_or_ipv6_host_is_refused_as_garbage_is(tmp_
              {}, "http://127.0.0.1:99999", "Port out of range"),
             (("status", "--server", "garbage"), {}, "garbage", "")):
         refused(gridbot(*args, cwd=tmp_path, timeout=60, env=env), f"server URL {url!r} is not http://host:port", why)
+
+
+# -- 9: keys with a newline or a control character ---------------------------------------------------------
+
+
+def test_a_key_loses_the_whitespace_around_it_and_is_refused_with_a_control_character_inside(cluster, tmp_path):
+    cluster.start_server()
+    grants = json.loads(cluster.access.read_text())
+    slipped = tmp_path / "nl.json"  # `echo KEY > file` leaves a newline after the key
+    slipped.write_text(json.dumps({"server": cluster.url, "submitter": grants["submitter"] + "\n"}))
+    slipped.chmod(0o600)
+    listed = gridbot("status", "--access", str(slipped))
+    assert listed.returncode == 0 and "no bags" in listed.stdout, listed.stderr
+    pilot = gridbot("worker", "--slots", "1", "--allow-root", "--idle-timeout", "1", "--workdir", str(tmp_path / "w"),
+                    "--server", cluster.url, "--access", str(slipped), cwd=tmp_path, timeout=60,
+                    env={"GRIDBOT_WORKER_KEY": f" {grants['workers']['local']}\n"})
+    assert pilot.returncode == 0 and "Traceback" not in pilot.stderr, pilot.stderr
+    broken = tmp_path / "ctl.json"
+    broken.write_text(json.dumps({"server": cluster.url, "submitter": "gb.ab\x01cd"}))
+    broken.chmod(0o600)
+    refused(gridbot("status", "--access", str(broken)), f"the access file {broken}: its submitter key has '\\x01'",
+            "copy the key again")
+    refused(gridbot("worker", "--slots", "1", "--allow-root", "--server", "http://127.0.0.1:1", "--give-up-after", "1",
+                    "--access", str(slipped), cwd=tmp_path, timeout=60, env={"GRIDBOT_WORKER_KEY": "bad\nkey"}),
+            "the environment variable GRIDBOT_WORKER_KEY has '\\n' at character 4", "copy the key again")
+    refused(gridbot("status", "--server", cluster.url, env={"GRIDBOT_ACCESS": "", "GRIDBOT_KEY": "bad\tkey"}),
+            "the environment variable GRIDBOT_KEY has '\\t'")

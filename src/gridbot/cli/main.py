@@ -385,12 +385,12 @@ def worker(server: str | None, access: Path | None, slots: int, prefetch: int, s
     The worker key comes from GRIDBOT_WORKER_KEY (how pilots get it) or from the access file's key for
     --pool; the host credential the server gives in exchange is kept under the worker's state folder.
     """
-    from gridbot.security.access import ENV_WORKER_KEY, find_access
+    from gridbot.security.access import ENV_WORKER_KEY, env_key, find_access
     from gridbot.worker.worker import WorkerConfig, run_worker
 
     logging.getLogger("gridbot").setLevel(min(logging.INFO, logging.getLogger().level))
     grants = find_access(access)
-    key = os.environ.get(ENV_WORKER_KEY, "")
+    key = env_key(ENV_WORKER_KEY)
     if not key:
         pool, key = grants.worker_key(pool)
     url = Client(server, access=grants).url  # validates the URL

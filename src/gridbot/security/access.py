@@ -76,9 +76,33 @@ def read_access(path: Path) -> Access:
         raise AccessError(f"the access file {path} can be read by others (mode {mode & 0o777:o}): it holds keys; "
                           f"run: chmod 600 {path}")
     try:
-        return msgspec.json.decode(data, type=Access)
+        access = msgspec.json.decode(data, type=Access)
     except (msgspec.DecodeError, msgspec.ValidationError) as e:
         raise AccessError(f"the access file {path} is not one gridbot wrote ({e})") from e
+    where = f"the access file {path}"
+    access.admin = clean_key(access.admin, f"{where}: its admin key")
+    access.submitter = clean_key(access.submitter, f"{where}: its submitter key")
+    access.workers = {pool: clean_key(key, f"{where}: its worker key of pool {pool!r}")
+                      for pool, key in access.workers.items()}
+    return access
+
+
+def clean_key(key: str, source: str) -> str:
+    """`key` without the whitespace around it (`echo KEY > file` leaves a newline), or an AccessError naming
+    `source` if anything but printable ASCII is left: every key gridbot makes is, and a control character
+    (or a non-Latin-1 one) ended in the HTTP library's ValueError when the key went into a header."""
+    key = key.strip()
+    for at, char in enumerate(key, 1):
+        if not " " < char < "\x7f":
+            raise AccessError(f"{source} has {char!r} at character {at}: a gridbot key is printable ASCII with no "
+                              "space or control character; copy the key again as gridbot wrote it")
+    return key
+
+
+def env_key(name: str) -> str:
+    """The key in the environment variable `name` (GRIDBOT_KEY, GRIDBOT_WORKER_KEY), "" if unset, checked
+    as `clean_key` does one from a file."""
+    return clean_key(os.environ.get(name, ""), f"the environment variable {name}")
 
 
 def write_access(path: Path, access: Access) -> None:
@@ -95,7 +119,7 @@ def find_access(explicit: str | Path | None) -> Access:
         access = read_access(Path(ACCESS_NAME))
     else:
         access = Access()
-    key, fp = os.environ.get(ENV_KEY, ""), os.environ.get(ENV_FINGERPRINT, "")
+    key, fp = env_key(ENV_KEY), os.environ.get(ENV_FINGERPRINT, "")
     if key and not access.submitter and not access.admin:
         access = msgspec.structs.replace(access, submitter=key)
     if fp and not access.fingerprint:
