@@ -241,3 +241,19 @@ def test_a_key_loses_the_whitespace_around_it_and_is_refused_with_a_control_char
             "the environment variable GRIDBOT_WORKER_KEY has '\\n' at character 4", "copy the key again")
     refused(gridbot("status", "--server", cluster.url, env={"GRIDBOT_ACCESS": "", "GRIDBOT_KEY": "bad\tkey"}),
             "the environment variable GRIDBOT_KEY has '\\t'")
+
+
+# -- 10: COLUMNS -------------------------------------------------------------------------------------------
+
+
+def test_a_columns_that_is_no_width_is_ignored_and_a_tiny_one_still_shows_the_table(cluster, tmp_path):
+    cluster.start_server()
+    submit_queued(cluster, tmp_path)
+    for columns, width in (("abc", 250), ("-5", 250), ("0", 250), ("", 250), ("3", 50), ("80", 80)):
+        listed = gridbot("status", env={"COLUMNS": columns})
+        assert listed.returncode == 0 and "Traceback" not in listed.stderr, (columns, listed.stderr)
+        header, row = listed.stdout.splitlines()
+        assert header.split()[0] == "ID" and row.split()[:2] == ["1", "q"], (columns, listed.stdout)
+        assert width < 250 or "active" in row, (columns, row)
+        assert 50 <= max(len(header), len(row)) <= width, (columns, listed.stdout)
+    refused(gridbot("status", "--server", "garbage", env={"COLUMNS": "-5"}), "server URL 'garbage' is not")

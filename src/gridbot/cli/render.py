@@ -27,13 +27,33 @@ from gridbot.model.pools import KINDS
 from gridbot.model.states import BagState, JobState
 from gridbot.protocol import BagInfo, CostInfo, HostInfoRow, JobInfo, JobLog, PoolInfo, QueueInfo
 
+MIN_WIDTH = 50
+"""The narrowest the output is drawn, whatever COLUMNS says (click's help has the same floor): at 3 columns
+rich drew a table as blank lines, and below 1 it printed nothing at all, error messages included."""
+
+
+def _columns() -> int | None:
+    """The width COLUMNS asks for, at least MIN_WIDTH; None when it is unset or no positive whole number
+    (`abc`, `-5`, `0`), which is ignored as Python's shutil ignores it."""
+    text = os.environ.get("COLUMNS", "")
+    if not (text.isascii() and text.isdigit() and len(text) <= 9) or int(text) == 0:
+        return None
+    return max(int(text), MIN_WIDTH)
+
 
 def _width(stream: object) -> int | None:
-    """The terminal's width, or a wide one when piped: a listing must never be cut to 80 columns."""
+    """The terminal's width, or a wide one when piped: a listing must never be cut to 80 columns. COLUMNS
+    sets it, when it is a width (`_columns`)."""
+    columns = _columns()
     isatty = getattr(stream, "isatty", None)
-    if isatty is not None and isatty():
-        return None
-    return int(os.environ.get("COLUMNS", "0") or 0) or 250
+    if isatty is None or not isatty():
+        return columns or 250
+    if columns is not None or "COLUMNS" not in os.environ:
+        return columns  # None: rich measures the terminal, as it is resized too
+    try:  # rich would take `0` from COLUMNS itself
+        return max(os.get_terminal_size(stream.fileno()).columns, MIN_WIDTH)  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):
+        return 80
 
 
 console = Console(highlight=False, width=_width(sys.stdout))
