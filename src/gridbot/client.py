@@ -13,6 +13,7 @@ fingerprint in it, the connection accepts only the server's own certificate.
 
 from __future__ import annotations
 
+import codecs
 import http.client
 import json
 import os
@@ -121,15 +122,25 @@ def _lines(text: str) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
+def _text(data: bytes, path: Path, what: str) -> str:
+    """The text of a file read as `what`, with `_lines`' line ends and without the UTF-8 byte order mark
+    some editors put first (Notepad's): left in, it went into the first job's command, or the TOML reader
+    refused the spec's first line. A file that is not UTF-8 is a GridbotError naming its first bad line."""
+    data = data.removeprefix(codecs.BOM_UTF8)
+    try:
+        return _lines(data.decode())
+    except UnicodeDecodeError as e:
+        line = _lines(data[:e.start].decode()).count("\n") + 1
+        raise GridbotError(f"{what} {path} is not UTF-8 text (byte 0x{data[e.start]:02x} on line {line}): save it "
+                           "as UTF-8") from None
+
+
 def load_spec_file(path: str | Path, name: str | None = None,
                    max_jobs: int = DEFAULT_MAX_JOBS) -> tuple[BagSpec, dict[str, bytes]]:
     """Read and validate a spec file and its input files (relative to the spec's folder). A file ending in
     `.pln` is a Nimrod/G plan file, translated into the same bag (docs/spec.md, "Nimrod plan files")."""
     path = Path(path)
-    try:
-        text = _lines(read_regular(path, SPEC_FILE_LIMIT, "spec").decode())
-    except UnicodeDecodeError as e:
-        raise GridbotError(f"cannot read spec {path}: {e}") from e
+    text = _text(read_regular(path, SPEC_FILE_LIMIT, "spec"), path, "spec")
     if path.suffix.lower() == PLAN_SUFFIX:
         spec = parse_plan(text, str(path), path.stem, max_jobs)
     else:
@@ -193,10 +204,7 @@ def load_lines_file(path: str | Path, name: str | None = None,
                     max_jobs: int = DEFAULT_MAX_JOBS) -> tuple[BagSpec, list[str]]:
     """Read a file of one shell command per line into an each-line bag."""
     path = Path(path)
-    try:
-        text = _lines(read_regular(path, SPEC_FILE_LIMIT, "each-line file").decode())
-    except UnicodeDecodeError as e:
-        raise GridbotError(f"cannot read {path}: {e}") from e
+    text = _text(read_regular(path, SPEC_FILE_LIMIT, "each-line file"), path, "each-line file")
     lines = parse_lines(text, str(path), max_jobs)
     return _named(each_line_spec(name or path.stem), str(path)), lines
 

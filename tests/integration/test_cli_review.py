@@ -257,3 +257,27 @@ def test_a_columns_that_is_no_width_is_ignored_and_a_tiny_one_still_shows_the_ta
         assert width < 250 or "active" in row, (columns, row)
         assert 50 <= max(len(header), len(row)) <= width, (columns, listed.stdout)
     refused(gridbot("status", "--server", "garbage", env={"COLUMNS": "-5"}), "server URL 'garbage' is not")
+
+
+# -- 11: files that start with a byte order mark, or are not UTF-8 -----------------------------------------
+
+
+def test_a_byte_order_mark_at_the_start_of_an_each_line_file_or_a_spec_is_not_read_as_text(tmp_path):
+    bom = b"\xef\xbb\xbf"
+    (tmp_path / "cmds.txt").write_bytes(bom + b"true\r\necho second\r\n")  # as Notepad saves it
+    (tmp_path / "sweep.toml").write_bytes(bom + b'command = "echo {x}"\n[parameters]\nx = [1, 2]\n')
+    for args, bag, jobs in ((("--each-line", "cmds.txt"), "cmds", 2), (("sweep.toml",), "sweep", 2)):
+        proc = gridbot("run", *args, "--workers", "1", cwd=tmp_path)
+        assert proc.returncode == 0 and f"bag {bag}: completed" in proc.stdout, proc.stdout + proc.stderr
+        rows = [json.loads(line) for line in (tmp_path / f"results/{bag}/jobs.jsonl").read_text().splitlines()]
+        assert [r["state"] for r in rows] == ["done"] * jobs, rows
+    assert (tmp_path / "results/cmds/1/stdout").read_text() == "second\n"
+
+
+def test_an_each_line_file_or_spec_that_is_not_utf8_names_its_line_and_the_fix(tmp_path):
+    (tmp_path / "cmds.txt").write_bytes(b"true\r\necho caf\xe9\n")
+    (tmp_path / "s.toml").write_bytes(NOT_UTF8)
+    refused(gridbot("submit", "--each-line", "cmds.txt", cwd=tmp_path),
+            "each-line file cmds.txt is not UTF-8 text (byte 0xe9 on line 2): save it as UTF-8")
+    refused(gridbot("run", "s.toml", cwd=tmp_path), "spec s.toml is not UTF-8 text (byte 0xff on line 1)",
+            "save it as UTF-8")
