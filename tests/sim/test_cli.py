@@ -51,6 +51,21 @@ def test_seed_option_and_json_output(tmp_path):
     assert a == b and a["seed"] == 9
 
 
+def test_the_seed_option_takes_the_range_a_scenarios_seed_takes(tmp_path):
+    (tmp_path / "s.toml").write_text(SCENARIO)
+    too_big = "9" * 23  # taken before, where the scenario's seed stops at 2**53
+    (tmp_path / "big.toml").write_text(SCENARIO.replace("seed = 5", f"seed = {too_big}"))
+    written = gridbot("simulate", "big.toml", cwd=tmp_path)
+    assert written.returncode == 2 and f"must be a whole number of at most 9,007,199,254,740,992, not {too_big}" in \
+        written.stderr
+    for seed, words in ((too_big, f"must be a whole number of at most 9,007,199,254,740,992, not {too_big}"),
+                        ("-1", "must be a whole number of at least 0, not -1")):
+        p = gridbot("simulate", "s.toml", "--seed", seed, cwd=tmp_path)
+        assert p.returncode == 2 and f"Invalid value for '--seed': {words}" in p.stderr, p.stderr
+    top = gridbot("simulate", "s.toml", "--json", "--seed", str(2**53), "--scale", "0.1", cwd=tmp_path)
+    assert top.returncode == 0 and json.loads(top.stdout)["seed"] == 2**53, top.stderr
+
+
 def test_scale_runs_a_smaller_copy_of_the_scenario(tmp_path):
     (tmp_path / "s.toml").write_text(SCENARIO)
     p = gridbot("simulate", "s.toml", "--json", "--scale", "0.1", cwd=tmp_path)

@@ -1004,9 +1004,21 @@ def hosts(server: str | None, access: Path | None, admin: bool, as_json: bool) -
         render.console.print(render.hosts_table(rows))
 
 
+def seed_option(value: int | None) -> int | None:
+    """`simulate --seed`, in the range and words of a scenario's `seed`: it took any number of 0 or more, where
+    the scenario refuses one beyond 2**53."""
+    from gridbot.sim.scenario import check_seed
+
+    try:
+        return None if value is None else check_seed(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
 @cli.command()
 @click.argument("scenario", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--seed", type=click.IntRange(0), help="Seed of the run [default: the scenario's].")
+@click.option("--seed", type=int, callback=lambda _ctx, _param, value: seed_option(value),
+              help="Seed of the run [default: the scenario's].")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Folder for metrics.json and the plots (incomplete.png, throughput.png).")
 @click.option("--scale", type=Finite(0, 1, min_open=True), default=1.0,

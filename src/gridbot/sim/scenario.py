@@ -268,7 +268,7 @@ class _Reader:
         sim = self.table(data, "simulation")
         self.keys(sim, SIM_KEYS, ("simulation",), "[simulation]")
         p = ("simulation",)
-        seed = self.get(sim, "seed", p, 1, _int(0))
+        seed = self.get(sim, "seed", p, 1, check_seed)
         horizon = self.horizon = self.get(sim, "horizon", p, self.horizon, _dur(False))
         tick = self.get(sim, "tick", p, 60.0, _dur(False))
         overlay_interval = self.get(sim, "overlay_interval", p, 60.0, _dur(False))
@@ -756,6 +756,12 @@ def _int(low: int, high: int | None = None) -> Callable[[Any], int]:
             raise ValueError(f"must be a whole number of at most {top:,}, not {v!r}")
         return v
     return convert
+
+
+def check_seed(v: Any) -> int:
+    """A run's seed, the scenario's `seed` and `gridbot simulate --seed` alike: a whole number from 0 to
+    INT_CEILING (ValueError otherwise)."""
+    return _int(0)(v)
 
 
 def _fraction(high: float) -> Callable[[Any], float]:
