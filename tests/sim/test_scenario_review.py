@@ -221,3 +221,32 @@ def test_swf_bags_arriving_after_the_horizon_are_warned_of(tmp_path: Path) -> No
     said = warnings(text, tmp_path)
     assert any("swf_bags 's': 40 of its 100 bags arrive at or after the simulation's horizon (10 min)" in w
                for w in said), said
+
+
+# 7. A whole number too large for a float (TOML takes any) crashed with OverflowError (the CLI review).
+
+BIG = "1" + "0" * 400
+
+
+@pytest.mark.parametrize(("text", "line", "words"), [
+    (bag(BIG), 6, "a duration must be at most 1,000,000,000 s"),
+    (bag(f'{{ dist = "lognormal", mu = {BIG}, sigma = 1 }}'), 6, "'mu': 1000"),
+    (bag("10").replace("size = 2", f"size = 2\nspeed = {BIG}"), 4, "is not a finite number"),
+    (bag("10").replace("size = 2", f"size = 2\npreemption = {BIG}"), 4, "must be a rate"),
+    (bag("10", f"budget = {BIG}\n"), 7, "'budget' must be a finite number >= 0"),
+    (bag("10").replace("size = 2", f"size = 2\nprice_per_cpu_hour = {BIG}"), 4, "must be a number of 0 or more"),
+    (f"[simulation]\ntick = {BIG}\n{bag('10')}", 2, "a duration must be at most"),
+])
+def test_a_huge_whole_number_is_refused_with_its_line_and_cut_short(text: str, line: int, words: str) -> None:
+    message = refused(text)
+    assert f"s.toml:{line}:" in message and words in message, message
+    assert "0" * 100 not in message, "the message repeats all 401 digits"
+
+
+def test_a_huge_whole_number_exits_2_from_simulate_and_plan(tmp_path: Path) -> None:
+    text = bag("10", f"budget = {BIG}\n").replace('kind = "cluster"', 'kind = "grid"')
+    p = simulate(text, tmp_path)
+    assert p.returncode == 2 and "Traceback" not in p.stderr and "s.toml:7:" in p.stderr, p.stderr
+    p = subprocess.run([sys.executable, "-m", "gridbot", "plan", "--scenario", "s.toml"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr and "s.toml:7:" in p.stderr, p.stderr

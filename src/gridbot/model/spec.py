@@ -363,10 +363,7 @@ def parse_duration(value: object, zero: bool = False) -> float:
     if isinstance(value, bool):
         raise ValueError("a duration is a number of seconds or a string like '90s', '10m', '2h', '1d'")
     if isinstance(value, int | float):
-        if not _fits_float(value):
-            raise ValueError(f"a duration must be at most {MAX_DURATION:,.0f} s (about 31 years), not a number that "
-                             "large")
-        seconds = float(value)
+        seconds = as_float(value)
     elif isinstance(value, str) and (m := _DURATION.fullmatch(value)):
         seconds = float(m.group(1)) * _UNITS[m.group(2) or "s"]
     else:
@@ -394,21 +391,23 @@ def with_qos_placement(spec: BagSpec) -> BagSpec:
     return msgspec.structs.replace(spec, strategy=msgspec.structs.replace(spec.strategy, placement=QOS_PLACEMENT))
 
 
-def _fits_float(value: int | float) -> bool:
-    """Whether `value` is a float or an integer a float can hold (TOML and JSON take integers of any size, and
-    float() of one of 400 digits raises OverflowError: a crash on user input, found by the CLI review)."""
-    return not isinstance(value, int) or abs(value) < 2**1023
-
-
 def budget_problem(value: object) -> str:
     """Why `value` cannot be a bag's budget, or ""."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        return f"'budget' must be a number, not {_show(value)}"
-    if not _fits_float(value):
-        return "'budget' must be a finite number >= 0, not a number that large"
-    if not 0 <= value < math.inf:
-        return f"'budget' must be a finite number >= 0, not {value!r}"
+        return f"'budget' must be a number, not {shown(value)}"
+    if not 0 <= as_float(value) < math.inf:
+        return f"'budget' must be a finite number >= 0, not {shown(value)}"
     return ""
+
+
+def as_float(value: int | float) -> float:
+    """`value` as a float, an integer too large for one as an infinity of its sign: TOML writes whole numbers of
+    any size (`budget = 1` and 400 zeros), and float() of them raised OverflowError instead of the range's
+    message."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 _ISO = re.compile(r"\s*(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2})(?::(\d{2})(\.\d+)?)?\s*(Z|z|[+-]\d{2}:?\d{2})?\s*",
@@ -559,7 +558,7 @@ def placeholders(template: str) -> list[str]:
             continue
         if spec or conv or not PARAM_RE.match(field):
             written = f"{{{field}{'!' + conv if conv else ''}{':' + spec if spec else ''}}}"
-            raise ValueError(f"{_show(written)} is not a placeholder; write {{name}} for a parameter, and {{{{ or "
+            raise ValueError(f"{shown(written)} is not a placeholder; write {{name}} for a parameter, and {{{{ or "
                              "}} for a literal brace")
         names.append(field)
     return names
@@ -655,7 +654,7 @@ class _Validator:
         if spec.compare and (problem := validator_name_problem(spec.compare)):
             self.fail(("compare",), problem, 'e.g. compare = "fuzzy", a validator of the server\'s pools file')
         elif spec.compare and spec.quorum < 2:
-            self.fail(("compare",), f"'compare' = {_show(spec.compare)} needs a quorum of two or more results to "
+            self.fail(("compare",), f"'compare' = {shown(spec.compare)} needs a quorum of two or more results to "
                       "compare", "add quorum = 2")
         if spec.max_instances is not None and spec.max_instances < spec.quorum:
             self.fail(("max_instances",), f"'max_instances' = {spec.max_instances} is less than the quorum "
@@ -687,14 +686,14 @@ class _Validator:
         value = data.get("quorum", 1)
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_QUORUM:
             self.fail(("quorum",), f"'quorum' must be a whole number of agreeing results from 1 to {MAX_QUORUM}, not "
-                      f"{_show(value)}; e.g. quorum = 2")
+                      f"{shown(value)}; e.g. quorum = 2")
             return 1
         return value
 
     def fraction(self, data: dict[str, Any], key: str, default: float) -> float:
         value = data.get(key, default)
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
-            self.fail((key,), f"'{key}' must be a fraction from 0 to 1, not {_show(value)}; e.g. {key} = 0.1")
+            self.fail((key,), f"'{key}' must be a fraction from 0 to 1, not {shown(value)}; e.g. {key} = 0.1")
             return default
         return float(value)
 
@@ -702,17 +701,17 @@ class _Validator:
         value = data.get("cpus", 1)
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CPUS:
             self.fail(("cpus",), f"'cpus' must be a whole number of CPUs one job needs, from 1 to {MAX_CPUS:,}, "
-                      f"not {_show(value)}; e.g. cpus = 8")
+                      f"not {shown(value)}; e.g. cpus = 8")
             return 1
         return value
 
     def positive_int(self, data: dict[str, Any], key: str, default: int) -> int:
         value = data.get(key, default)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            self.fail((key,), f"'{key}' must be a whole number of at least 1, not {_show(value)}")
+            self.fail((key,), f"'{key}' must be a whole number of at least 1, not {shown(value)}")
             return default
         if value > MAX_COUNT:
-            self.fail((key,), f"'{key}' = {_show(value)} is more than {MAX_COUNT:,}")
+            self.fail((key,), f"'{key}' = {shown(value)} is more than {MAX_COUNT:,}")
             return default
         return value
 
@@ -722,11 +721,11 @@ class _Validator:
         try:
             size = parse_size(data[key])
         except ValueError as e:
-            self.fail((key,), f"'{key}' = {_show(data[key])}: {e}", f'write {key} = "512M" or "2G"')
+            self.fail((key,), f"'{key}' = {shown(data[key])}: {e}", f'write {key} = "512M" or "2G"')
             return None
         if size < minimum:
             hint = f'did you mean {key} = "{data[key]}M"?' if isinstance(data[key], int) else ""
-            self.fail((key,), f"'{key}' = {data[key]!r} is {size:,} bytes, less than {minimum:,}",
+            self.fail((key,), f"'{key}' = {shown(data[key])} is {size:,} bytes, less than {minimum:,}",
                       hint)
             return None
         return size
@@ -737,7 +736,7 @@ class _Validator:
         try:
             return parse_duration(data[key])
         except ValueError as e:
-            self.fail((key,), f"'{key}' = {_show(data[key])}: {e}")
+            self.fail((key,), f"'{key}' = {shown(data[key])}: {e}")
             return None
 
     def budget(self, data: dict[str, Any]) -> float | None:
@@ -755,7 +754,7 @@ class _Validator:
         try:
             return parse_bag_deadline(data["bag_deadline"])
         except ValueError as e:
-            self.fail(("bag_deadline",), f"'bag_deadline' = {_show(data['bag_deadline'])}: {e}",
+            self.fail(("bag_deadline",), f"'bag_deadline' = {shown(data['bag_deadline'])}: {e}",
                       'write bag_deadline = "2h" (after submission) or bag_deadline = 2026-11-27T17:00:00Z')
             return {}
 
@@ -766,7 +765,7 @@ class _Validator:
         out = {}
         for k, v in table.items():
             if not isinstance(v, str | int | float) or isinstance(v, bool):
-                self.fail(("env", k), f"env {_show(k)} must be a variable name with a string or number value")
+                self.fail(("env", k), f"env {shown(k)} must be a variable name with a string or number value")
             else:
                 out[k] = str(v)
         for k, issue in env_issues(out):
@@ -864,7 +863,7 @@ class _Validator:
                 return None
             number = _decimal(str(v)) if isinstance(v, int | float | str) and not isinstance(v, bool) else None
             if number is None:
-                self.fail(path, f"'{key}' of range '{name}' must be a number, not {_show(v)}")
+                self.fail(path, f"'{key}' of range '{name}' must be a number, not {shown(v)}")
                 return None
             bounds[key] = number
         if issue := range_issue(name, bounds["from"], bounds["to"], bounds["step"]):
@@ -907,7 +906,7 @@ MAX_PROBLEMS = 20
 """Problems reported at most for one spec (a spec with a million bad values gets a readable answer)."""
 
 
-def _show(value: object, width: int = 60) -> str:
+def shown(value: object, width: int = 60) -> str:
     """`value` quoted for a message, cut to `width` characters: messages never echo a megabyte of input."""
     text = repr(value)
     return text if len(text) <= width else text[:width] + "..."
@@ -923,18 +922,18 @@ def name_issue(name: str) -> Issue | None:
     """Why `name` cannot name a bag (it names its results folder, and appears in URLs), or None. A name of
     digits only would be read as a bag id wherever a bag is named (`gridbot status 5`, /v1/bags/5)."""
     if NAME_RE.match(name) and name.isdigit():
-        return (f"bag name {_show(name)} is made only of digits, which would be read as a bag's id",
+        return (f"bag name {shown(name)} is made only of digits, which would be read as a bag's id",
                 f"add a letter, e.g. 'run-{name[:59]}' (with --name where the name comes from a file's name)")
     if NAME_RE.match(name):
         return None
-    return (f"bag name {_show(name)} is not allowed",
+    return (f"bag name {shown(name)} is not allowed",
             "use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
 
 
 def parameter_name_issue(name: str) -> Issue | None:
     if PARAM_RE.match(name):
         return None
-    return f"parameter name {_show(name)} is not allowed", "use letters, digits and '_', starting with a letter or '_'"
+    return f"parameter name {shown(name)} is not allowed", "use letters, digits and '_', starting with a letter or '_'"
 
 
 def values_issue(name: str, values: Sequence[str]) -> Issue | None:
@@ -956,7 +955,7 @@ def range_issue(name: str, start: Decimal, stop: Decimal, step: Decimal) -> Issu
     for key, d in (("from", start), ("to", stop), ("step", step)):
         exponent = d.as_tuple().exponent
         if not d.is_finite() or d.copy_abs() > RANGE_LIMIT or (isinstance(exponent, int) and exponent < -RANGE_DIGITS):
-            return (f"'{key}' of range '{name}' is {_show(str(d), 30)}: a range's numbers are at most 1e18 in size, "
+            return (f"'{key}' of range '{name}' is {shown(str(d), 30)}: a range's numbers are at most 1e18 in size, "
                     f"with at most {RANGE_DIGITS} digits after the point", "")
     if step == 0:
         return f"range '{name}' has step 0", "use a positive step, or a negative one to count down"
@@ -989,7 +988,7 @@ def env_issues(env: Mapping[str, str]) -> list[tuple[str, Issue]]:
     out = []
     for k, v in env.items():
         if not ENV_RE.match(k):
-            out.append((k, (f"env {_show(k)} is not a variable name",
+            out.append((k, (f"env {shown(k)} is not a variable name",
                             "use letters, digits and '_', starting with a letter or '_'")))
         elif k.startswith("GRIDBOT_"):
             out.append((k, (f"env {k} is gridbot's own: the worker sets GRIDBOT_* for every job (its index, its "
@@ -1009,21 +1008,21 @@ def path_issues(inputs: Sequence[str], outputs: Sequence[str]) -> list[tuple[str
         if not p:
             out.append(("inputs", ("an empty name in inputs", "name a file relative to the spec's folder")))
         elif not base or base in (".", "..") or len(base) > MAX_PATH or "\0" in p:
-            out.append(("inputs", (f"input {_show(p)} has no usable file name", "name a file, not a folder")))
+            out.append(("inputs", (f"input {shown(p)} has no usable file name", "name a file, not a folder")))
         elif base in seen:
-            out.append(("inputs", (f"inputs {_show(seen[base])} and {_show(p)} would both be staged as "
-                                   f"{_show(base)}", "rename one of them")))
+            out.append(("inputs", (f"inputs {shown(seen[base])} and {shown(p)} would both be staged as "
+                                   f"{shown(base)}", "rename one of them")))
         seen.setdefault(base, p)
     out.extend(("outputs", (problem, "")) for p in outputs if (problem := output_name_problem(p)))
     names = set(outputs)
     if len(names) < len(outputs):
         twice = sorted({p for p in outputs if list(outputs).count(p) > 1})
-        out.append(("outputs", (f"output {_show(twice[0])} is listed twice", "list each output once")))
+        out.append(("outputs", (f"output {shown(twice[0])} is listed twice", "list each output once")))
     for p in sorted(names):  # (a file and a folder of one name: no job can make both, no results folder keep both)
         parts = p.split("/")
         if above := next(("/".join(parts[:i]) for i in range(1, len(parts)) if "/".join(parts[:i]) in names), None):
-            out.append(("outputs", (f"outputs {_show(above)} and {_show(p)} cannot both be: one would be a file and "
-                                    "a folder at once", f"keep {_show(p)}, or rename one")))
+            out.append(("outputs", (f"outputs {shown(above)} and {shown(p)} cannot both be: one would be a file and "
+                                    "a folder at once", f"keep {shown(p)}, or rename one")))
     return out
 
 
@@ -1200,7 +1199,7 @@ def _parameter_issue(p: Parameter) -> Issue | None:
     for key, text in (("start", p.start), ("stop", p.stop), ("step", p.step)):
         number = _decimal(text) if text is not None else None
         if number is None:
-            return f"'{key}' of range '{p.name}' must be a number, not {_show(text)}", ""
+            return f"'{key}' of range '{p.name}' must be a number, not {shown(text)}", ""
         bounds.append(number)
     return range_issue(p.name, *bounds)
 
@@ -1297,4 +1296,4 @@ def validator_name_problem(name: str) -> str:
     if VALIDATOR_NAME.fullmatch(name):
         return ""
     return (f"'compare' must name a validator: a letter, then up to 63 letters, digits, '-' or '_', not "
-            f"{_show(name)}")
+            f"{shown(name)}")

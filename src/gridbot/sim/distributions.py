@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gridbot.errors import GridbotError
-from gridbot.model.spec import MAX_DURATION, duration_problem
+from gridbot.model.spec import MAX_DURATION, as_float, duration_problem, shown
 from gridbot.sim import traces
 
 DIST_KEYS: dict[str, tuple[str, ...]] = {
@@ -48,7 +48,7 @@ def seconds(value: object, allow_zero: bool = True) -> float:
     if isinstance(value, bool):
         raise DistError("a duration is a number of seconds or a string like '90s', '10m', '2h', '1d'")
     if isinstance(value, int | float):
-        out = float(value)
+        out = as_float(value)
     elif isinstance(value, str):
         text = value.strip()
         unit = text[-1:] if text[-1:] in _UNITS else "s"
@@ -56,14 +56,15 @@ def seconds(value: object, allow_zero: bool = True) -> float:
         try:
             out = float(number) * _UNITS[unit]
         except ValueError:
-            raise DistError(f"{value!r} is not a duration: write a number of seconds or '90s', '10m', '2h', "
-                            "'1d'") from None
+            raise DistError(f"{shown(value)} is not a duration: write a number of seconds or '90s', '10m', "
+                            "'2h', '1d'") from None
     else:
-        raise DistError(f"{value!r} is not a duration: write a number of seconds or '90s', '10m', '2h', '1d'")
+        raise DistError(f"{shown(value)} is not a duration: write a number of seconds or '90s', '10m', '2h', "
+                        "'1d'")
     if math.isnan(out) or out < 0 or (out == 0 and not allow_zero):
-        raise DistError(f"{value!r} must be {'zero or more' if allow_zero else 'more than zero'}")
+        raise DistError(f"{shown(value)} must be {'zero or more' if allow_zero else 'more than zero'}")
     if out > MAX_DURATION:
-        raise DistError(f"{value!r}: {duration_problem(out)}")
+        raise DistError(f"{shown(value)}: {duration_problem(out)}")
     return out
 
 
@@ -99,8 +100,10 @@ def parse_dist(value: object, what: str, durations: bool = True) -> Dist:
     With `durations`, numbers are seconds and strings may carry units; without, values are plain numbers.
     """
     if isinstance(value, int | float | str) and not isinstance(value, bool):
+        if not durations:
+            return constant(_number(value, what))
         try:
-            return constant(seconds(value) if durations else _number(value, what))
+            return constant(seconds(value))
         except DistError as e:
             raise DistError(f"{what}: {e}") from None
     if not isinstance(value, dict):
@@ -270,9 +273,14 @@ def _fta(trace: str, family: str, interval: str, what: str) -> Dist:
 
 
 def _number(value: object, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise DistError(f"{what}: {value!r} is not a number")
-    return float(value)
+    """A finite number; a whole number too large for a float (TOML takes any) is refused as one out of range."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise DistError(f"{what}: {shown(value)} is not a number")
+    out = as_float(value)
+    if not math.isfinite(out):
+        raise DistError(f"{what}: {shown(value)} is not a finite number; it must be at most "
+                        f"{sys.float_info.max:g} in size")
+    return out
 
 
 def _not_negative(what: str, **values: float) -> None:

@@ -30,11 +30,13 @@ from gridbot.model.spec import (
     Problem,
     SpecError,
     StrategyChoice,
+    as_float,
     budget_problem,
     closest,
     key_lines,
     parse_duration,
     parse_strategy,
+    shown,
     with_qos_placement,
 )
 from gridbot.model.volunteer import DEFAULT_RPC_DELAY, DEFAULT_RUNTIME
@@ -737,7 +739,7 @@ def _seconds(low: float) -> Callable[[Any], float]:
     def convert(v: Any) -> float:
         out = seconds(v, allow_zero=False)
         if out < low:
-            raise ValueError(f"must be at least {low:g} s, not {v!r}")
+            raise ValueError(f"must be at least {low:g} s, not {shown(v)}")
         return out
     return convert
 
@@ -751,9 +753,9 @@ def _int(low: int, high: int | None = None) -> Callable[[Any], int]:
     top = INT_CEILING if high is None else high
     def convert(v: Any) -> int:
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
-            raise ValueError(f"must be a whole number of at least {low}, not {v!r}")
+            raise ValueError(f"must be a whole number of at least {low}, not {shown(v)}")
         if v > top:
-            raise ValueError(f"must be a whole number of at most {top:,}, not {v!r}")
+            raise ValueError(f"must be a whole number of at most {top:,}, not {shown(v)}")
         return v
     return convert
 
@@ -767,9 +769,10 @@ def check_seed(v: Any) -> int:
 def _fraction(high: float) -> Callable[[Any], float]:
     """A number from 0 to `high`, finite even when `high` is not (`time_scale = inf` made a NaN arrival)."""
     def convert(v: Any) -> float:
-        if isinstance(v, bool) or not isinstance(v, int | float) or not (0 <= v <= high and math.isfinite(v)):
+        number = as_float(v) if isinstance(v, int | float) and not isinstance(v, bool) else math.nan
+        if not (0 <= number <= high and math.isfinite(number)):
             rule = f"from 0 to {high:g}" if math.isfinite(high) else "of 0 or more, finite"
-            raise ValueError(f"must be a number {rule}, not {v!r}")
+            raise ValueError(f"must be a number {rule}, not {shown(v)}")
         return float(v)
     return convert
 
@@ -777,17 +780,18 @@ def _fraction(high: float) -> Callable[[Any], float]:
 def _time_scale(v: Any) -> float:
     """An SWF replay's `time_scale`: a finite number above 0. 0 would put every bag at time 0, a meaning the
     key does not have (it scales the log's gaps between submissions); `time_scale = inf` made a NaN arrival."""
-    if isinstance(v, bool) or not isinstance(v, int | float) or not (0 < v < math.inf):
-        raise ValueError(f"must be a number above 0, finite, not {v!r}: the log's gaps between submissions are "
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < as_float(v) < math.inf:
+        raise ValueError(f"must be a number above 0, finite, not {shown(v)}: the log's gaps between submissions are "
                          "multiplied by it (time_scale = 0.01 replays them 100 times closer)")
     return float(v)
 
 
 def _shape(v: Any) -> float:
     """A Gamma shape: a positive finite number (`failure_spread`)."""
-    if isinstance(v, bool) or not isinstance(v, int | float) or not (v > 0 and math.isfinite(v)):
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < as_float(v) < math.inf:
         raise ValueError(f"must be a positive number, the shape of a Gamma distribution of mean 1 (0.75 for "
-                         f"machines as uneven as Los Alamos' nodes; leave it out for machines alike), not {v!r}")
+                         f"machines as uneven as Los Alamos' nodes; leave it out for machines alike), not "
+                         f"{shown(v)}")
     return float(v)
 
 
@@ -798,7 +802,7 @@ def _dur(allow_zero: bool) -> Callable[[Any], float]:
 def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
     def convert(v: Any) -> str:
         if v not in options:
-            raise ValueError(f"{v!r} is not one of {', '.join(options)}" +
+            raise ValueError(f"{shown(v)} is not one of {', '.join(options)}" +
                              (f"; {hint}" if (hint := closest(str(v), options)) else ""))
         return str(v)
     return convert
@@ -830,10 +834,10 @@ def _preemption(what: str) -> Callable[[Any], Dist | None]:
     def convert(v: Any) -> Dist | None:
         if isinstance(v, dict):
             return _life(what)(v)
-        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < math.inf:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= as_float(v) < math.inf:
             raise ValueError(f"must be a rate (pilots killed per hour of their life, like 0.1) or a table giving "
                              f'the distribution of a pilot\'s life, like {{ dist = "weibull", shape = 0.5, '
-                             f'scale = "90h" }}, not {v!r}')
+                             f'scale = "90h" }}, not {shown(v)}')
         if v == 0:
             return None
         rate = float(v) / 3600.0
@@ -843,7 +847,7 @@ def _preemption(what: str) -> Callable[[Any], Dist | None]:
 
 def _bool(v: Any) -> bool:
     if not isinstance(v, bool):
-        raise ValueError(f"must be true or false, not {v!r}")
+        raise ValueError(f"must be true or false, not {shown(v)}")
     return v
 
 
