@@ -29,7 +29,7 @@ import csv
 import io
 import json
 import math
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Iterator
 from typing import NamedTuple
 
 from gridbot.errors import GridbotError
@@ -109,26 +109,37 @@ def rows_from_states(instances: Iterable[tuple[float, float | None, InstanceStat
 
 
 def _csv_lines(text: str, name: str) -> list[tuple[int, dict[str, str]]]:
-    reader = csv.reader(io.StringIO(text))
     header: list[str] | None = None
     out = []
-    for row in reader:
+    for line, row in _rows(text, name):
         if not row or not "".join(row).strip() or row[0].lstrip().startswith("#"):
             continue
         if header is None:
             header = [h.strip().lower() for h in row]
             missing = [c for c in COLUMNS if c not in header]
             if missing:
-                raise HistoryError(f"{name}, line {reader.line_num}: the header lacks {', '.join(missing)}: write "
+                raise HistoryError(f"{name}, line {line}: the header lacks {', '.join(missing)}: write "
                                    f"'{','.join(COLUMNS)}' (and optionally ',reliable') first")
             continue
         if len(row) != len(header):
-            raise HistoryError(f"{name}, line {reader.line_num}: {len(row)} fields where the header has "
+            raise HistoryError(f"{name}, line {line}: {len(row)} fields where the header has "
                                f"{len(header)} ({','.join(header)})")
-        out.append((reader.line_num, dict(zip(header, row, strict=True))))
+        out.append((line, dict(zip(header, row, strict=True))))
         if len(out) > MAX_LINES:
             raise HistoryError(f"{name}: more than {MAX_LINES:,} instances")
     return out
+
+
+def _rows(text: str, name: str) -> Iterator[tuple[int, list[str]]]:
+    """The CSV rows of `text`, each with its line; a field over the csv module's limit (131,072 characters) is a
+    HistoryError naming the line, where its `_csv.Error` was a traceback."""
+    reader = csv.reader(io.StringIO(text))
+    try:
+        for row in reader:
+            yield reader.line_num, row
+    except csv.Error as e:
+        raise HistoryError(f"{name}, line {reader.line_num}: not a CSV line ({e}); write "
+                           f"'{','.join(COLUMNS)}' and one instance a line, or JSON lines") from None
 
 
 def _json_lines(text: str, name: str) -> list[tuple[int, dict[str, object]]]:

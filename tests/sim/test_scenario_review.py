@@ -250,3 +250,29 @@ def test_a_huge_whole_number_exits_2_from_simulate_and_plan(tmp_path: Path) -> N
     p = subprocess.run([sys.executable, "-m", "gridbot", "plan", "--scenario", "s.toml"], cwd=tmp_path,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "Traceback" not in p.stderr and "s.toml:7:" in p.stderr, p.stderr
+
+
+# 8. A CSV field over the csv module's limit, and a file not UTF-8, crashed or named neither file nor fix.
+
+@pytest.mark.parametrize(("kind", "size", "row"), [
+    ("cluster", "trace", "0," + "1" * 140_000),
+    ("community", "hosts", "h," + "x" * 140_000 + ",1"),
+])
+def test_a_csv_field_too_long_is_named_with_its_file_and_line(tmp_path: Path, kind: str, size: str, row: str) -> None:
+    (tmp_path / "t.csv").write_text(f"# a trace\n{row}\n")
+    text = bag("10").replace('"cluster"', f'"{kind}"').replace("size = 2", f'size = {{ {size} = "t.csv" }}')
+    message = refused(text, tmp_path)
+    assert f"{tmp_path / 't.csv'}:2: not a CSV line" in message and "field larger than field limit" in message
+    assert "name the right file" in message, message
+
+
+@pytest.mark.parametrize(("kind", "size", "what"), [("cluster", "trace", "size trace"),
+                                                    ("community", "hosts", "host trace")])
+def test_a_trace_not_utf8_is_named_as_such(tmp_path: Path, kind: str, size: str, what: str) -> None:
+    (tmp_path / "bin.csv").write_bytes(bytes(range(128, 256)) * 4)
+    text = bag("10").replace('"cluster"', f'"{kind}"').replace("size = 2", f'size = {{ {size} = "bin.csv" }}')
+    message = refused(text, tmp_path)
+    assert f"{tmp_path / 'bin.csv'} is not a UTF-8 text file (invalid start byte at byte 0): a {what}" in message
+    assert "save it as UTF-8" in message, message
+    p = simulate(text, tmp_path)
+    assert p.returncode == 2 and "Traceback" not in p.stderr and "is not a UTF-8 text file" in p.stderr, p.stderr

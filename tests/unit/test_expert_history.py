@@ -54,6 +54,8 @@ def test_a_history_file_is_csv_or_json_lines_and_its_rows_say_where_and_how_each
      "line 1: ended_at, success, pool missing"),
     ('{"sent_at": 1, "ended_at": 3, "success": 1, "pool": "grid"}\nnot json\n', "line 2: not JSON"),
     ("sent_at,ended_at,success,pool\n", "the history holds no instance"),
+    ("sent_at,ended_at,success,pool\n1,2,1," + "g" * 140_000 + "\n",  # the CLI review: _csv.Error, a traceback
+     "line 2: not a CSV line (field larger than field limit (131072))"),
 ])
 def test_a_bad_history_file_is_refused_naming_the_line_and_the_fix(text, says):
     with pytest.raises(history.HistoryError) as refused:

@@ -14,7 +14,7 @@ import lzma
 import math
 import zlib
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
@@ -292,15 +292,31 @@ class HostSession:
     end: float
 
 
+def _csv_rows(path: Path, what: str, columns: str) -> Iterator[tuple[int, list[str]]]:
+    """The rows of a CSV file a scenario names, with their line numbers; TraceError naming the file (and the line)
+    if it cannot be read, is not UTF-8 text (a UnicodeDecodeError named neither), or has a field over the csv
+    module's limit of 131,072 characters (its `_csv.Error` was a traceback)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise TraceError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise TraceError(f"{path} is not a UTF-8 text file ({e.reason} at byte {e.start:,}): a {what} is CSV text "
+                         f"of {columns} rows; name the right file, or save it as UTF-8") from None
+    reader = csv.reader(io.StringIO(text))
+    try:
+        for row in reader:
+            yield reader.line_num, row
+    except csv.Error as e:
+        raise TraceError(f"{path}:{reader.line_num}: not a CSV line of {columns} ({e}); name the right file, or "
+                         "correct that line") from None
+
+
 def host_sessions(path: Path) -> list[HostSession]:
     """The sessions of named hosts from a CSV file of `host,start,end` rows (seconds; a header is skipped), in
     order of start: when each volunteer was online. A host's sessions may not overlap (it is one machine)."""
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise TraceError(f"cannot read host trace {path}: {e.strerror or e}") from None
     sessions: list[tuple[HostSession, int]] = []
-    for n, row in enumerate(csv.reader(io.StringIO(text)), 1):
+    for n, row in _csv_rows(path, "host trace", "host,start,end"):
         if not row or row[0].strip().startswith("#"):
             continue
         try:
@@ -347,12 +363,8 @@ def online_steps(sessions: Sequence[HostSession]) -> list[tuple[float, int]]:
 
 def size_steps(path: Path) -> list[tuple[float, int]]:
     """A pool's size over time from a CSV file of `time,size` rows (time in seconds; a header is skipped)."""
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise TraceError(f"cannot read size trace {path}: {e.strerror or e}") from None
     steps = []
-    for n, row in enumerate(csv.reader(io.StringIO(text)), 1):
+    for n, row in _csv_rows(path, "size trace", "time,size"):
         if not row or row[0].strip().startswith("#"):
             continue
         try:
