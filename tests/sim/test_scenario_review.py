@@ -276,3 +276,11 @@ def test_a_trace_not_utf8_is_named_as_such(tmp_path: Path, kind: str, size: str,
     assert "save it as UTF-8" in message, message
     p = simulate(text, tmp_path)
     assert p.returncode == 2 and "Traceback" not in p.stderr and "is not a UTF-8 text file" in p.stderr, p.stderr
+
+
+# 9. A bag's policies stopped at the first problem; a spec's [policy] names every one.
+
+def test_every_wrong_policy_of_a_bag_is_named_at_once() -> None:
+    message = refused(bag("10", '[bags.b.policy]\nJobRequirements = "Host.Pool =="\nDeadline = "0"\nBogus = "1"\n'))
+    for line, policy in ((8, "JobRequirements"), (9, "Deadline"), (10, "Bogus")):
+        assert f"s.toml:{line}: bag 'b': policy {policy} = " in message, message

@@ -513,13 +513,16 @@ class _Reader:
 
     def policies(self, written: dict[str, str], deadline: float, path: tuple[str, ...], what: str) -> bool:
         """Validate a bag's policies as a submitted spec's are (which refuses a constant Deadline that is not a
-        positive number of seconds: issue 14's `Deadline = "-5"` ran as 1 day)."""
-        try:
-            validate_policies(written, deadline)
-        except PolicyError as e:
-            self.fail((*path, "policy", e.policy), f"{what}: {e}")
-            return False
-        return True
+        positive number of seconds: issue 14's `Deadline = "-5"` ran as 1 day), one at a time as `gridbot submit`
+        does, so that every wrong one is named at once (the first alone was)."""
+        ok = True
+        for name, text in written.items():
+            try:
+                validate_policies({name: text}, deadline)
+            except PolicyError as e:
+                self.fail((*path, "policy", e.policy), f"{what}: {e}")
+                ok = False
+        return ok
 
     def bag(self, name: str, t: object) -> list[BagModel]:
         path = ("bags", name)
