@@ -284,3 +284,21 @@ def test_every_wrong_policy_of_a_bag_is_named_at_once() -> None:
     message = refused(bag("10", '[bags.b.policy]\nJobRequirements = "Host.Pool =="\nDeadline = "0"\nBogus = "1"\n'))
     for line, policy in ((8, "JobRequirements"), (9, "Deadline"), (10, "Bogus")):
         assert f"s.toml:{line}: bag 'b': policy {policy} = " in message, message
+
+
+# 10. A tiny tick, overlay_interval or sample was accepted, and the run hung or grew past a gigabyte.
+
+@pytest.mark.parametrize(("key", "value", "steps", "fix"), [
+    ("sample", "1e-5", "720,000,000 steps over the horizon (2 h), over the simulator's 1,000,000", "sample = 0.008"),
+    ("tick", "1e-4", "72,000,000 steps over the horizon (2 h), over the simulator's 10,000,000", "tick = 0.001"),
+    ("overlay_interval", "1e-4", "72,000,000 steps", "overlay_interval = 0.001"),
+])
+def test_a_period_too_short_for_the_horizon_is_refused(key: str, value: str, steps: str, fix: str) -> None:
+    message = refused(f'[simulation]\nhorizon = "2h"\n{key} = {value}\n{bag("10")}')
+    assert f"s.toml:3: simulation.{key} = " in message and steps in message, message
+    assert f"{fix} or more, or a shorter horizon" in message, message
+
+
+def test_a_period_that_fits_the_horizon_is_taken() -> None:
+    sc = parse_scenario(f'[simulation]\nhorizon = "2h"\ntick = 0.001\nsample = 0.008\n{bag("10")}', "s.toml")
+    assert (sc.tick, sc.sample) == (0.001, 0.008)

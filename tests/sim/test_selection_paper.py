@@ -118,6 +118,7 @@ def test_two_independent_streams_do_worse_than_one() -> None:
 CLUSTER = """
 [simulation]
 seed = 3
+horizon = "1d"
 tick = "1s"
 overlay_interval = "1s"
 
@@ -163,6 +164,7 @@ def test_an_external_job_behind_ours_waits_for_our_cpus_and_ours_behind_it_waits
 
 SLOTS = """
 [simulation]
+horizon = "1d"
 tick = "1s"
 [pools.p]
 kind = "cluster"

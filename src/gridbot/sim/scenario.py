@@ -74,6 +74,15 @@ MAX_EXTERNAL_JOBS = 2_000_000
 """Jobs of other users (`[[pools.NAME.external]]`) in a scenario, every entry's together: each is an event
 set up before the run starts, about 250 bytes (as much memory as MAX_HOSTS hosts at 2 million)."""
 
+MAX_STEPS = {
+    "tick": (10_000_000, "each runs the server's periodic work, about 0.1 ms on a small run"),
+    "overlay_interval": (10_000_000, "each plans the pools' pilots, 25 µs or more"),
+    "sample": (1_000_000, "each keeps a number for every bag and three for every pool, about 100 bytes for one "
+               "of each"),
+}
+"""The most steps of each `[simulation]` period over the horizon, and what one costs (a run that goes to the
+horizon, its bags unfinished, takes them all): ten million ticks are about a quarter of an hour."""
+
 
 @dataclass(frozen=True)
 class SizeStep:
@@ -277,6 +286,9 @@ class _Reader:
         sample = self.get(sim, "sample", p, 0.0, _dur(False))
         latency = self.get(sim, "latency", p, 0.0, _dur(True))
         store = self.get(sim, "store", p, "compact", _choice(STORES))
+        for key, every in (("tick", tick), ("overlay_interval", overlay_interval), ("sample", sample)):
+            if key in sim:
+                self.steps(key, every, horizon)
         dispatch = self.dispatch(self.table(data, "server"))
         heartbeat = self.get(sim, "heartbeat", p, dispatch.host_timeout / 2, _dur(False))
         if heartbeat >= dispatch.host_timeout:
@@ -328,6 +340,17 @@ class _Reader:
         return Scenario(self.source, description, seed, horizon, tick, overlay_interval, sample, latency,
                         heartbeat, store, dispatch, pools, bags, sorted(self.warnings, key=lambda w: w.line or 0),
                         queues)
+
+    def steps(self, key: str, every: float, horizon: float) -> None:
+        """Refuse a step of `[simulation]` so short that a run to the horizon would take more than MAX_STEPS of
+        it: `sample = 1e-5` over two hours grew past 1 GB, `tick = 1e-4` ran for minutes on end."""
+        most, cost = MAX_STEPS[key]
+        if horizon / every <= most:
+            return
+        smallest = math.ceil(horizon / most * 1000) / 1000
+        self.fail(("simulation", key), f"simulation.{key} = {every:g} s makes {horizon / every:,.0f} steps over the "
+                  f"horizon ({_span(horizon)}), over the simulator's {most:,} ({cost})",
+                  f'{key} = {smallest:g} or more, or a shorter horizon')
 
     def table(self, data: dict[str, Any], key: str) -> dict[str, Any]:
         value = data.get(key, {})
