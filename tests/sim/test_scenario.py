@@ -133,7 +133,7 @@ def test_bags_from_an_swf_log_arrive_when_its_jobs_were_submitted():
     assert sc.bags[0].name == "nasa-2" and sc.bags[0].arrival == 0
     assert [b.arrival for b in sc.bags] == sorted(b.arrival for b in sc.bags)
     assert all(1 <= b.jobs <= 64 for b in sc.bags) and all(b.runtime.mean > 0 for b in sc.bags)
-    with pytest.raises(SpecError, match=r"no trace file 'nope\.swf'"):
+    with pytest.raises(SpecError, match=r"no SWF log 'nope\.swf': not one shipped .* nor a file in the scenario's"):
         parse_scenario('[pools.p]\nsize = 10\n[swf_bags.x]\nswf = "nope.swf"\n', "s.toml")
 
 

@@ -302,3 +302,15 @@ def test_a_period_too_short_for_the_horizon_is_refused(key: str, value: str, ste
 def test_a_period_that_fits_the_horizon_is_taken() -> None:
     sc = parse_scenario(f'[simulation]\nhorizon = "2h"\ntick = 0.001\nsample = 0.008\n{bag("10")}', "s.toml")
     assert (sc.tick, sc.sample) == (0.001, 0.008)
+
+
+# 11. `runtime = { swf = "log.swf" }` was found from the current folder, `[swf_bags]` logs from the scenario's.
+
+def test_an_swf_distribution_is_found_from_the_scenarios_folder(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "log.swf").write_text(SWF)
+    sc = parse_scenario(bag('{ swf = "log.swf" }'), str(tmp_path / "sub" / "s.toml"))
+    assert sc.bags[0].runtime.describe == "runtimes of SWF log log.swf (199 values)"
+    message = refused(bag('{ swf = "other.swf" }'), tmp_path)
+    assert f"no SWF log 'other.swf': not one shipped with gridbot (NASA-iPSC, CESNET-wagap), nor a file in the " \
+           f"scenario's folder ({tmp_path})" in message and "give its path from the scenario's folder" in message

@@ -14,6 +14,7 @@ import random
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from gridbot.errors import GridbotError
 from gridbot.model.spec import MAX_DURATION, as_float, duration_problem, shown
@@ -94,10 +95,11 @@ def empirical(values: Sequence[float], describe: str) -> Dist:
     return Dist(f"{describe} ({n:,} values)", lambda rng: vals[int(rng.random() * n)], sum(vals) / n)
 
 
-def parse_dist(value: object, what: str, durations: bool = True) -> Dist:
+def parse_dist(value: object, what: str, durations: bool = True, base: Path = Path()) -> Dist:
     """Build a distribution from a scenario value; `what` names it in errors (`"runtime of bag b1"`).
 
-    With `durations`, numbers are seconds and strings may carry units; without, values are plain numbers.
+    With `durations`, numbers are seconds and strings may carry units; without, values are plain numbers. A file
+    it names (`swf = "log.swf"`) is found from `base`, the scenario's folder, as `[swf_bags]` logs are.
     """
     if isinstance(value, int | float | str) and not isinstance(value, bool):
         if not durations:
@@ -111,7 +113,7 @@ def parse_dist(value: object, what: str, durations: bool = True) -> Dist:
                         '{ dist = "uniform", low = 1, high = 2 }')
     traced = [k for k in TRACE_KEYS if k in value]
     if traced:
-        return _in_range(_scaled(_trace(value, traced[0], what), value, what, durations), what, durations)
+        return _in_range(_scaled(_trace(value, traced[0], what, base), value, what, durations), what, durations)
     name = value.get("dist")
     if name not in DIST_KEYS:
         names = ", ".join(DIST_KEYS)
@@ -236,7 +238,7 @@ def _scaled(dist: Dist, table: dict[str, object], what: str, durations: bool, un
     return Dist(f"{dist.describe} x{factor:g}" if factor != 1 else dist.describe, draw, mean)
 
 
-def _trace(table: dict[str, object], key: str, what: str) -> Dist:
+def _trace(table: dict[str, object], key: str, what: str, base: Path) -> Dist:
     allowed = {"trace": ("trace", "unit", "min", "max"), "swf": ("swf", *traces.SwfFilter.KEYS, "unit", "min", "max"),
                "fta": ("fta", "family", "interval", "min", "max"), "lanl": ("lanl", "unit", "min", "max")}[key]
     for k in table:
@@ -246,7 +248,8 @@ def _trace(table: dict[str, object], key: str, what: str) -> Dist:
         if key == "trace":
             return empirical(traces.task_runtimes(str(table["trace"])), f"measured {table['trace']} runtimes")
         if key == "swf":
-            return empirical(traces.swf_runtimes(str(table["swf"]), traces.SwfFilter.from_table(table)),
+            log = traces.swf_source(str(table["swf"]), base)
+            return empirical(traces.swf_runtimes(log, traces.SwfFilter.from_table(table)),
                              f"runtimes of SWF log {table['swf']}")
         if key == "fta":
             return _fta(str(table["fta"]), str(table.get("family", "Wbl")), str(table.get("interval", "available")),

@@ -419,22 +419,23 @@ class _Reader:
         model = PoolModel(
             name=name, kind=kind, spec=PoolSpec(name=name, kind=kind, **spec_values),
             size=size, fluctuate=fluctuate, hosts=hosts,
-            queue_wait=self.get(t, "queue_wait", path, constant(0.0), _dist(f"queue_wait of {what}")),
-            speed=self.get(t, "speed", path, constant(1.0), _dist(f"speed of {what}", durations=False)),
-            preemption=self.get(t, "preemption", path, None, _preemption(f"preemption of {what}")),
+            queue_wait=self.get(t, "queue_wait", path, constant(0.0), _dist(self.base, f"queue_wait of {what}")),
+            speed=self.get(t, "speed", path, constant(1.0), _dist(self.base, f"speed of {what}", durations=False)),
+            preemption=self.get(t, "preemption", path, None, _preemption(self.base, f"preemption of {what}")),
             failure_rate=self.get(t, "failure_rate", path, 0.0, _fraction(1.0)),
             black_holes=self.get(t, "black_holes", path, 0.0, _fraction(1.0)),
             failure_spread=self.get(t, "failure_spread", path, 0.0, _shape),
             turnaround_ratio=self.get(t, "turnaround_ratio", path, constant(1.0),
-                                      _dist(f"turnaround_ratio of {what}", durations=False)),
-            availability=self.get(t, "availability", path, None, _life(f"availability of {what}")),
-            unavailability=self.get(t, "unavailability", path, constant(0.0), _dist(f"unavailability of {what}")),
+                                      _dist(self.base, f"turnaround_ratio of {what}", durations=False)),
+            availability=self.get(t, "availability", path, None, _life(self.base, f"availability of {what}")),
+            unavailability=self.get(t, "unavailability", path, constant(0.0),
+                                    _dist(self.base, f"unavailability of {what}")),
             latency=self.get(t, "latency", path, None, _dur(True)),
             prefetch=self.get(t, "prefetch", path, 0, _int(0)),
             cluster_cpus=cluster_cpus,
             external=self.external(t, path, name, cluster_cpus),
             monitor_interval=self.get(t, "monitor_interval", path, 0.0, _dur(True)),
-            monitor_lag=self.get(t, "monitor_lag", path, None, _dist(f"monitor_lag of {what}")),
+            monitor_lag=self.get(t, "monitor_lag", path, None, _dist(self.base, f"monitor_lag of {what}")),
             jobs_per_pilot=self.get(t, "jobs_per_pilot", path, 0, _int(0)),
             client=ClientConfig(min_buffer=self.get(t, "work_buffer_min", path, ClientConfig.min_buffer, _dur(True)),
                                 extra_buffer=self.get(t, "work_buffer_extra", path, ClientConfig.extra_buffer,
@@ -529,7 +530,8 @@ class _Reader:
                 self.fail((*at, "cpus"), f"an external job of {cpus} CPUs never fits in pool '{name}' of "
                           f"{cluster_cpus}", f"cpus = {cluster_cpus} at most")
             out.append(ExternalLoad(self.get(e, "at", at, 0.0, _dur(True)), cpus,
-                                    self.get(e, "runtime", at, constant(0.0), _dist(f"external runtime of '{name}'")),
+                                    self.get(e, "runtime", at, constant(0.0),
+                                             _dist(self.base, f"external runtime of '{name}'")),
                                     self.get(e, "count", at, 1, _int(1, MAX_EXTERNAL_JOBS)),
                                     self.get(e, "every", at, 0.0, _dur(True))))
         return tuple(out)
@@ -560,7 +562,7 @@ class _Reader:
         if "runtime" not in t:
             self.fail(path, f"bag '{name}' has no runtime", 'runtime = "10m", or { dist = "uniform", low = "10m", '
                       'high = "15m" }, or { trace = "blastall" }')
-        runtime = self.get(t, "runtime", path, constant(1.0), _dist(f"runtime of bag '{name}'"))
+        runtime = self.get(t, "runtime", path, constant(1.0), _dist(self.base, f"runtime of bag '{name}'"))
         arrival = self.get(t, "arrival", path, 0.0, _dur(True))
         deadline = self.get(t, "instance_deadline", path, 24 * 3600.0, _dur(False))
         max_failures = self.get(t, "max_failures", path, 3, _int(1))
@@ -689,11 +691,8 @@ class _Reader:
         self.policies(policy, deadline, path, f"swf_bags '{name}'")
         if len(self.problems) > before:
             return []
-        log = str(t["swf"])
-        if log not in traces.SWF_LOGS and not Path(log).is_absolute():
-            log = str(self.base / log)
         try:
-            records = traces.swf_records(log if Path(log).exists() else str(t["swf"]), traces.SwfFilter.from_table(t))
+            records = traces.swf_records(traces.swf_source(str(t["swf"]), self.base), traces.SwfFilter.from_table(t))
         except traces.TraceError as e:
             self.fail((*path, "swf"), f"swf_bags '{name}': {e}")
             return []
@@ -834,16 +833,16 @@ def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
     return convert
 
 
-def _dist(what: str, durations: bool = True) -> Callable[[Any], Dist]:
-    return lambda v: parse_dist(v, what, durations)
+def _dist(base: Path, what: str, durations: bool = True) -> Callable[[Any], Dist]:
+    return lambda v: parse_dist(v, what, durations, base)
 
 
-def _life(what: str) -> Callable[[Any], Dist]:
+def _life(base: Path, what: str) -> Callable[[Any], Dist]:
     """A host's or a pilot's life (`availability`, `preemption` as a table): a distribution whose mean is above
     zero. A life of 0 ended every pilot the moment it started, and the simulation ran to its horizon saying no
     worker was connected (the audit of 2026-11-29)."""
     def convert(v: Any) -> Dist:
-        dist = parse_dist(v, what)
+        dist = parse_dist(v, what, base=base)
         rng = random.Random(0)  # (a normal's mean is not its clipped draws': mean 0, sd 10h lives about 8 h)
         if not dist.mean > 0 and not any(dist.sample(rng) > 0 for _ in range(64)):
             raise ValueError(f"is a life of {dist.describe}: every pilot (a host, for availability) would end the "
@@ -853,13 +852,13 @@ def _life(what: str) -> Callable[[Any], Dist]:
     return convert
 
 
-def _preemption(what: str) -> Callable[[Any], Dist | None]:
+def _preemption(base: Path, what: str) -> Callable[[Any], Dist | None]:
     """A pilot's life until preemption: a table is its distribution (`{ fta = "nd07cpu" }`); a number is
     the older form, a constant rate per hour of life, drawn exactly as it always was (so a scenario
     written that way gives the same runs); 0 is no preemption."""
     def convert(v: Any) -> Dist | None:
         if isinstance(v, dict):
-            return _life(what)(v)
+            return _life(base, what)(v)
         if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= as_float(v) < math.inf:
             raise ValueError(f"must be a rate (pilots killed per hour of their life, like 0.1) or a table giving "
                              f'the distribution of a pilot\'s life, like {{ dist = "weibull", shape = 0.5, '

@@ -190,6 +190,21 @@ def _swf_times_problem(job: SwfJob) -> str:
     return ""
 
 
+def swf_source(name: str, base: Path) -> str:
+    """The SWF log a scenario names: a shipped one by short name, an absolute path, or a path from the scenario's
+    folder `base` (then, as before, from the current one); TraceError naming the folders searched."""
+    if name in SWF_LOGS or Path(name).expanduser().is_absolute():
+        return name
+    for folder in (base, Path()):
+        if (folder / name).expanduser().is_file():
+            return str(folder / name)
+    folders = [f"the scenario's folder ({base.resolve()})"]
+    if base.resolve() != Path.cwd():
+        folders.append(f"the current folder ({Path.cwd()})")
+    raise TraceError(f"no SWF log {name!r}: not one shipped with gridbot ({', '.join(SWF_LOGS)}), nor a file in "
+                     f"{' or '.join(folders)}; give its path from the scenario's folder, or an absolute one")
+
+
 def swf_runtimes(name_or_path: str, keep: SwfFilter = SwfFilter()) -> tuple[float, ...]:
     """Run times (field 4, seconds) of the jobs of a Standard Workload Format log that ran (> 0 s) and that
     `keep` keeps (by default, not those killed or failed)."""
