@@ -289,19 +289,40 @@ def test_every_wrong_policy_of_a_bag_is_named_at_once() -> None:
 # 10. A tiny tick, overlay_interval or sample was accepted, and the run hung or grew past a gigabyte.
 
 @pytest.mark.parametrize(("key", "value", "steps", "fix"), [
-    ("sample", "1e-5", "720,000,000 steps over the horizon (2 h), over the simulator's 1,000,000", "sample = 0.008"),
-    ("tick", "1e-4", "72,000,000 steps over the horizon (2 h), over the simulator's 10,000,000", "tick = 0.001"),
-    ("overlay_interval", "1e-4", "72,000,000 steps", "overlay_interval = 0.001"),
+    ("sample", "1e-5", "720,000,000 steps to the horizon (2 h), over the simulator's 1,000,000", "sample = 0.008"),
+    ("tick", "1e-6", "7,200,000,000 steps to the horizon (2 h), over the simulator's 10,000,000", "tick = 0.001"),
+    ("overlay_interval", "1e-6", "7,200,000,000 steps", "overlay_interval = 0.001"),
 ])
-def test_a_period_too_short_for_the_horizon_is_refused(key: str, value: str, steps: str, fix: str) -> None:
+def test_a_period_far_too_short_for_the_horizon_is_refused(key: str, value: str, steps: str, fix: str) -> None:
     message = refused(f'[simulation]\nhorizon = "2h"\n{key} = {value}\n{bag("10")}')
     assert f"s.toml:3: simulation.{key} = " in message and steps in message, message
     assert f"{fix} or more, or a shorter horizon" in message, message
 
 
+@pytest.mark.parametrize(("text", "steps"), [
+    ('horizon = "2h"\ntick = 1e-4', "72,000,000 steps to the horizon (2 h)"),
+    ('tick = "1s"', "31,536,000 steps to the horizon (365 d)"),  # the default horizon: fine if the bags end
+    ('horizon = "11315d"', "16,293,600 steps"),  # 31 years, the default tick of a minute
+])
+def test_a_period_short_for_the_horizon_is_warned_of_not_refused(text: str, steps: str) -> None:
+    """A run stops when its bags have all ended, so a short tick is refused only where no run could end (the
+    review of the first version of this check: tick = "1s" with the default horizon of a year was refused)."""
+    sc = parse_scenario(f'[simulation]\n{text}\n{bag("10")}', "s.toml")
+    said = [w.message for w in sc.warnings]
+    assert any(steps in w and "a run whose bags do not all end long before the horizon takes them all" in w
+               for w in said), said
+
+
+@pytest.mark.parametrize("value", ["0", '"abc"', "-5", "true", "1" + "0" * 400])
+def test_a_bad_sample_is_refused_not_divided_by(value: str) -> None:
+    """The first version of the check above divided the horizon by the default a bad `sample` fell back to (0):
+    a ZeroDivisionError out of the parser for every bad sample (review of 2026-12-07)."""
+    assert "s.toml:2: " in refused(f'[simulation]\nsample = {value}\n{bag("10")}')
+
+
 def test_a_period_that_fits_the_horizon_is_taken() -> None:
     sc = parse_scenario(f'[simulation]\nhorizon = "2h"\ntick = 0.001\nsample = 0.008\n{bag("10")}', "s.toml")
-    assert (sc.tick, sc.sample) == (0.001, 0.008)
+    assert (sc.tick, sc.sample) == (0.001, 0.008) and not sc.warnings
 
 
 # 11. `runtime = { swf = "log.swf" }` was found from the current folder, `[swf_bags]` logs from the scenario's.

@@ -80,8 +80,10 @@ MAX_STEPS = {
     "sample": (1_000_000, "each keeps a number for every bag and three for every pool, about 100 bytes for one "
                "of each"),
 }
-"""The most steps of each `[simulation]` period over the horizon, and what one costs (a run that goes to the
-horizon, its bags unfinished, takes them all): ten million ticks are about a quarter of an hour."""
+"""The most steps of each `[simulation]` period over the horizon without a warning, and what one costs (a run that
+goes to the horizon, its bags unfinished, takes them all): ten million ticks are about a quarter of an hour."""
+REFUSED_STEPS = 100
+"""A period making this many times MAX_STEPS over the horizon is refused, not warned of: such a run could not end."""
 
 
 @dataclass(frozen=True)
@@ -286,8 +288,9 @@ class _Reader:
         sample = self.get(sim, "sample", p, 0.0, _dur(False))
         latency = self.get(sim, "latency", p, 0.0, _dur(True))
         store = self.get(sim, "store", p, "compact", _choice(STORES))
-        for key, every in (("tick", tick), ("overlay_interval", overlay_interval), ("sample", sample)):
-            if key in sim:
+        written = not self.problems
+        for key, every in (("tick", tick), ("overlay_interval", overlay_interval), ("sample", sample or 300.0)):
+            if written and (key in sim or "horizon" in sim) and every > 0:
                 self.steps(key, every, horizon)
         dispatch = self.dispatch(self.table(data, "server"))
         heartbeat = self.get(sim, "heartbeat", p, dispatch.host_timeout / 2, _dur(False))
@@ -342,15 +345,23 @@ class _Reader:
                         queues)
 
     def steps(self, key: str, every: float, horizon: float) -> None:
-        """Refuse a step of `[simulation]` so short that a run to the horizon would take more than MAX_STEPS of
-        it: `sample = 1e-5` over two hours grew past 1 GB, `tick = 1e-4` ran for minutes on end."""
+        """Warn of a step of `[simulation]` so short that a run to the horizon would take more than MAX_STEPS of
+        it, and refuse one that would take a hundred times that: `sample = 1e-5` over two hours grew past 1 GB,
+        `tick = 1e-4` ran for minutes on end. A run stops when its bags have all ended, often long before the
+        horizon (a year unless written), so between the two it is a warning: `tick = "1s"` is a fine choice for
+        a bag of an hour."""
         most, cost = MAX_STEPS[key]
         if horizon / every <= most:
             return
         smallest = math.ceil(horizon / most * 1000) / 1000
-        self.fail(("simulation", key), f"simulation.{key} = {every:g} s makes {horizon / every:,.0f} steps over the "
-                  f"horizon ({_span(horizon)}), over the simulator's {most:,} ({cost})",
-                  f'{key} = {smallest:g} or more, or a shorter horizon')
+        said = (f"simulation.{key} = {every:g} s makes {horizon / every:,.0f} steps to the horizon "
+                f"({_span(horizon)}), over the simulator's {most:,} ({cost})")
+        fix = f'{key} = {smallest:g} or more, or a shorter horizon'
+        if horizon / every > REFUSED_STEPS * most:
+            self.fail(("simulation", key), said, fix)
+        else:
+            self.warn(("simulation", key), f"{said}: a run whose bags do not all end long before the horizon takes "
+                      "them all", fix)
 
     def table(self, data: dict[str, Any], key: str) -> dict[str, Any]:
         value = data.get(key, {})
