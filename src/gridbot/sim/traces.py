@@ -193,7 +193,7 @@ def _swf_times_problem(job: SwfJob) -> str:
 def swf_source(name: str, base: Path) -> str:
     """The SWF log a scenario names: a shipped one by short name, an absolute path, or a path from the scenario's
     folder `base` (then, as before, from the current one); TraceError naming the folders searched."""
-    if name in SWF_LOGS or Path(name).expanduser().is_absolute():
+    if name in SWF_LOGS or name in SWF_LOGS.values() or Path(name).expanduser().is_absolute():
         return name
     for folder in (base, Path()):
         if (folder / name).expanduser().is_file():
@@ -201,7 +201,8 @@ def swf_source(name: str, base: Path) -> str:
     folders = [f"the scenario's folder ({base.resolve()})"]
     if base.resolve() != Path.cwd():
         folders.append(f"the current folder ({Path.cwd()})")
-    raise TraceError(f"no SWF log {name!r}: not one shipped with gridbot ({', '.join(SWF_LOGS)}), nor a file in "
+    shipped = ", ".join(f"{short} ({file})" for short, file in SWF_LOGS.items())
+    raise TraceError(f"no SWF log {name!r}: not one shipped with gridbot ({shipped}), nor a file in "
                      f"{' or '.join(folders)}; give its path from the scenario's folder, or an absolute one")
 
 
