@@ -502,3 +502,29 @@ def test_a_pool_whose_hosts_come_by_themselves_is_never_held_back():
     for n, pool in enumerate(("boinc", "sim")):
         assert h.exchange(HostInfo(f"v{n}", f"v{n}", memory_mb=1_000, pool=pool, session="s"), 1, float(n)).refused
     assert h.d.view.held_back(bag, 5.0) == {}
+
+
+def test_a_success_without_a_declared_output_fails_its_job():
+    """The server fails a success that lacks a declared output: it took the host's word before (review of
+    2026-12-07). The output named by the job's own parameters counts, and the job runs again."""
+    import msgspec as _msgspec
+
+    from gridbot.core.changes import BagSnapshot
+    from gridbot.model.spec import parse_spec
+
+    h = CoreSim(retry_same_host_after=0.0)
+    spec = parse_spec('command = "job {i}"\ninstance_deadline = 100\nmax_failures = 3\noutputs = ["o_{i}.txt"]\n'
+                      '[parameters]\ni = [0, 1]\n', "t", "outs")
+    row = h.store.create_bag(_msgspec.structs.replace(spec), None, {}, 0.0)
+    h.d.add_bag(BagSnapshot(row.bag_id, row.spec, row.counts, row.created_at))
+    first, second = h.ask(A, 2, 0)
+    h.ask(A, 0, 1, [ok(first.instance_id), ok(second.instance_id, outputs={"o_1.txt": b"1"})])
+    jobs = h.store.jobs(row.bag_id)
+    assert [j.state for j in jobs] == [JobState.QUEUED, JobState.DONE], jobs
+    assert "without the declared output 'o_0.txt'" in h.store.instances_of(first.job_id)[0].reason
+    again = h.ask(B, 1, 2)[0]
+    assert again.job_id == first.job_id
+    h.ask(B, 0, 3, [ok(again.instance_id, outputs={"o_0.txt": b"0"})])
+    states = [i.state for i in h.store.instances_of(first.job_id)]
+    assert states == [InstanceState.FAILED, InstanceState.DONE], states
+    assert h.store.bag(row.bag_id).state is BagState.COMPLETED

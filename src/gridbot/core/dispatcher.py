@@ -422,13 +422,14 @@ class Dispatcher:
         if r.outcome is not Outcome.SUCCESS:
             return ""
         bag = self._s.bags[inst.job.bag_id]
-        if not (r.outputs or r.stdout_tail or r.stderr_tail or bag.spec.outputs):
+        expected = bool(bag.spec.outputs) and inst.job.state not in JOB_TERMINAL  # (a late replica's is wasted)
+        if not (r.outputs or r.stdout_tail or r.stderr_tail or expected):
             return ""
         limit = self.config.max_result_bytes
         if r.result_bytes > limit:
             return (f"result of {r.result_bytes:,} bytes is over the server's limit of {limit:,} bytes "
                     "(server option --max-result-size)")
-        if not (r.outputs or bag.spec.outputs):
+        if not (r.outputs or expected):
             return ""
         assert bag.render is not None
         declared = bag.render(inst.job.index, inst.job.line)[2]
@@ -436,7 +437,7 @@ class Dispatcher:
         if extra:
             return f"the host returned outputs the bag did not declare: {', '.join(n[:60] for n in extra[:5])}"
         missing = [name for name in declared if name not in r.outputs]
-        if missing:
+        if missing and expected:
             return (f"the host reported success without the declared output '{missing[0][:100]}'"
                     + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
         bad = [problem for name in r.outputs if (problem := output_name_problem(name))]

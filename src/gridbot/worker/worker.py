@@ -543,7 +543,8 @@ class Worker:
             if not self.stopping.is_set():
                 if not self.reports:
                     self.reports_since = time.monotonic()
-                self.reports.extend(InstanceReport(a.instance_id, Outcome.SUCCESS, 0) for a in self.waiting)
+                self.reports.extend(InstanceReport(a.instance_id, Outcome.SUCCESS, 0,
+                                                   outputs=dict.fromkeys(a.outputs, b"")) for a in self.waiting)
                 self.waiting.clear()
                 self.waiting_cpus = 0
                 self.wake.set()
