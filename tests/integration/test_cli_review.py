@@ -241,6 +241,8 @@ def test_a_key_loses_the_whitespace_around_it_and_is_refused_with_a_control_char
             "the environment variable GRIDBOT_WORKER_KEY has '\\n' at character 4", "copy the key again")
     refused(gridbot("status", "--server", cluster.url, env={"GRIDBOT_ACCESS": "", "GRIDBOT_KEY": "bad\tkey"}),
             "the environment variable GRIDBOT_KEY has '\\t'")
+    unused = gridbot("status", "--access", str(slipped), env={"GRIDBOT_KEY": "bad\tkey"})  # the file's key is used
+    assert unused.returncode == 0 and "no bags" in unused.stdout, unused.stderr
 
 
 # -- 10: COLUMNS -------------------------------------------------------------------------------------------

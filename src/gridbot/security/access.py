@@ -119,8 +119,8 @@ def find_access(explicit: str | Path | None) -> Access:
         access = read_access(Path(ACCESS_NAME))
     else:
         access = Access()
-    key, fp = env_key(ENV_KEY), os.environ.get(ENV_FINGERPRINT, "")
-    if key and not access.submitter and not access.admin:
+    fp = os.environ.get(ENV_FINGERPRINT, "")
+    if not access.submitter and not access.admin and (key := env_key(ENV_KEY)):  # (read only when it is used)
         access = msgspec.structs.replace(access, submitter=key)
     if fp and not access.fingerprint:
         access = msgspec.structs.replace(access, fingerprint=fp)
