@@ -41,6 +41,12 @@ def _columns() -> int | None:
     return max(int(text), MIN_WIDTH)
 
 
+def width_for(stream: object) -> int | None:
+    """The width to give a rich Console writing to `stream` (None: let it measure the terminal): every command's,
+    so that a COLUMNS that is no width is ignored everywhere (rich reads it itself)."""
+    return _width(stream)
+
+
 def _width(stream: object) -> int | None:
     """The terminal's width, or a wide one when piped: a listing must never be cut to 80 columns. COLUMNS
     sets it, when it is a width (`_columns`)."""

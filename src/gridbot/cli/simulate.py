@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from gridbot.cli.render import width_for
 from gridbot.errors import GridbotError
 from gridbot.sim.engine import simulate
 from gridbot.sim.metrics import Results
@@ -67,7 +69,7 @@ def run_simulation(path: Path, seed: int | None, out: Path | None, quiet: bool, 
         except OSError as e:
             raise GridbotError(f"cannot write the results to {out}: {e.strerror or e}; choose another --out") \
                 from None
-    console = Console(stderr=True)
+    console = Console(stderr=True, width=width_for(sys.stderr) if sys.stderr.isatty() else None)
     if not quiet:  # allowed, but probably not what was meant (jobs of a replayed log that cannot finish)
         for warning in scenario.warnings:
             console.print(f"warning: {warning.format(scenario.source)}", markup=False, highlight=False, soft_wrap=True)
@@ -89,7 +91,7 @@ def run_simulation(path: Path, seed: int | None, out: Path | None, quiet: bool, 
     if as_json:
         print(json.dumps(results.to_json()))
     elif not quiet:
-        stdout = Console()
+        stdout = Console(width=width_for(sys.stdout))
         if not stdout.is_terminal:
             stdout = Console(width=120)
         render(results, stdout)
