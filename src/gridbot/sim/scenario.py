@@ -558,6 +558,12 @@ class _Reader:
             except PolicyError as e:
                 self.fail((*path, "policy", e.policy), f"{what}: {e}")
                 ok = False
+        if ok:  # and together, as the server checks a spec's (what one policy says of another)
+            try:
+                validate_policies(written, deadline)
+            except PolicyError as e:
+                self.fail((*path, "policy", e.policy), f"{what}: {e}")
+                ok = False
         return ok
 
     def bag(self, name: str, t: object) -> list[BagModel]:
