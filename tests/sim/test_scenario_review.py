@@ -344,3 +344,10 @@ def test_a_shipped_swf_log_is_found_by_its_short_name_or_its_file_name(tmp_path:
     traces/README.md use them) for a path, found no such file, and refused it as 'not one shipped' (review)."""
     sc = parse_scenario(bag(f'{{ swf = "{name}" }}'), str(tmp_path / "s.toml"))
     assert sc.bags[0].runtime.describe.startswith(f"runtimes of SWF log {name} ("), sc.bags[0].runtime.describe
+
+
+@pytest.mark.parametrize("value", ['"\u0661\u0660m"', '"1_0m"'])
+def test_a_scenario_duration_takes_ascii_digits_only(value: str) -> None:
+    """float() reads any script's digits and underscores: "١٠m" was 10 minutes in a scenario, while a spec's
+    durations refused it (review of 2026-12-07)."""
+    assert "is not a duration" in refused(bag(value))

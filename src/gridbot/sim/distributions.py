@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import math
 import random
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -43,6 +44,12 @@ class DistError(GridbotError, ValueError):
     callers caught it)."""
 
 
+_DECIMAL = re.compile(r"\s*[-+]?(?:(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?|inf(?:inity)?|nan)\s*",
+                      re.ASCII | re.IGNORECASE)
+"""A number as a duration's text writes it: ASCII digits, a point, an exponent (as a spec's durations, model/spec.py);
+inf and nan too, which the checks after it refuse by name."""
+
+
 def seconds(value: object, allow_zero: bool = True) -> float:
     """Seconds from a number or a string like `"90s"`, `"10m"`, `"2h"`, `"1.5d"`, at most MAX_DURATION as a
     spec's durations are: a runtime of 1e300 s would run the simulation to its horizon without a word."""
@@ -55,6 +62,8 @@ def seconds(value: object, allow_zero: bool = True) -> float:
         unit = text[-1:] if text[-1:] in _UNITS else "s"
         number = text[:-1] if text[-1:] in _UNITS else text
         try:
+            if not _DECIMAL.fullmatch(number):  # float() reads any script's digits and '1_0': "١٠s" was 10 s
+                raise ValueError(number)
             out = float(number) * _UNITS[unit]
         except ValueError:
             raise DistError(f"{shown(value)} is not a duration: write a number of seconds or '90s', '10m', "
