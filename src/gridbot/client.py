@@ -227,6 +227,8 @@ def _server_url(url: str) -> tuple[str, str, int]:
         raise GridbotError(f"server URL {url!r} is not http://host:port ({e})") from None
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise GridbotError(f"server URL {url!r} is not http://host:port")
+    if port == 0:  # (it went to port 80: 0 is falsy)
+        raise GridbotError(f"server URL {url!r} is not http://host:port (port 0 is no port a server listens on)")
     return parsed.scheme, parsed.hostname, port or (443 if parsed.scheme == "https" else 80)
 
 

@@ -209,6 +209,7 @@ def test_a_server_url_with_a_bad_port_or_ipv6_host_is_refused_as_garbage_is(tmp_
             (("status",), {"GRIDBOT_SERVER": "http://[::1"}, "http://[::1", "Invalid IPv6 URL"),
             (("status", "--server", "http://127.0.0.1:99999"), {}, "http://127.0.0.1:99999", "Port out of range"),
             (("status", "--server", "http://127.0.0.1:abc"), {}, "http://127.0.0.1:abc", "'abc'"),
+            (("status", "--server", "http://127.0.0.1:0"), {}, "http://127.0.0.1:0", "port 0 is no port"),  # was 80
             (("status", "--access", str(access)), {}, "http://[::1", "Invalid IPv6 URL"),
             (("worker", "--slots", "1", "--allow-root", "--access", str(access), "--server", "http://127.0.0.1:99999"),
              {}, "http://127.0.0.1:99999", "Port out of range"),

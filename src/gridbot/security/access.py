@@ -122,6 +122,7 @@ def find_access(explicit: str | Path | None) -> Access:
     fp = os.environ.get(ENV_FINGERPRINT, "")
     if not access.submitter and not access.admin and (key := env_key(ENV_KEY)):  # (read only when it is used)
         access = msgspec.structs.replace(access, submitter=key)
+    fp = fp.strip()
     if fp and not access.fingerprint:
         access = msgspec.structs.replace(access, fingerprint=fp)
     return access
