@@ -445,7 +445,9 @@ def parse_bag_deadline(value: object) -> dict[str, float]:
         raise ValueError("not an ISO 8601 time like 2026-11-27T17:00:00Z")
     try:
         return {"bag_deadline": parse_duration(value)}
-    except ValueError:
+    except ValueError as e:
+        if isinstance(value, int | float) and not isinstance(value, bool):  # a number: what is wrong with it
+            raise ValueError(f"a bag deadline after submission: {e}") from None
         raise ValueError("a bag deadline is a duration after submission (90, '10m', '2h', '1d') or an absolute "
                          "time with its zone (2026-11-27T17:00:00Z)") from None
 
