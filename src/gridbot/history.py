@@ -29,7 +29,7 @@ import csv
 import io
 import json
 import math
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import NamedTuple
 
 from gridbot.errors import GridbotError
@@ -111,7 +111,9 @@ def rows_from_states(instances: Iterable[tuple[float, float | None, InstanceStat
 def _csv_lines(text: str, name: str) -> list[tuple[int, dict[str, str]]]:
     header: list[str] | None = None
     out = []
-    for line, row in _rows(text, name):
+    for line, row in csv_rows(text, lambda line, e: HistoryError(
+            f"{name}, line {line}: not a CSV line ({e}); write '{','.join(COLUMNS)}' and one instance a line, or JSON "
+            "lines")):
         if not row or not "".join(row).strip() or row[0].lstrip().startswith("#"):
             continue
         if header is None:
@@ -130,16 +132,16 @@ def _csv_lines(text: str, name: str) -> list[tuple[int, dict[str, str]]]:
     return out
 
 
-def _rows(text: str, name: str) -> Iterator[tuple[int, list[str]]]:
-    """The CSV rows of `text`, each with its line; a field over the csv module's limit (131,072 characters) is a
-    HistoryError naming the line, where its `_csv.Error` was a traceback."""
+def csv_rows(text: str, refuse: Callable[[int, csv.Error], Exception]) -> Iterator[tuple[int, list[str]]]:
+    """The CSV rows of `text`, each with its line; a line the csv module cannot read (a field over its limit of
+    131,072 characters) raises `refuse(line, error)`, where its `_csv.Error` was a traceback. Also the
+    simulator's traces' (sim/traces.py)."""
     reader = csv.reader(io.StringIO(text))
     try:
         for row in reader:
             yield reader.line_num, row
     except csv.Error as e:
-        raise HistoryError(f"{name}, line {reader.line_num}: not a CSV line ({e}); write "
-                           f"'{','.join(COLUMNS)}' and one instance a line, or JSON lines") from None
+        raise refuse(reader.line_num, e) from None
 
 
 def _json_lines(text: str, name: str) -> list[tuple[int, dict[str, object]]]:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from gridbot.errors import GridbotError
+from gridbot.history import csv_rows
 
 TASK_RUNTIMES = "task_runtimes.csv.gz"
 FTA_FITS = "fta_fitted_interval_distributions_from_opendc.csv"
@@ -319,13 +320,8 @@ def _csv_rows(path: Path, what: str, columns: str) -> Iterator[tuple[int, list[s
     except UnicodeDecodeError as e:
         raise TraceError(f"{path} is not a UTF-8 text file ({e.reason} at byte {e.start:,}): a {what} is CSV text "
                          f"of {columns} rows; name the right file, or save it as UTF-8") from None
-    reader = csv.reader(io.StringIO(text))
-    try:
-        for row in reader:
-            yield reader.line_num, row
-    except csv.Error as e:
-        raise TraceError(f"{path}:{reader.line_num}: not a CSV line of {columns} ({e}); name the right file, or "
-                         "correct that line") from None
+    yield from csv_rows(text, lambda line, e: TraceError(f"{path}:{line}: not a CSV line of {columns} ({e}); name the "
+                                                          "right file, or correct that line"))
 
 
 def host_sessions(path: Path) -> list[HostSession]:
