@@ -42,14 +42,9 @@ def _columns() -> int | None:
 
 
 def width_for(stream: object) -> int | None:
-    """The width to give a rich Console writing to `stream` (None: let it measure the terminal): every command's,
-    so that a COLUMNS that is no width is ignored everywhere (rich reads it itself)."""
-    return _width(stream)
-
-
-def _width(stream: object) -> int | None:
-    """The terminal's width, or a wide one when piped: a listing must never be cut to 80 columns. COLUMNS
-    sets it, when it is a width (`_columns`)."""
+    """The width to give a rich Console writing to `stream`, every command's (None: let it measure the terminal):
+    the terminal's, or a wide one when piped, for a listing must never be cut to 80 columns. COLUMNS sets it, when
+    it is a width (`_columns`); one that is not is ignored everywhere, though rich reads it itself."""
     columns = _columns()
     isatty = getattr(stream, "isatty", None)
     if isatty is None or not isatty():
@@ -62,8 +57,8 @@ def _width(stream: object) -> int | None:
         return 80
 
 
-console = Console(highlight=False, width=_width(sys.stdout))
-err_console = Console(stderr=True, highlight=False, width=_width(sys.stderr))
+console = Console(highlight=False, width=width_for(sys.stdout))
+err_console = Console(stderr=True, highlight=False, width=width_for(sys.stderr))
 
 
 def parse_size(text: str) -> int:
